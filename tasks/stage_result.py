@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,6 +23,7 @@ class StageResult(BaseModel):
     removed: Path | None = None
     counts: dict[str, dict[str, int]] = Field(default_factory=dict)
     stats: dict[str, float | int | str] = Field(default_factory=dict)
+    report: dict[str, Any] = Field(default_factory=dict)  # structured stage report (e.g. the mix)
 
     def removed_total(self, source: str) -> int:
         return sum(v for k, v in self.counts.get(source, {}).items() if k not in ("in", "out"))
