@@ -21,6 +21,7 @@ from infra.paths import Workspace
 
 # Bump when a stage's output format changes, so old cache entries stop matching.
 CACHE_VERSION = "1"
+OUTPUT_ARGS = ("out", "removed")
 
 
 def fingerprint(value: Any) -> Any:
@@ -56,8 +57,8 @@ def path_fingerprint(path: Path) -> Any:
 class ContentInputs(CachePolicy):
     """Cache key = task name + code version + fingerprints of all inputs.
 
-    Arguments whose name starts with "out" are output locations and enter the key by
-    name only.
+    Arguments whose name starts with "out" or "removed" are output locations and
+    enter the key by name only.
     """
 
     def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any):
@@ -66,7 +67,7 @@ class ContentInputs(CachePolicy):
             "version": CACHE_VERSION,
             # Outputs are keyed by name only: their content is what the task produces.
             "inputs": {
-                k: (str(v) if k.startswith("out") else fingerprint(v)) for k, v in sorted(inputs.items())
+                k: (str(v) if k.startswith(OUTPUT_ARGS) else fingerprint(v)) for k, v in sorted(inputs.items())
             },
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()

@@ -6,6 +6,7 @@ or non-string text field, empty text, binary file, over-long line); the run goes
 """
 from __future__ import annotations
 
+import glob as globlib
 import gzip
 import json
 from collections import Counter
@@ -15,6 +16,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from prefect import task
 
 from tasks import builtin_corpus
 from tasks.catalog import Catalog, SourceConfig, source_files
@@ -170,7 +173,7 @@ def read_hf_dataset(catalog: Catalog, source: SourceConfig) -> Iterator[tuple[st
             yield f"row:{i}", rej
 
 
-def iter_records(catalog: Catalog, source: SourceConfig) -> Iterator[tuple[str, str, Any]]:
+def iter_records(catalog: Catalog, source: SourceConfig, files: list[Path]) -> Iterator[tuple[str, str, Any]]:
     """Yield (path, locator, text | (id, text) | Rejection) for every record of a source."""
     if source.kind == "builtin":
         if source.builtin == "python_docs":
@@ -187,7 +190,7 @@ def iter_records(catalog: Catalog, source: SourceConfig) -> Iterator[tuple[str, 
         for locator, rec in read_hf_dataset(catalog, source):
             yield f"hf:{source.hf.name}", locator, rec
         return
-    for path in source_files(catalog, source):
+    for path in files:
         if source.kind == "jsonl":
             for locator, rec in read_jsonl(path, source):
                 yield str(path), locator, rec
@@ -199,8 +202,28 @@ def iter_records(catalog: Catalog, source: SourceConfig) -> Iterator[tuple[str, 
             yield str(path), f"file:{rel}", read_text_file(path)
 
 
-def collect_source(catalog: Catalog, source: SourceConfig, out_dir: Path) -> StageResult:
+def source_inputs(catalog: Catalog, source: SourceConfig) -> list[Path]:
+    """The files a source reads; the cache fingerprints them so edited data is re-collected."""
+    if source.kind == "builtin":
+        if source.builtin == "python_docs":
+            from pydoc_data import topics
+
+            return [Path(topics.__file__).resolve()]
+        return builtin_corpus.stdlib_files()
+    if source.kind == "hf_dataset":
+        files = source.hf.data_files if source.hf else None
+        if not files:
+            return []
+        files = [files] if isinstance(files, str) else files
+        return sorted(Path(p) for f in files for p in globlib.glob(str((catalog.root / f).resolve()), recursive=True))
+    return source_files(catalog, source)
+
+
+def collect_source(
+    catalog: Catalog, source: SourceConfig, out_dir: Path, input_files: list[Path] | None = None
+) -> StageResult:
     """Read one source into `out_dir/<name>.parquet`; rejects into `<name>.removed.parquet`."""
+    files = input_files if input_files is not None else source_inputs(catalog, source)
     out_dir.mkdir(parents=True, exist_ok=True)
     out_path = out_dir / f"{source.name}.parquet"
     removed_path = out_dir / f"{source.name}.removed.parquet"
@@ -209,7 +232,7 @@ def collect_source(catalog: Catalog, source: SourceConfig, out_dir: Path) -> Sta
     reasons: Counter = Counter()
     n_in = n_out = 0
     with TableWriter(out_path, DOCUMENT_SCHEMA) as kept_w, TableWriter(removed_path, REMOVED_SCHEMA) as rej_w:
-        for path, locator, rec in iter_records(catalog, source):
+        for path, locator, rec in iter_records(catalog, source, files):
             if source.max_documents is not None and n_out >= source.max_documents:
                 break
             n_in += 1
@@ -264,3 +287,25 @@ def merge_results(results: list[StageResult], out_path: Path, removed_path: Path
             counts.update(r.counts)
             stats.update({f"{k}:{src}": v for k, v in r.stats.items() for src in r.counts})
     return StageResult(stage=stage, output=out_path, removed=removed_path, counts=counts, stats=stats)
+
+
+def _retry_on_io_error(task_obj, task_run, state) -> bool:
+    """Retry transient I/O errors only; bad data is quarantined and config errors fail at once."""
+    try:
+        state.result()
+    except OSError:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+collect_source_task = task(
+    collect_source,
+    name="collect",
+    task_run_name="collect-{source.name}",
+    retries=3,
+    retry_delay_seconds=[1, 2, 4],
+    retry_condition_fn=_retry_on_io_error,
+)
+merge_collected_task = task(merge_results, name="merge-collected")

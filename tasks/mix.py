@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from prefect import task
 from pydantic import Field
 
 from infra.config import StrictModel
@@ -146,3 +147,6 @@ def rebalance_mix(
     )
     result.check_conservation()
     return result
+
+
+rebalance_mix_task = task(rebalance_mix, name="mix")
