@@ -1,0 +1,50 @@
+"""Typed configs of the flows, composed from each stage's own config class.
+
+A preset is a YAML file in `infra/presets/`; `load_pipeline_config` validates it (unknown
+keys are errors naming the file and the key) and applies dotted overrides from the CLI.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from infra.config import ConfigError, StrictModel, load_config
+from tasks.exact_dedup import ExactDedupConfig
+from tasks.minhash_dedup import NearDedupConfig
+from tasks.mix import MixConfig
+from tasks.pii_redact import PiiConfig
+from tasks.shards import ShardConfig
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+
+class DataConfig(StrictModel):
+    catalog: Path = Path("data_catalog")
+    sources: list[str] | None = None  # only these catalog sources; None = all
+    exact: ExactDedupConfig = Field(default_factory=ExactDedupConfig)
+    near: NearDedupConfig = Field(default_factory=NearDedupConfig)
+    pii: PiiConfig = Field(default_factory=PiiConfig)
+    mix: MixConfig = Field(default_factory=MixConfig)
+    shards: ShardConfig = Field(default_factory=ShardConfig)
+
+
+class PipelineConfig(StrictModel):
+    name: str = "llmforge"
+    data: DataConfig = Field(default_factory=DataConfig)
+
+
+def preset_path(name: str) -> Path:
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml"):
+        return path
+    found = PRESETS_DIR / f"{name}.yaml"
+    if not found.is_file():
+        known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+        raise ConfigError(f"unknown preset '{name}'; known presets: {known} (or give a path to a YAML file)")
+    return found
+
+
+def load_pipeline_config(preset: str, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    return load_config(PipelineConfig, preset_path(preset), overrides)
