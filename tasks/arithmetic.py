@@ -1,0 +1,135 @@
+"""Deterministic arithmetic problems for SFT, GRPO and evaluation.
+
+A problem's split (sft / grpo / eval) is a function of its question text alone (a salted
+hash), so the three sets never overlap whatever seeds or sizes each stage asks for.
+The expected response is `<answer>{n}</answer>`, which gives the format reward markers
+to check.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+OPS = "+-*"
+SPLIT_SALT = "llmforge-arithmetic-v1"
+# Shares of the question space per split; read-only so no caller can shift the borders.
+SPLIT_FRACTIONS: Mapping[str, float] = MappingProxyType({"sft": 0.6, "grpo": 0.2, "eval": 0.2})
+
+
+@dataclass(frozen=True)
+class ArithmeticProblem:
+    question: str
+    answer: int
+
+    @property
+    def response(self) -> str:
+        """The target assistant response."""
+        return format_answer(self.answer)
+
+    def messages(self) -> list[dict]:
+        """The problem as a chat (user question, assistant answer)."""
+        return [{"role": "user", "content": self.question}, {"role": "assistant", "content": self.response}]
+
+
+def format_answer(n: int) -> str:
+    return f"<answer>{n}</answer>"
+
+
+def _question(a: int, op: str, b: int) -> str:
+    return f"What is {a} {op} {b}?"
+
+
+def _solve(a: int, op: str, b: int) -> int:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    return a * b
+
+
+def _check_args(n: int, max_operand: int, ops: str) -> None:
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if max_operand < 0:
+        raise ValueError(f"max_operand must be >= 0, got {max_operand}")
+    if not ops or any(op not in OPS for op in ops):
+        raise ValueError(f"ops {ops!r} must be a non-empty string of characters from {OPS!r}")
+
+
+def space_size(max_operand: int, ops: str) -> int:
+    """How many distinct questions exist for these settings."""
+    return (max_operand + 1) ** 2 * len(set(ops))
+
+
+def make_problems(n: int, seed: int, max_operand: int = 20, ops: str = "+-", split: str | None = None) -> list[ArithmeticProblem]:
+    """`n` distinct problems `a op b` with 0 <= a, b <= max_operand, the same for the same arguments.
+
+    With `split` ("sft", "grpo" or "eval") only questions of that split are drawn.
+    """
+    _check_args(n, max_operand, ops)
+    if split is not None and split not in SPLIT_FRACTIONS:
+        raise ValueError(f"split {split!r} is not one of {list(SPLIT_FRACTIONS)}")
+    capacity = space_size(max_operand, ops)
+    if split is not None:
+        # The hash split is only approximately proportional; count exactly for small spaces.
+        if capacity <= 200_000:
+            capacity = sum(
+                1 for a in range(max_operand + 1) for b in range(max_operand + 1) for op in sorted(set(ops))
+                if assign_split(_question(a, op, b)) == split
+            )
+        else:
+            capacity = int(capacity * SPLIT_FRACTIONS[split] * 0.9)
+    if n > capacity:
+        raise ValueError(
+            f"asked for {n} distinct problems but only {capacity} exist with max_operand={max_operand}, "
+            f"ops={ops!r}, split={split!r}; raise max_operand or add ops"
+        )
+    rng = random.Random(f"{seed}:{max_operand}:{ops}")
+    seen: set[str] = set()
+    out: list[ArithmeticProblem] = []
+    while len(out) < n:
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        op = rng.choice(ops)
+        q = _question(a, op, b)
+        if q in seen or (split is not None and assign_split(q) != split):
+            continue
+        seen.add(q)
+        out.append(ArithmeticProblem(question=q, answer=_solve(a, op, b)))
+    return out
+
+
+def split_unit(question: str, salt: str = SPLIT_SALT) -> float:
+    """A stable number in [0, 1) derived from the question text."""
+    digest = hashlib.sha256(f"{salt}\x1f{question}".encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def assign_split(question: str, fractions: Mapping[str, float] = SPLIT_FRACTIONS, salt: str = SPLIT_SALT) -> str:
+    """The split a question belongs to, by hash: the same question always lands in the same split."""
+    total = sum(fractions.values())
+    if total <= 0 or any(v < 0 for v in fractions.values()):
+        raise ValueError(f"split fractions {dict(fractions)} must be >= 0 with a positive sum")
+    u = split_unit(question, salt) * total
+    edge = 0.0
+    names = list(fractions)
+    for name in names:
+        edge += fractions[name]
+        if u < edge:
+            return name
+    return names[-1]
+
+
+def split_problems(
+    problems: Sequence[ArithmeticProblem], heldout_fraction: float, salt: str = SPLIT_SALT
+) -> tuple[list[ArithmeticProblem], list[ArithmeticProblem]]:
+    """(train, heldout) by hash of the question, so a question never appears on both sides."""
+    if not 0.0 <= heldout_fraction <= 1.0:
+        raise ValueError(f"heldout_fraction must be in [0, 1], got {heldout_fraction}")
+    train: list[ArithmeticProblem] = []
+    heldout: list[ArithmeticProblem] = []
+    for p in problems:
+        (heldout if split_unit(p.question, salt) < heldout_fraction else train).append(p)
+    return train, heldout

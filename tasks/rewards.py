@@ -1,0 +1,121 @@
+"""Reward functions for GRPO and evaluation: plain functions `(completion, reference) -> float`.
+
+They are registered by name (`@register_reward("name")`) so a config can list rewards
+and weights, and users can add their own. Completions are model output, so every
+built-in reward treats them as hostile: it only reads a bounded prefix, parses with
+strict ASCII-only regexes (no nested quantifiers, so no catastrophic backtracking),
+never evaluates anything, and returns 0.0 rather than raising on junk.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+RewardFn = Callable[[str, Any], float]
+
+# The registry is the one piece of module state here, on purpose: registering a reward
+# at import time is how a user's module makes it available to configs by name.
+REWARDS: dict[str, RewardFn] = {}
+
+MAX_COMPLETION_CHARS = 8192  # rewards only look at this many leading characters
+MAX_ANSWER_DIGITS = 18  # fits an int64; longer "numbers" are not answers
+OPEN, CLOSE = "<answer>", "</answer>"
+# One block, ASCII digits only: [0-9] rather than \d, which would accept e.g. Arabic-Indic digits.
+_INTEGER = re.compile(rf"[ \t\r\n]*(-?[0-9]{{1,{MAX_ANSWER_DIGITS}}})[ \t\r\n]*")
+_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Decorator: make `fn(completion, reference) -> float` available as reward `name`."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"reward name must be a non-empty string, got {name!r}")
+
+    def deco(fn: RewardFn) -> RewardFn:
+        if name in REWARDS and REWARDS[name] is not fn:
+            raise ValueError(f"reward {name!r} is already registered ({REWARDS[name].__module__}.{REWARDS[name].__name__}); pick another name")
+        REWARDS[name] = fn
+        return fn
+
+    return deco
+
+
+def get_reward(name: str) -> RewardFn:
+    """The reward registered as `name`; the error lists the known names."""
+    try:
+        return REWARDS[name]
+    except KeyError:
+        raise KeyError(f"unknown reward {name!r}; registered rewards: {sorted(REWARDS)}") from None
+
+
+def _answer_block(completion: Any) -> str | None:
+    """The text inside the single <answer>...</answer> block, or None unless there is exactly one, well-formed."""
+    if not isinstance(completion, str):
+        return None
+    text = completion[:MAX_COMPLETION_CHARS]
+    if text.count(OPEN) != 1 or text.count(CLOSE) != 1:
+        return None  # none, several, or nested blocks: ambiguous, so no answer
+    m = _BLOCK.search(text)
+    return m.group(1) if m else None  # None when </answer> comes before <answer>
+
+
+def parse_answer(completion: Any) -> int | None:
+    """The integer in the completion's single <answer>...</answer> block, else None."""
+    inner = _answer_block(completion)
+    if inner is None:
+        return None
+    m = _INTEGER.fullmatch(inner)
+    return int(m.group(1)) if m else None
+
+
+def reference_answer(reference: Any) -> int | None:
+    """The expected integer of a reference: an ArithmeticProblem (its .answer), an int, or an integer string."""
+    value = getattr(reference, "answer", reference)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        m = _INTEGER.fullmatch(value)
+        return int(m.group(1)) if m else None
+    return None
+
+
+@register_reward("arithmetic_exact")
+def arithmetic_exact(completion: str, reference: Any) -> float:
+    """1.0 iff the completion's single <answer> block holds exactly the reference integer."""
+    got = parse_answer(completion)
+    want = reference_answer(reference)
+    return 1.0 if got is not None and want is not None and got == want else 0.0
+
+
+@register_reward("format")
+def format_reward(completion: str, reference: Any = None) -> float:
+    """1.0 for exactly one well-formed <answer>integer</answer> block; 0.5 when the one block holds something else; 0.0 otherwise.
+
+    The partial credit rewards learning the markers before the content, without paying
+    anything for several or nested blocks (which would let a policy hedge its answers).
+    Text outside the block is allowed.
+    """
+    inner = _answer_block(completion)
+    if inner is None:
+        return 0.0
+    return 1.0 if _INTEGER.fullmatch(inner) else 0.5
+
+
+def combined_reward(weights: Mapping[str, float]) -> RewardFn:
+    """A reward equal to sum(w * reward_name(completion, reference)) over `weights`."""
+    if not weights:
+        raise ValueError("combined_reward needs at least one reward name with a weight")
+    fns: list[tuple[float, RewardFn]] = []
+    for name, w in weights.items():
+        if not isinstance(w, (int, float)) or not math.isfinite(w):
+            raise ValueError(f"weight of reward {name!r} must be a finite number, got {w!r}")
+        fns.append((float(w), get_reward(name)))
+
+    def reward(completion: str, reference: Any) -> float:
+        return float(sum(w * fn(completion, reference) for w, fn in fns))
+
+    reward.__name__ = "combined(" + ",".join(f"{n}={w}" for n, w in weights.items()) + ")"
+    return reward
