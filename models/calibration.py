@@ -26,12 +26,12 @@ _EPS = 1e-12
 
 
 class ReliabilityBins(BaseModel):
-    """Per-bin summary behind a reliability diagram; empty bins have count 0 and NaN means."""
+    """Per-bin summary behind a reliability diagram; empty bins have count 0 and None means (JSON-safe)."""
 
     strategy: BinStrategy
     edges: list[float]  # n_bins + 1 boundaries
-    mean_confidence: list[float]
-    accuracy: list[float]
+    mean_confidence: list[float | None]
+    accuracy: list[float | None]
     counts: list[int]
 
     @property
@@ -118,11 +118,12 @@ def reliability_bins(
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_conf = np.bincount(idx, weights=conf, minlength=k) / counts
         acc = np.bincount(idx, weights=corr, minlength=k) / counts
+    empty = counts == 0
     return ReliabilityBins(
         strategy=strategy,
         edges=edges.tolist(),
-        mean_confidence=mean_conf.tolist(),
-        accuracy=acc.tolist(),
+        mean_confidence=[None if e else float(v) for e, v in zip(empty, mean_conf)],
+        accuracy=[None if e else float(v) for e, v in zip(empty, acc)],
         counts=counts.astype(int).tolist(),
     )
 
@@ -130,7 +131,9 @@ def reliability_bins(
 def _gaps(bins: ReliabilityBins) -> tuple[np.ndarray, np.ndarray]:
     counts = np.asarray(bins.counts, dtype=np.float64)
     nonempty = counts > 0
-    gap = np.abs(np.asarray(bins.accuracy)[nonempty] - np.asarray(bins.mean_confidence)[nonempty])
+    acc = np.asarray(bins.accuracy, dtype=np.float64)  # None (empty bin) becomes NaN
+    conf = np.asarray(bins.mean_confidence, dtype=np.float64)
+    gap = np.abs(acc[nonempty] - conf[nonempty])
     return gap, counts[nonempty]
 
 

@@ -24,6 +24,15 @@ from models.calibration import (
 )
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Small tensors run fastest single-threaded; on a busy 2-core box two threads spin-wait."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("n_bins", [5, 10, 15])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_ece_and_mce_match_torchmetrics_binary(n_bins: int, seed: int) -> None:
@@ -102,6 +111,8 @@ def test_quantile_bins_hold_equal_mass_and_ordered_edges() -> None:
 def test_confidence_of_one_lands_in_last_uniform_bin() -> None:
     bins = reliability_bins([1.0, 0.0, 0.5], [1, 0, 1], n_bins=4)
     assert bins.counts == [1, 0, 1, 1]
+    assert bins.accuracy == [0.0, None, 1.0, 1.0]  # empty bins are None, so the bins survive JSON
+    assert type(bins).model_validate_json(bins.model_dump_json()) == bins
 
 
 def test_brier_and_nll_by_hand() -> None:
