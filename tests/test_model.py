@@ -13,6 +13,15 @@ from models.losses import next_token_loss, token_logprobs
 VOCAB = 97
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_cpu_thread():
+    """Tiny decoding steps are faster on one thread, and much faster when the cores are shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny(**overrides) -> ModelConfig:
     base = dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64)
     return ModelConfig(vocab_size=VOCAB, **{**base, **overrides})

@@ -10,6 +10,15 @@ from models.sampling import generate, top_p_filter
 VOCAB = 61
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_cpu_thread():
+    """Tiny decoding steps are faster on one thread, and much faster when the cores are shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def model() -> Transformer:
     torch.manual_seed(0)
@@ -108,3 +117,20 @@ def test_bad_arguments_are_named(model):
         generate(model, prompt, 2, top_p=0)
     with pytest.raises(ValueError, match="max_seq_len"):
         generate(model, prompt, 200)
+
+
+def test_chunked_prefill_then_cached_decoding_equals_uncached_greedy(model):
+    from models.llama import KVCache
+
+    prompt = torch.randint(0, VOCAB, (2, 19))
+    reference = generate(model, prompt, 15, temperature=0.0, use_cache=False).new_tokens
+    cache = KVCache(model.cfg, 2, 19 + 15)
+    with torch.no_grad():
+        for a, b in [(0, 6), (6, 7), (7, 19)]:  # prefill in uneven chunks
+            logits = model(prompt[:, a:b], cache=cache)
+        tokens = []
+        for _ in range(15):
+            token = logits[:, -1].argmax(-1)
+            tokens.append(token)
+            logits = model(token[:, None], cache=cache)
+    assert torch.equal(torch.stack(tokens, 1), reference)
