@@ -48,9 +48,12 @@ def _draw_reliability(ax, bins: ReliabilityBins) -> None:
     left, width = edges[:-1], np.diff(edges)
     ax.bar(left[nonempty], acc[nonempty], width=width[nonempty], align="edge",
            color="#4C72B0", edgecolor="white", label="accuracy")
-    # The gap bar runs from accuracy to mean confidence: red above means overconfident.
+    # The gap bar runs from accuracy to mean confidence: above the blue bar means overconfident,
+    # inside it underconfident; the tick marks where the confidence itself sits.
     ax.bar(left[nonempty], conf[nonempty] - acc[nonempty], bottom=acc[nonempty], width=width[nonempty],
-           align="edge", color="#C44E52", alpha=0.35, edgecolor="#C44E52", hatch="//", label="gap to confidence")
+           align="edge", color="none", edgecolor="#C44E52", hatch="//", label="gap to confidence")
+    ax.scatter(left[nonempty] + width[nonempty] / 2, conf[nonempty], marker="_", s=120, color="black",
+               zorder=3, label="mean confidence")
     ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="perfect calibration")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
@@ -66,7 +69,7 @@ def reliability_diagram_png(
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     _draw_reliability(top, bins)
     top.set_title(title if ece is None else f"{title}  (ECE {ece:.3f})")
-    top.legend(loc="upper left", fontsize=8)
+    top.legend(loc="upper left", fontsize=7, framealpha=0.9)
     edges, _, _, counts = _bin_arrays(bins)
     bottom.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="#8C8C8C", edgecolor="white")
     bottom.set_ylabel("predictions")
