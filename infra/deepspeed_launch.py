@@ -1,0 +1,191 @@
+"""DeepSpeed start-up: the run's JSON config and the real `deepspeed` launcher as a subprocess.
+
+The JSON files next to this module (`infra/deepspeed/zero*.json`) hold what depends on
+the ZeRO stage only; `build_ds_config` adds what depends on the run (batch sizes,
+clipping, precision). DeepSpeed never builds the optimizer or the LR schedule: the
+training loop passes its own (models/optim.py), so both are identical across stages.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+DS_CONFIG_DIR = Path(__file__).parent / "deepspeed"
+ZERO_STAGES = ("zero0", "zero1", "zero2", "zero3", "zero2_offload")
+Precision = Literal["fp32", "bf16", "auto"]
+
+# DeepSpeed prints throughput every `steps_per_print` steps; we log our own metrics.
+_QUIET_STEPS_PER_PRINT = 10**9
+_LOG_TAIL_LINES = 60
+_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE")
+
+
+class DsRunConfig(Protocol):
+    """The run settings `build_ds_config` reads; `tasks.train_loop.TrainConfig` satisfies it."""
+
+    micro_batch_size: int
+    grad_accum: int
+    grad_clip: float
+    precision: str
+
+
+def resolve_precision(precision: str) -> Literal["fp32", "bf16"]:
+    """"auto" means bf16 where the accelerator really supports it (CUDA with bf16), else fp32.
+
+    CPU bf16 matmuls are emulated on most CPUs and slower than fp32, so auto stays fp32 there.
+    """
+    if precision in ("fp32", "bf16"):
+        return precision  # type: ignore[return-value]
+    if precision != "auto":
+        raise ValueError(f"precision '{precision}' is not one of 'fp32', 'bf16', 'auto'")
+    import torch
+
+    if os.environ.get("DS_ACCELERATOR", "") != "cpu" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+def load_zero_json(zero: str) -> dict[str, Any]:
+    """The stage's JSON from infra/deepspeed/, with an error listing the stages that exist."""
+    path = DS_CONFIG_DIR / f"{zero}.json"
+    if zero not in ZERO_STAGES or not path.is_file():
+        raise ValueError(f"unknown ZeRO config '{zero}'; choose one of {list(ZERO_STAGES)} (files in {DS_CONFIG_DIR})")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    for key in ("optimizer", "scheduler"):
+        if key in data:
+            raise ValueError(f"{path}: remove '{key}': the training loop passes its own optimizer and LR schedule")
+    return data
+
+
+def build_ds_config(zero: str, train_cfg: DsRunConfig) -> dict[str, Any]:
+    """Merge infra/deepspeed/<zero>.json with the run's batch sizes, clipping and precision."""
+    import torch
+
+    cfg = load_zero_json(zero)
+    precision = resolve_precision(train_cfg.precision)
+    cfg.update(
+        {
+            "train_micro_batch_size_per_gpu": int(train_cfg.micro_batch_size),
+            "gradient_accumulation_steps": int(train_cfg.grad_accum),
+            "gradient_clipping": float(train_cfg.grad_clip),
+            "bf16": {"enabled": precision == "bf16"},
+            "fp16": {"enabled": False},
+            "steps_per_print": _QUIET_STEPS_PER_PRINT,
+        }
+    )
+    offload = cfg.get("zero_optimization", {}).get("offload_optimizer")
+    if offload is not None:
+        # Pinned host memory speeds GPU<->CPU copies but cannot be allocated without CUDA.
+        offload["pin_memory"] = bool(torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu")
+    return cfg
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (the OS picks it), for the rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def deepspeed_executable() -> Path:
+    """The `deepspeed` launcher installed next to this interpreter (same venv, same packages)."""
+    exe = Path(sys.executable).parent / "deepspeed"
+    if not exe.is_file():
+        raise FileNotFoundError(
+            f"no 'deepspeed' launcher next to {sys.executable}; install deepspeed in this environment "
+            "(pip install deepspeed)"
+        )
+    return exe
+
+
+def launch_command(
+    module: str,
+    args: list[str],
+    num_procs: int = 1,
+    hostfile: Path | None = None,
+    master_port: int | None = None,
+) -> list[str]:
+    """The `deepspeed` command line: N ranks per node (CPU processes or GPUs) running `python -m module`."""
+    if num_procs < 1:
+        raise ValueError(f"num_procs must be >= 1, got {num_procs}")
+    cmd = [str(deepspeed_executable())]
+    if hostfile is not None:
+        if not Path(hostfile).is_file():
+            raise FileNotFoundError(f"hostfile {hostfile} does not exist; write one line per node: '<host> slots=<n>'")
+        cmd += ["--hostfile", str(hostfile)]
+    cmd += [
+        "--num_gpus", str(num_procs),
+        "--master_port", str(master_port or free_port()),
+        # The worker reads LOCAL_RANK from the environment instead of a --local_rank flag.
+        "--no_local_rank",
+        "--module", module,
+    ]
+    return cmd + list(args)
+
+
+def launch_env(num_procs: int, env: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of the launcher: CPU accelerator without CUDA, one share of the cores per rank."""
+    import torch
+
+    full = dict(os.environ)
+    # A process that is itself a rank (e.g. a test that initialised a one-rank group) must not
+    # hand its rank variables down: the launcher assigns them per child.
+    for key in _RANK_VARS:
+        full.pop(key, None)
+    full.update(env or {})
+    full.setdefault("PYTHONUNBUFFERED", "1")
+    if not torch.cuda.is_available():
+        full["DS_ACCELERATOR"] = "cpu"
+    if full.get("DS_ACCELERATOR") == "cpu" and "OMP_NUM_THREADS" not in full:
+        # N ranks each using every core thrash each other; give each its share.
+        full["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // num_procs))
+    return full
+
+
+def launch(
+    module: str,
+    args: list[str],
+    num_procs: int = 1,
+    hostfile: Path | None = None,
+    master_port: int | None = None,
+    env: dict[str, str] | None = None,
+    log: Callable[[str], Any] = print,
+    cwd: Path | None = None,
+) -> None:
+    """Run `deepspeed --module module args...`, streaming its output line by line to `log`.
+
+    Raises RuntimeError with the last lines of output when the launcher exits non-zero.
+    """
+    cmd = launch_command(module, args, num_procs=num_procs, hostfile=hostfile, master_port=master_port)
+    full_env = launch_env(num_procs, env)
+    log(f"launching: {' '.join(cmd)}")
+    tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
+    with subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        env=full_env,
+        cwd=str(cwd) if cwd else None,
+        errors="replace",
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            log(line)
+        rc = proc.wait()
+    if rc != 0:
+        joined = "\n".join(tail)
+        raise RuntimeError(
+            f"deepspeed launch of '{module}' with {num_procs} process(es) failed with exit code {rc}; "
+            f"last {len(tail)} lines of its output:\n{joined}"
+        )

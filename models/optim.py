@@ -1,0 +1,112 @@
+"""AdamW parameter groups and the learning-rate schedule shared by pretraining and SFT.
+
+Weight decay goes on matrices only (embeddings, projections): decaying norm gains or
+biases pulls them toward zero, which hurts, and they hold too few weights to overfit.
+"""
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+
+
+class ScheduleConfig(Protocol):
+    """What `lr_at` reads; `tasks.train_loop.TrainConfig` satisfies it."""
+
+    warmup_steps: int
+    max_steps: int
+    min_lr_ratio: float
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Split trainable parameters into a decayed group (ndim >= 2) and a non-decayed one.
+
+    Tied weights appear once (`named_parameters` de-duplicates shared tensors).
+    Empty groups are dropped because some optimizers reject them.
+    """
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    for _, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def build_adamw(
+    model: torch.nn.Module,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] = (0.9, 0.95),
+    eps: float = 1e-8,
+) -> torch.optim.AdamW:
+    """torch AdamW over `param_groups`; uses the fused/foreach kernel torch picks by default."""
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
+
+
+def lr_at(step: int, cfg: ScheduleConfig) -> float:
+    """LR multiplier at `step`: linear warmup to 1, then cosine decay to `min_lr_ratio`.
+
+    Returns a factor of the peak LR so it plugs straight into
+    `LambdaLR(opt, lambda s: lr_at(s, cfg))`. Steps past `max_steps` stay at the floor.
+    """
+    if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
+        # (step + 1) so the very first update already moves the weights.
+        return (step + 1) / cfg.warmup_steps
+    decay_steps = max(1, cfg.max_steps - cfg.warmup_steps)
+    progress = min(1.0, max(0.0, (step - cfg.warmup_steps) / decay_steps))
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR driven by `lr_at`; its state_dict holds only the step count, so it resumes exactly."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(step, cfg))
+
+
+class GuardedAdamW(torch.optim.AdamW):
+    """AdamW over `param_groups(model)` that clips, reports the pre-clip grad norm and skips non-finite steps.
+
+    DeepSpeed's ZeRO and bf16 wrappers already do this; the plain fp32 ZeRO-0 path steps the
+    client optimizer directly, so this class gives it the same behaviour. DeepSpeed reads
+    `overflow` (step skipped: no update, no LR-schedule step) and `_global_grad_norm` after
+    each step.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        lr: float,
+        weight_decay: float,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        max_grad_norm: float = 0.0,
+    ):
+        super().__init__(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
+        self.max_grad_norm = max_grad_norm
+        self.overflow = False
+        self._global_grad_norm: float | None = None
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if not grads:
+            self.overflow, self._global_grad_norm = False, 0.0
+            return None
+        if self.max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(
+                [p for g in self.param_groups for p in g["params"] if p.grad is not None], self.max_grad_norm
+            )
+        else:
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        norm_value = float(norm)  # one host sync per step, as a logged grad norm needs anyway
+        self._global_grad_norm = norm_value
+        self.overflow = not math.isfinite(norm_value)
+        if self.overflow:
+            return None
+        return super().step(closure)
