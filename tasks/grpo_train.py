@@ -136,8 +136,12 @@ def _generate_groups(
     end_id: int,
     pad_id: int,
     generator: torch.Generator | None,
+    max_rows: int = 256,
 ) -> list[list[tuple[list[int], list[float]]]]:
-    """For each prompt, n_samples (completion ids, log-probs); prompts of equal length share one batch."""
+    """For each prompt, n_samples (completion ids, log-probs); prompts of equal length share a batch.
+
+    generate() has no padding mask, so only equal-length prompts can share a forward pass.
+    """
     from models.sampling import generate
 
     device = next(model.parameters()).device
@@ -145,8 +149,9 @@ def _generate_groups(
     for i, p in enumerate(prompts):
         by_len.setdefault(len(p), []).append(i)
     out: list[list[tuple[list[int], list[float]]]] = [[] for _ in prompts]
-    for length in sorted(by_len):
-        idx = by_len[length]
+    per_call = max(1, max_rows // n_samples)  # prompts per generate call, bounding its memory
+    chunks = [by_len[n][i : i + per_call] for n in sorted(by_len) for i in range(0, len(by_len[n]), per_call)]
+    for idx in chunks:
         batch = torch.tensor([prompts[i] for i in idx], dtype=torch.long, device=device)
         batch = batch.repeat_interleave(n_samples, dim=0)
         gen = generate(
@@ -169,15 +174,20 @@ def sample_rollouts(
     temperature: float = 1.0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    max_batch_rows: int = 256,
 ) -> list[Rollout]:
-    """`group_size` completions of each problem's chat prompt, grouped by problem in order."""
+    """`group_size` completions of each problem's chat prompt, grouped by problem in order.
+
+    At most `max_batch_rows` sequences are generated in one batch.
+    """
     sp = special_ids(tokenizer)
     prompts = [encode_prompt(tokenizer, p.question) for p in problems]
     was_training = model.training
     model.eval()
     try:
         groups = _generate_groups(
-            model, prompts, group_size, max_new_tokens, temperature, top_p, sp.end_turn, sp.pad, generator
+            model, prompts, group_size, max_new_tokens, temperature, top_p, sp.end_turn, sp.pad, generator,
+            max_rows=max_batch_rows,
         )
     finally:
         model.train(was_training)

@@ -75,11 +75,15 @@ def tiny_model(vocab: int, seed: int = 0) -> Transformer:
     return Transformer(cfg)
 
 
-def test_rollouts_align_with_a_full_forward(tok):
+@pytest.mark.parametrize("max_batch_rows", [256, 4])
+def test_rollouts_align_with_a_full_forward(tok, max_batch_rows):
     model = tiny_model(tok.get_vocab_size())
     problems = make_problems(5, seed=1)  # prompts of different lengths
+    assert len({len(encode_prompt(tok, p.question)) for p in problems}) > 1
     gen = torch.Generator().manual_seed(0)
-    rollouts = sample_rollouts(model, tok, problems, group_size=3, max_new_tokens=6, generator=gen)
+    rollouts = sample_rollouts(
+        model, tok, problems, group_size=3, max_new_tokens=6, generator=gen, max_batch_rows=max_batch_rows
+    )
     assert len(rollouts) == 15
     assert [r.group for r in rollouts] == [g for g in range(5) for _ in range(3)]
     for r in rollouts:
@@ -178,3 +182,16 @@ def test_grpo_runs_under_zero_stages(tok, rewards, zero):
     result = grpo_train(policy, copy.deepcopy(policy), tok, make_problems(8, seed=0), cfg)
     assert len(result.history) == 2 and result.skipped_steps == 0
     assert not all(torch.equal(v, before[k]) for k, v in result.policy.state_dict().items())
+
+
+def test_right_padding_does_not_change_completion_logprobs(tok):
+    """Causal attention + right padding: what sits in the padding never reaches a completion token."""
+    model = tiny_model(tok.get_vocab_size())
+    rollouts = sample_rollouts(model, tok, make_problems(4, seed=3), group_size=2, max_new_tokens=6,
+                               generator=torch.Generator().manual_seed(1))
+    a, b = rollout_batch(rollouts, pad_id=0), rollout_batch(rollouts, pad_id=7)
+    assert not torch.equal(a.input_ids, b.input_ids)  # some rows are padded
+    with torch.no_grad():
+        la = token_logprobs(model(a.input_ids), a.targets)
+        lb = token_logprobs(model(b.input_ids), b.targets)
+    assert torch.allclose(la[a.mask], lb[b.mask], atol=1e-6)
