@@ -66,6 +66,8 @@ class GrpoConfig(StrictModel):
     seed: int = 0
     rewards: dict[str, float] = Field(default_factory=lambda: {"arithmetic_exact": 1.0, "format": 0.1})
     accuracy_reward: str = "arithmetic_exact"  # a completion is correct when this reward is >= 1
+    # ZeRO-3 is not offered: it partitions the weights, and the step-by-step KV-cache sampler
+    # would then gather every layer on every token. The LR is constant (no schedule), as usual for GRPO.
     zero: Literal["zero0", "zero1", "zero2"] = "zero0"
     precision: Literal["fp32", "bf16", "auto"] = "fp32"
     eval_prompts: int = Field(default=64, ge=0)  # held-out prompts scored greedily before and after

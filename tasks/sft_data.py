@@ -15,8 +15,8 @@ The built-in sets need no network and are honestly derived from local material:
 * `arithmetic`: problems from the `sft` split of tasks/arithmetic.py with
   `<answer>n</answer>` responses (never the GRPO or eval questions).
 
-SFT sources live in their own catalog folder (e.g. `data_catalog/sft/*.yaml`), apart from
-the pretraining catalog, because their records are conversations, not documents.
+SFT source definitions are YAML files with an `sft_*` kind; `load_sft_catalog` reads them
+from a folder (e.g. `data_catalog/sft/`) and skips any pretraining definitions there.
 """
 from __future__ import annotations
 
@@ -84,6 +84,7 @@ class SftSourceConfig(StrictModel):
     hf: HfDatasetOptions | None = None
     max_chars: int = Field(default=20_000, gt=0)  # longer conversations are quarantined
     max_line_bytes: int = Field(default=1 << 20, gt=0)
+    allow_outside_roots: bool = False  # files must lie under the catalog folder unless this is set
 
     @model_validator(mode="after")
     def _kind_fields(self) -> "SftSourceConfig":
@@ -136,21 +137,28 @@ def default_sft_sources() -> list[SftSourceConfig]:
 
 
 def load_sft_catalog(folder: Path) -> list[SftSourceConfig]:
-    """Read and validate every `*.yaml` SFT source definition in `folder`."""
+    """Read and validate the SFT source definitions (`*.yaml` whose kind starts with `sft_`) in `folder`.
+
+    Other definitions (pretraining sources) are skipped, so SFT sources may share a folder
+    with them or have their own.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"{folder}: SFT catalog folder not found")
     files = sorted(list(folder.glob("*.yaml")) + list(folder.glob("*.yml")))
-    if not files:
-        raise ConfigError(f"{folder}: no SFT source definitions (*.yaml) found")
     sources: list[SftSourceConfig] = []
     seen: dict[str, Path] = {}
     for f in files:
-        src = parse_config(SftSourceConfig, read_yaml(f), str(f))
+        data = read_yaml(f)
+        if not str(data.get("kind", "")).startswith("sft_"):
+            continue
+        src = parse_config(SftSourceConfig, data, str(f))
         if src.name in seen:
             raise ConfigError(f"{f}: key 'name': '{src.name}' is also defined in {seen[src.name]}")
         seen[src.name] = f
         sources.append(src)
+    if not sources:
+        raise ConfigError(f"{folder}: no SFT source definitions (*.yaml with kind sft_jsonl, sft_parquet, sft_hf_dataset or sft_builtin)")
     return sources
 
 
@@ -232,6 +240,15 @@ def source_files(source: SftSourceConfig, root: Path) -> list[Path]:
             files = [base] if base.is_file() else []
     if not files:
         raise ConfigError(f"SFT source '{source.name}': key 'path': {pattern} matches no file (looked in {root})")
+    if not source.allow_outside_roots:
+        base = root.resolve()
+        for f in files:
+            real = f.resolve()  # resolves links, so a symlink out of the folder is caught too
+            if real != base and base not in real.parents:
+                raise ConfigError(
+                    f"SFT source '{source.name}': key 'path': {f} resolves outside {base}; "
+                    "set allow_outside_roots: true in this source to allow it"
+                )
     return files
 
 

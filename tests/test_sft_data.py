@@ -139,9 +139,28 @@ def test_config_errors_name_the_problem(tmp_path):
     with pytest.raises(ConfigError, match="colour"):
         load_sft_catalog(tmp_path)
     (tmp_path / "a.yaml").write_text("name: a\nkind: sft_jsonl\npath: missing.jsonl\nlicence: x\n")
+    (tmp_path / "pretrain.yaml").write_text("name: p\nkind: jsonl\npath: p.jsonl\nlicence: x\n")  # skipped
     [src] = load_sft_catalog(tmp_path)
     with pytest.raises(ConfigError, match="matches no file"):
         load_sft_examples([src], root=tmp_path)
+    (tmp_path / "a.yaml").unlink()
+    with pytest.raises(ConfigError, match="no SFT source"):
+        load_sft_catalog(tmp_path)
+
+
+def test_paths_outside_the_catalog_folder_are_refused(tmp_path):
+    inside = tmp_path / "catalog"
+    inside.mkdir()
+    outside = write_jsonl(tmp_path / "secret.jsonl", [json.dumps(GOOD).encode()])
+    (inside / "link.jsonl").symlink_to(outside)
+    src = SftSourceConfig(name="a", kind="sft_jsonl", path="link.jsonl", licence="x")
+    with pytest.raises(ConfigError, match="outside"):
+        load_sft_examples([src], root=inside)
+    src = SftSourceConfig(name="a", kind="sft_jsonl", path="../secret.jsonl", licence="x")
+    with pytest.raises(ConfigError, match="outside"):
+        load_sft_examples([src], root=inside)
+    allowed = SftSourceConfig(name="a", kind="sft_jsonl", path="link.jsonl", licence="x", allow_outside_roots=True)
+    assert len(load_sft_examples([allowed], root=inside)[0]) == 1
 
 
 def test_first_sentence():
