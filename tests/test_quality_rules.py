@@ -256,3 +256,10 @@ def test_calibration_on_the_builtin_corpus():
     tuned = build_rules(PYTHON_DOCS_OVERRIDES)
     kept_docs = sum(first_failure(tuned, t) is None for t in docs)
     assert 0.6 * len(docs) <= kept_docs < len(docs)
+
+
+def test_windows_line_ends_are_judged_like_unix_ones():
+    rules = build_rules(FilterSpec())
+    assert first_failure(rules, CLEAN_PROSE.replace("\n", "\r\n")) is None
+    crlf = FAILING["gopher_dup_line_frac"].replace("\n", "\r\n")
+    assert RULES["gopher_dup_line_frac"]().check(crlf) is not None

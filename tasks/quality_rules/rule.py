@@ -21,9 +21,9 @@ P = TypeVar("P", bound=StrictModel)
 
 PUNCTUATION = frozenset(string.punctuation + "«»„“”‘’…–—•·¡¿")
 _PUNCT_CHARS = "".join(sorted(PUNCTUATION))
-_LINE_SPLIT = re.compile(r"\n+")
+_LINE_SPLIT = re.compile(r"(?:\r?\n)+")  # Windows line ends too, so no line keeps a "\r"
 # A paragraph break is a blank line, also when the blank line holds spaces.
-_PARAGRAPH_SPLIT = re.compile(r"\n[ \t\r\f\v]*\n\s*")
+_PARAGRAPH_SPLIT = re.compile(r"\r?\n[ \t\r\f\v]*\n\s*")
 
 
 class TextView:
@@ -184,4 +184,5 @@ def duplicated_ngram_chars(view: TextView, n: int) -> int:
 
 
 def fraction(part: float, whole: float) -> float:
+    """part / whole, and 0 for an empty whole (an empty document has nothing to be too much of)."""
     return part / whole if whole else 0.0
