@@ -35,13 +35,18 @@ def configure(ws: Workspace, experiment: str | None = None) -> str:
     import mlflow
 
     ws.root.mkdir(parents=True, exist_ok=True)
+    user_uri = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(tracking_uri(ws))
+    if user_uri is None:
+        # MLflow 3 also exports the URI to os.environ; undo that, or the next workspace
+        # in this process would log to this one's store and lose its artifact location.
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
     name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
     exp = mlflow.get_experiment_by_name(name)
     if exp is None:
         # With a SQLite backend MLflow would otherwise put artifacts under ./mlruns of the CWD.
         artifact_location = None
-        if not os.environ.get("MLFLOW_TRACKING_URI"):
+        if user_uri is None:
             ws.mlflow_artifacts.mkdir(parents=True, exist_ok=True)
             artifact_location = ws.mlflow_artifacts.as_uri()
         try:
@@ -79,7 +84,7 @@ def stage_run(
     """
     import mlflow
 
-    configure(ws)
+    experiment_id = configure(ws)
     parent = mlflow.active_run()
     parent_id = os.environ.get("LLMFORGE_PARENT_RUN_ID")
     all_tags = {"llmforge.stage": stage, **(tags or {})}
@@ -87,6 +92,8 @@ def stage_run(
         all_tags["mlflow.parentRunId"] = parent_id
     with mlflow.start_run(
         run_id=run_id,
+        # Without it a new run lands in MLflow's "Default" experiment, not ours.
+        experiment_id=None if run_id else experiment_id,
         run_name=None if run_id else stage,
         nested=parent is not None,
         tags=all_tags if run_id is None else None,
