@@ -66,7 +66,8 @@ class ModelConfig(StrictModel):
 
 
 # Sizes are quoted at the vocabulary named in each comment; embeddings scale with vocab_size.
-# ffn_hidden follows Llama's SwiGLU rule of about 8/3 * dim, rounded to a multiple of 64+.
+# ffn_hidden is about 8/3 * dim (SwiGLU keeps the MLP at ~8 dim^2 weights), rounded up to a multiple
+# of 64; llama1b uses Llama 3.2-1B's own 8192.
 PRESETS: dict[str, dict] = {
     # ~2.4M params at vocab 4096 (1.6M non-embedding): trains on a laptop CPU in minutes.
     "demo": dict(dim=192, n_layers=4, n_heads=6, n_kv_heads=2, ffn_hidden=512, max_seq_len=256),
