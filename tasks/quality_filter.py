@@ -25,6 +25,7 @@ BATCH_ROWS = 512
 # Below this many documents, starting worker processes costs more than it saves.
 PARALLEL_MIN_ROWS = 5_000
 
+
 def _auto_workers(num_rows: int) -> int:
     if num_rows < PARALLEL_MIN_ROWS:
         return 1
@@ -40,7 +41,9 @@ def quality_filter(
 ) -> StageResult:
     """Filter documents by their source's FilterSpec (default FilterSpec() when a source has none).
 
-    `workers` None picks one process for small inputs and up to 8 for large ones.
+    `workers` None picks one process for small inputs and up to 8 for large ones. Workers
+    are spawned, so a script that calls this with more than one needs the usual
+    `if __name__ == "__main__":` guard.
     """
     for source, spec in specs.items():
         validate_filter_spec(spec, f"filters of source '{source}'")
