@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 from pathlib import Path
 
@@ -10,21 +11,15 @@ import pytest
 
 from tasks.manifest import load_manifest, shard_paths
 
-from .conftest import CLI, ROOT
-
-PROSE = (
-    "The committee met on Tuesday to review the proposal. Members discussed the budget, "
-    "the schedule and the risks in detail. After a long debate, they agreed to fund the first phase. "
-    "A report will follow next month with the results of the pilot and a plan for the second phase. "
-)
-
+from .conftest import CLI, ROOT, prose
 
 def make_catalog(root: Path) -> Path:
     cat = root / "catalog"
     (cat / "texts").mkdir(parents=True)
+    rng = random.Random(0)
     lines = []
     for i in range(12):
-        body = f"Document number {i} is about topic {i * 7}. " + PROSE * 2 + f"It ends with note {i}."
+        body = f"Document number {i} is about topic {i * 7}. " + prose(rng) + f" It ends with note {i}."
         lines.append(json.dumps({"text": body, "id": f"n{i}"}))
     lines.append(json.dumps({"text": lines and json.loads(lines[0])["text"]}))  # exact duplicate of n0
     near = json.loads(lines[1])["text"].replace("It ends with note 1.", "It ends with note one.")
@@ -33,7 +28,7 @@ def make_catalog(root: Path) -> Path:
     lines.append(json.dumps({"text": "too short"}))  # filtered by a quality rule
     (cat / "news.jsonl").write_text("\n".join(lines) + "\n")
     for i in range(4):
-        (cat / "texts" / f"t{i}.txt").write_text(f"Letter {i}. " + PROSE * 3)
+        (cat / "texts" / f"t{i}.txt").write_text(f"Letter {i}. " + prose(rng, 15))
     (cat / "texts" / "blob.txt").write_bytes(b"\x00\x01binary")
     (cat / "news.yaml").write_text("name: news\nkind: jsonl\npath: news.jsonl\nid_field: id\nlicence: CC-BY-4.0\nweight: 0.7\n")
     (cat / "letters.yaml").write_text("name: letters\nkind: text_dir\npath: texts\nlicence: CC0-1.0\nweight: 0.3\n")
