@@ -41,8 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Prefect defaults for a local run; the user's own settings win. The ephemeral API's
+# start-up can take a while on a small, busy machine, and telemetry is not ours to send.
+PREFECT_DEFAULTS = {
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    for key, value in PREFECT_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     from infra.config import ConfigError
     from infra.pipeline_config import load_pipeline_config
 

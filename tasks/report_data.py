@@ -2,7 +2,7 @@
 artifacts (manifest, funnel table and chart) and the shards as a dataset input."""
 from __future__ import annotations
 
-import json
+import warnings
 from pathlib import Path
 
 from tasks.funnel import funnel_markdown, funnel_totals
@@ -64,12 +64,12 @@ def log_data_run(manifest_path: Path, out_dir: Path) -> dict[str, float]:
     except ImportError:
         pass
     digest = sha256_file(Path(manifest_path))[:16]
-    source = resolve_dataset_source(str(Path(manifest_path).parent.resolve()))
+    with warnings.catch_warnings():
+        # MLflow registers the local-file source under two schemes and warns that they are ambiguous.
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(Path(manifest_path).parent.resolve().as_uri())
     dataset = MetaDataset(source=source, name="pretraining-shards", digest=digest)
     mlflow.log_input(dataset, context="training", tags={"manifest_sha256": digest, "rows": str(m.stats.get("rows", 0))})
     mlflow.set_tag("llmforge.manifest", str(Path(manifest_path).resolve()))
     return metrics
 
-
-def funnel_json(manifest_path: Path) -> str:
-    return json.dumps(load_manifest(manifest_path).funnel, indent=2)
