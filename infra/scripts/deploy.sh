@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Register (or update) the deployments of infra/prefect.yaml on the Prefect server.
+#
+# Usage: infra/scripts/deploy.sh [deployment name ...]   (default: all of them)
+#   e.g. infra/scripts/deploy.sh data-tiny
+#
+# Environment (all optional):
+#   PREFECT_API_URL  the server's API (default http://127.0.0.1:${PREFECT_PORT:-4200}/api)
+#   LLMFORGE_HOME    workspace folder (default <repo>/work); PREFECT_HOME defaults to
+#                    $LLMFORGE_HOME/prefect like the server's
+# The work pool must exist: start_prefect_worker.sh creates it.
+set -euo pipefail
+
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+    exit 0
+fi
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BIN="${LLMFORGE_VENV:-$ROOT/.venv}/bin"
+cd "$ROOT"  # entrypoints in prefect.yaml are relative to the repository root
+
+WORK="$(mkdir -p "${LLMFORGE_HOME:-$ROOT/work}" && cd "${LLMFORGE_HOME:-$ROOT/work}" && pwd)"
+export PREFECT_HOME="${PREFECT_HOME:-$WORK/prefect}"
+export PREFECT_API_URL="${PREFECT_API_URL:-http://127.0.0.1:${PREFECT_PORT:-4200}/api}"
+# `prefect deploy` would bake an exported LLMFORGE_ROOT into the pull step; left unset,
+# the placeholder stays and each worker fills in its own checkout at run time.
+unset LLMFORGE_ROOT
+
+if [[ $# -eq 0 ]]; then
+    exec "$BIN/prefect" --no-prompt deploy --all --prefect-file infra/prefect.yaml
+fi
+names=()
+for n in "$@"; do names+=(--name "$n"); done
+exec "$BIN/prefect" --no-prompt deploy --prefect-file infra/prefect.yaml "${names[@]}"

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Create the local `process` work pool if it is missing, then run a worker on it.
+# The worker runs each flow run as a subprocess from this repository's checkout.
+#
+# Usage: infra/scripts/start_prefect_worker.sh [extra `prefect worker start` options]
+#
+# Environment (all optional):
+#   POOL             work pool name (default llmforge-local, as in infra/prefect.yaml)
+#   PREFECT_API_URL  the server's API (default http://127.0.0.1:${PREFECT_PORT:-4200}/api)
+#   LLMFORGE_ROOT    the checkout flow runs execute in (default: this repository); the
+#                    deployments' pull step reads it at run time
+#   LLMFORGE_HOME    workspace folder (default <repo>/work); PREFECT_HOME defaults to
+#                    $LLMFORGE_HOME/prefect like the server's
+#   DS_ACCELERATOR   passed to flow runs (default cpu, as in the Makefile)
+#   MLFLOW_TRACKING_URI  unset: each run logs to sqlite:///<workdir>/mlflow.db;
+#                    set it (e.g. http://127.0.0.1:5000) to log to an MLflow server
+set -euo pipefail
+
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+    exit 0
+fi
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BIN="${LLMFORGE_VENV:-$ROOT/.venv}/bin"
+cd "$ROOT"
+
+POOL="${POOL:-llmforge-local}"
+WORK="$(mkdir -p "${LLMFORGE_HOME:-$ROOT/work}" && cd "${LLMFORGE_HOME:-$ROOT/work}" && pwd)"
+export PREFECT_HOME="${PREFECT_HOME:-$WORK/prefect}"
+export PREFECT_API_URL="${PREFECT_API_URL:-http://127.0.0.1:${PREFECT_PORT:-4200}/api}"
+export LLMFORGE_ROOT="${LLMFORGE_ROOT:-$ROOT}"
+export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
+export PYTHONUNBUFFERED=1
+
+if ! "$BIN/prefect" work-pool inspect "$POOL" >/dev/null 2>&1; then
+    # Either the pool is missing or the server is down: create says which.
+    "$BIN/prefect" work-pool create "$POOL" --type process
+fi
+
+echo "Worker on pool '$POOL' -> $PREFECT_API_URL (flow runs in $LLMFORGE_ROOT)" >&2
+exec "$BIN/prefect" worker start --pool "$POOL" --type process "$@"
