@@ -1,0 +1,122 @@
+"""The GRPO rank: `deepspeed --module tasks.grpo_worker --job out_dir/job.json` (one rank).
+
+Loads the SFT model as the policy and a frozen copy as the reference, scores both ends
+on the held-out eval problems (greedy), runs tasks.grpo_train.grpo_train, logs every
+step's metrics and the sample completions to the MLflow run it was given, exports the
+policy and writes result.json.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from infra.paths import Workspace
+from tasks.grpo import RESULT_FILE, SAMPLES_FILE, GrpoJob, GrpoStageResult, HeldoutScore
+
+
+def _score(ev: dict[str, float]) -> HeldoutScore:
+    n = int(ev["eval_n"])
+    return HeldoutScore(accuracy=ev["eval_accuracy"], mean_reward=ev["eval_reward"],
+                        n_correct=round(ev["eval_accuracy"] * n), n=n)
+
+
+def _tokenizer_json(path: Path) -> Path | None:
+    from tasks.tokenizer_train import TOKENIZER_FILE
+
+    candidate = path / TOKENIZER_FILE if path.is_dir() else path
+    return candidate if candidate.is_file() else None
+
+
+def run_worker(job: GrpoJob) -> GrpoStageResult:
+    """Train the policy with GRPO, write the model, samples and result.json; returns the result."""
+    from models import export
+    from tasks.arithmetic import make_problems
+    from tasks.grpo_train import grpo_train
+    from tasks.tokenizer_train import load_tokenizer
+    from tasks.train_loop import init_distributed
+
+    cfg = job.config
+    if cfg.torch_threads is not None:
+        torch.set_num_threads(cfg.torch_threads)
+    init_distributed()
+    tokenizer = load_tokenizer(job.tokenizer_path)
+    policy = export.load_model(job.sft_model_dir).float()
+    reference = copy.deepcopy(policy)
+    train_problems = make_problems(cfg.n_train_problems, cfg.problem_seed, cfg.max_operand, cfg.ops, split="grpo")
+    eval_problems = make_problems(cfg.eval_prompts, cfg.problem_seed, cfg.max_operand, cfg.ops, split="eval")
+
+    ws = Workspace.from_env(job.ws_root)
+    from infra.tracking import stage_run
+
+    with stage_run(ws, "grpo", config=cfg if job.mlflow_run_id is None else None, run_id=job.mlflow_run_id) as run:
+        import mlflow
+
+        def log(metrics: dict, step: int) -> None:
+            clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+            if clean:
+                mlflow.log_metrics(clean, step=step)
+            if "reward_mean" in metrics and (step % 5 == 0 or step == cfg.steps - 1):
+                print(f"step {step + 1}/{cfg.steps} reward {metrics['reward_mean']:.3f} acc {metrics['accuracy']:.3f} "
+                      f"kl {metrics['kl']:.4f} len {metrics['completion_len']:.1f} {metrics['step_seconds']:.1f}s")
+            elif "eval_accuracy" in metrics:
+                print(f"held-out (step {step}): accuracy {metrics['eval_accuracy']:.3f} reward {metrics['eval_reward']:.3f} "
+                      f"n={int(metrics['eval_n'])}")
+
+        res = grpo_train(policy, reference, tokenizer, train_problems, cfg.grpo_config(), log=log,
+                         eval_problems=eval_problems)
+        assert res.eval_before is not None and res.eval_after is not None  # eval_prompts >= 1 is checked at launch
+        samples = job.out_dir / SAMPLES_FILE
+        samples.write_text(res.samples_text(), encoding="utf-8")
+        model_dir = export.save_model(res.policy, job.out_dir / "model")
+        hf_dir = None
+        if cfg.export_hf:
+            hf_dir = export.export_hf_llama(res.policy, job.out_dir / "hf", tokenizer_json=_tokenizer_json(job.tokenizer_path))
+        out = GrpoStageResult(
+            out_dir=job.out_dir,
+            model_dir=model_dir,
+            hf_dir=hf_dir,
+            samples_path=samples,
+            mlflow_run_id=run.info.run_id,
+            steps=cfg.steps,
+            n_train_problems=len(train_problems),
+            before=_score(res.eval_before),
+            after=_score(res.eval_after),
+            final_train_reward=res.history[-1]["reward_mean"] if res.history else None,
+            skipped_steps=res.skipped_steps,
+            seconds=res.seconds,
+        )
+        tmp = job.out_dir / (RESULT_FILE + ".tmp")
+        tmp.write_text(out.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        tmp.replace(job.out_dir / RESULT_FILE)
+        mlflow.log_metrics({
+            "heldout_accuracy_before": out.before.accuracy, "heldout_accuracy_after": out.after.accuracy,
+            "heldout_reward_before": out.before.mean_reward, "heldout_reward_after": out.after.mean_reward,
+        }, step=cfg.steps)
+        mlflow.log_artifact(str(samples))
+        mlflow.log_artifact(str(job.out_dir / RESULT_FILE))
+        print(f"GRPO held-out: accuracy {out.before.n_correct}/{out.before.n} -> {out.after.n_correct}/{out.after.n}, "
+              f"mean reward {out.before.mean_reward:.3f} -> {out.after.mean_reward:.3f}")
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", type=Path, required=True, help="job.json written by tasks.grpo.run_grpo")
+    args = parser.parse_args(argv)
+    job = GrpoJob.model_validate_json(args.job.read_text(encoding="utf-8"))
+    run_worker(job)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
