@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -149,6 +150,20 @@ def launch_env(num_procs: int, env: dict[str, str] | None = None) -> dict[str, s
     return full
 
 
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the launcher's process group (launcher + ranks), then SIGKILL what is left after 10 s."""
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def launch(
     module: str,
     args: list[str],
@@ -176,13 +191,19 @@ def launch(
         env=full_env,
         cwd=str(cwd) if cwd else None,
         errors="replace",
+        # Its own process group, so an interrupted launch can stop the launcher and every rank.
+        start_new_session=True,
     ) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            tail.append(line)
-            log(line)
-        rc = proc.wait()
+        try:
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                tail.append(line)
+                log(line)
+            rc = proc.wait()
+        except BaseException:
+            _stop_group(proc)
+            raise
     if rc != 0:
         joined = "\n".join(tail)
         raise RuntimeError(

@@ -210,10 +210,21 @@ def run_pretrain(
 
 @task(name="pretrain")
 def pretrain_task(
-    tokens_dir: Path, tokenizer_path: Path, out_dir: Path, cfg: PretrainConfig, ws_root: str | Path | None = None
+    tokens_dir: Path,
+    tokenizer_path: Path,
+    out_dir: Path,
+    cfg: PretrainConfig,
+    ws_root: str | Path | None = None,
+    mlflow_run_id: str | None = None,
 ) -> PretrainResult:
-    """Prefect task: one MLflow stage run around the DeepSpeed launch; returns the result summary."""
+    """Prefect task: launch pretraining, streaming the ranks' output to the task's log.
+
+    Rank 0 logs into `mlflow_run_id` (the calling flow's stage run); without one, the task
+    opens its own "pretrain" stage run around the launch.
+    """
     logger = get_run_logger()
     ws = Workspace.from_env(ws_root)
+    if mlflow_run_id is not None:
+        return run_pretrain(tokens_dir, tokenizer_path, out_dir, cfg, mlflow_run_id, ws.root, log=logger.info)
     with stage_run(ws, "pretrain", config=cfg) as run:
         return run_pretrain(tokens_dir, tokenizer_path, out_dir, cfg, run.info.run_id, ws.root, log=logger.info)

@@ -348,7 +348,8 @@ def train(
     bad_run = int(client.get("consecutive_bad", 0))
     last_loss: float | None = client.get("last_loss")
     last_val: float | None = client.get("last_val_loss")
-    history: list[dict[str, float]] = []
+    # Carried in the checkpoint so a resumed run's loss curve starts at step 1, not at the resume.
+    history: list[dict[str, float]] = list(client.get("history") or [])
     train_time, train_tokens = 0.0, 0
     window_losses: list[float] = []
     window_time, window_tokens = 0.0, 0
@@ -445,6 +446,7 @@ def train(
                 "consecutive_bad": bad_run,
                 "last_loss": last_loss,
                 "last_val_loss": last_val,
+                "history": history,
             }
             checkpoint = _save_checkpoint(engine, ckpt_dir, done, client_state, rank, world, cfg.keep_checkpoints)
 

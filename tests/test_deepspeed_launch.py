@@ -178,3 +178,41 @@ def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, monkeypatch):
     mlflow.set_tracking_uri(tracking_uri(Workspace(tmp_path / "ws")))
     history = mlflow.tracking.MlflowClient().get_metric_history(result.mlflow_run_id, "loss")
     assert [m.step for m in history] == [2, 4, 6]
+
+
+def _tiny_pretrain_config(**overrides):
+    from tasks.pretrain import PretrainConfig
+
+    base = dict(
+        model="demo",
+        model_overrides=dict(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16),
+        seq_len=16, micro_batch_size=4, max_steps=6, precision="fp32",
+    )
+    return PretrainConfig(**{**base, **overrides})
+
+
+def test_pretrain_rejects_bad_settings_before_launching(tmp_path):
+    from tasks.pretrain import run_pretrain
+
+    tokenizer = _write_tokenizer(tmp_path / "tokenizer.json", 120)
+    tokens = _write_tokens(tmp_path / "tokens", 120)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        run_pretrain(tokens, tokenizer, tmp_path / "a", _tiny_pretrain_config(seq_len=32), None, tmp_path)
+    assert not (tmp_path / "a" / "job.json").exists()
+    with pytest.raises(ValueError, match="unknown model preset"):
+        run_pretrain(tokens, tokenizer, tmp_path / "a", _tiny_pretrain_config(model="huge"), None, tmp_path)
+
+
+def test_pretrain_refuses_to_resume_a_different_run(tmp_path):
+    from tasks.pretrain import CONFIG_FILE, resolve_model_config, run_pretrain
+
+    tokenizer = _write_tokenizer(tmp_path / "tokenizer.json", 120)
+    tokens = _write_tokens(tmp_path / "tokens", 120)
+    out = tmp_path / "out"
+    old = _tiny_pretrain_config(lr=1e-3)
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "latest").write_text("step00000003")
+    (out / CONFIG_FILE).write_text(json.dumps({"pretrain": old.model_dump(mode="json"),
+                                               "model": resolve_model_config(old, 120)}))
+    with pytest.raises(ValueError, match=r"different settings \(lr\)"):
+        run_pretrain(tokens, tokenizer, out, _tiny_pretrain_config(lr=2e-3), None, tmp_path)

@@ -120,6 +120,20 @@ def test_resume_matches_uninterrupted_run(tmp_path, zero):
     assert resumed.tokens_seen == straight.tokens_seen
 
 
+def test_every_zero_stage_trains_the_same(tmp_path):
+    """ZeRO only changes where state lives: in fp32 on one rank every stage gives the same losses."""
+    batches = token_window_batches(random_tokens(), SEQ, 4, seed=2)
+    losses = {}
+    for zero in ("zero0", "zero1", "zero2", "zero3", "zero2_offload"):
+        sink = ListSink()
+        train(tiny_model(), cfg_for(max_steps=3, grad_accum=2, zero=zero), batches, None, lm_loss, tmp_path / zero,
+              sink)
+        losses[zero] = sink.series("loss")[1]
+        assert (tmp_path / zero / "latest").is_file()
+    for zero, values in losses.items():
+        assert np.allclose(values, losses["zero0"], atol=1e-5, rtol=0), (zero, values, losses["zero0"])
+
+
 def test_nan_steps_are_skipped_without_update(tmp_path):
     bad_micro = {2, 3}  # steps 3 and 4 (1-based) get a NaN loss
     snapshots = {}
