@@ -15,7 +15,10 @@ from tasks.exact_dedup import ExactDedupConfig
 from tasks.minhash_dedup import NearDedupConfig
 from tasks.mix import MixConfig
 from tasks.pii_redact import PiiConfig
+from tasks.pretrain import PretrainConfig
 from tasks.shards import ShardConfig
+from tasks.tokenize_shards import TokenizeConfig
+from tasks.tokenizer_train import TokenizerConfig
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 
@@ -30,9 +33,16 @@ class DataConfig(StrictModel):
     shards: ShardConfig = Field(default_factory=ShardConfig)
 
 
+class PretrainStageConfig(StrictModel):
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
+    train: PretrainConfig = Field(default_factory=PretrainConfig)
+
+
 class PipelineConfig(StrictModel):
     name: str = "llmforge"
     data: DataConfig = Field(default_factory=DataConfig)
+    pretrain: PretrainStageConfig = Field(default_factory=PretrainStageConfig)
 
 
 def preset_path(name: str) -> Path:

@@ -21,7 +21,10 @@ from infra.paths import Workspace
 
 # Bump when a stage's output format changes, so old cache entries stop matching.
 CACHE_VERSION = "1"
+# Arguments that name where results go (or which MLflow run to log into) enter the key by
+# name only, or not at all: they do not change what the stage computes.
 OUTPUT_ARGS = ("out", "removed")
+VOLATILE_ARGS = ("mlflow_run_id",)
 
 
 def fingerprint(value: Any) -> Any:
@@ -67,7 +70,9 @@ class ContentInputs(CachePolicy):
             "version": CACHE_VERSION,
             # Outputs are keyed by name only: their content is what the task produces.
             "inputs": {
-                k: (str(v) if k.startswith(OUTPUT_ARGS) else fingerprint(v)) for k, v in sorted(inputs.items())
+                k: (str(v) if k.startswith(OUTPUT_ARGS) else fingerprint(v))
+                for k, v in sorted(inputs.items())
+                if k not in VOLATILE_ARGS
             },
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
