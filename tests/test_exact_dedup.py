@@ -111,3 +111,11 @@ def test_config_and_input_errors(tmp_path):
         parse_config(ExactDedupConfig, {"normalise": True}, "preset.yaml:exact")
     with pytest.raises(FileNotFoundError, match="collect stage first"):
         exact_dedup(tmp_path / "missing.parquet", tmp_path / "o.parquet", tmp_path / "r.parquet", ExactDedupConfig())
+
+
+def test_empty_input_writes_both_files(tmp_path):
+    src = write_docs(tmp_path / "in.parquet", [])
+    result = exact_dedup(src, tmp_path / "o.parquet", tmp_path / "r.parquet", ExactDedupConfig())
+    assert result.counts == {}
+    assert pq.read_metadata(tmp_path / "o.parquet").num_rows == 0
+    assert pq.read_schema(tmp_path / "r.parquet").equals(REMOVED_SCHEMA)
