@@ -7,8 +7,9 @@ Same model (same init), same batches, same AdamW groups, same clipping, one proc
 prints tokens/s of tasks.train_loop.train (ZeRO-0) and of a hand-written loop, their
 ratio (goal >= 0.9), the fp32 torch.mm peak FLOP/s of this machine and the model FLOP/s
 achieved (models.flops.flops_per_token x tokens/s), i.e. MFU (goal >= 30% on CPU).
-Rounds alternate the two loops and the best round of each counts, because a shared
-machine's background load only ever slows a round down.
+Rounds alternate the two loops and the best round of each (and the best peak
+measurement) counts, because a shared machine's background load only ever slows a
+measurement down; run several short rounds on a busy machine.
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=8, help="timed steps per loop and round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed ones")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of (plain, deepspeed)")
-    p.add_argument("--peak-n", type=int, default=2048, help="matrix size of the torch.mm peak measurement")
+    p.add_argument("--peak-n", type=int, default=2048,
+                   help="torch.mm peak = best of square sizes n/2, n, 3n/2 (default n=2048)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return p.parse_args(argv)
 
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     plain, ds, peaks = [], [], []
     for r in range(args.rounds):
         # Peak is re-measured every round: on a shared machine it moves with the background load.
-        peaks.append(measure_peak_flops(device, n=args.peak_n))
+        peaks.append(max(measure_peak_flops(device, n=n) for n in (args.peak_n // 2, args.peak_n, args.peak_n * 3 // 2)))
         plain.append(plain_loop(args, batches))
         ds.append(deepspeed_loop(args, batches))
         print(f"round {r + 1}: peak {peaks[-1] / 1e9:.1f} GFLOP/s, plain {plain[-1]:,.0f} tok/s, "
