@@ -1,19 +1,37 @@
-"""The whole pipeline, one subflow per stage (grows as stages land)."""
+"""The whole pipeline: data → pretrain → SFT → GRPO → evaluation, each a subflow.
+
+One MLflow parent run with a nested run per stage; a stage whose inputs and config are
+unchanged is skipped on rerun, so a failed run resumes from the stage that failed.
+"""
 from __future__ import annotations
+
+import time
 
 from prefect import flow
 
 from flows.data_flow import data_flow
+from flows.eval_flow import eval_flow
+from flows.post_training_flows import grpo_flow, sft_flow
 from flows.pretrain_flow import pretrain_flow
-from infra.pipeline_config import PipelineConfig
+from infra.config import config_hash
 from infra.paths import Workspace
+from infra.pipeline_config import PipelineConfig
 from infra.tracking import stage_run
+from tasks.pipeline_report import publish_pipeline_report
 
 
 @flow(name="pipeline", log_prints=True)
 def pipeline_flow(config: PipelineConfig = PipelineConfig(), workdir: str = "work") -> dict:
+    started = time.time()
     ws = Workspace.from_env(workdir).ensure_writable()
-    with stage_run(ws, "pipeline", config) as run:
-        data = data_flow(config.data, workdir=str(ws.root))
-        base = pretrain_flow(config.pretrain, manifest=str(data.manifest), workdir=str(ws.root))
-        return {"mlflow_run_id": run.info.run_id, "manifest": str(data.manifest), "base_model": str(base.model_dir)}
+    root = str(ws.root)
+    with stage_run(ws, "pipeline", config, tags={"llmforge.config_hash": config_hash(config)}) as run:
+        data = data_flow(config.data, workdir=root)
+        base = pretrain_flow(config.pretrain, manifest=str(data.manifest), workdir=root)
+        sft = sft_flow(config.sft, base_model=str(base.model_dir), tokenizer=str(base.tokenizer), workdir=root)
+        grpo = grpo_flow(config.grpo, sft_model=str(sft.model_dir), tokenizer=str(base.tokenizer), workdir=root)
+        models = {"base": str(base.model_dir), "sft": str(sft.model_dir), "grpo": str(grpo.model_dir)}
+        evals = eval_flow(config.eval, models, tokens=str(base.tokens), tokenizer=str(base.tokenizer), workdir=root)
+        report = publish_pipeline_report(ws, config, data, base, sft, grpo, evals, time.time() - started)
+        print(report.markdown)
+        return {"mlflow_run_id": run.info.run_id, "report": str(report.path), "registered_version": report.model_version}

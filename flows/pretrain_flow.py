@@ -21,6 +21,7 @@ class PretrainOutputs(BaseModel):
     tokenizer: Path
     tokens: Path
     model_dir: Path
+    loss_curve: Path | None
     val_ppl: float | None
     unigram_ppl: float
     mlflow_run_id: str
@@ -42,6 +43,6 @@ def pretrain_flow(config: PretrainStageConfig, manifest: str, workdir: str = "wo
         summary = log_pretrain_summary(tokenizer, ws.tokens, result, ws.reports)
         print(summary.markdown)
         return PretrainOutputs(
-            tokenizer=tokenizer, tokens=ws.tokens, model_dir=result.model_dir, val_ppl=result.val_ppl,
+            tokenizer=tokenizer, tokens=ws.tokens, model_dir=result.model_dir, loss_curve=result.loss_curve, val_ppl=result.val_ppl,
             unigram_ppl=summary.unigram_ppl, mlflow_run_id=run.info.run_id,
         )

@@ -11,11 +11,14 @@ from typing import Any
 from pydantic import Field
 
 from infra.config import ConfigError, StrictModel, load_config
+from tasks.evaluate import EvalConfig
 from tasks.exact_dedup import ExactDedupConfig
+from tasks.grpo import GrpoStageConfig
 from tasks.minhash_dedup import NearDedupConfig
 from tasks.mix import MixConfig
 from tasks.pii_redact import PiiConfig
 from tasks.pretrain import PretrainConfig
+from tasks.sft import SftConfig
 from tasks.shards import ShardConfig
 from tasks.tokenize_shards import TokenizeConfig
 from tasks.tokenizer_train import TokenizerConfig
@@ -43,6 +46,10 @@ class PipelineConfig(StrictModel):
     name: str = "llmforge"
     data: DataConfig = Field(default_factory=DataConfig)
     pretrain: PretrainStageConfig = Field(default_factory=PretrainStageConfig)
+    sft: SftConfig = Field(default_factory=SftConfig)
+    grpo: GrpoStageConfig = Field(default_factory=GrpoStageConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    registered_model: str = "llmforge-tiny"  # MLflow model registry name of the final model
 
 
 def preset_path(name: str) -> Path:
