@@ -12,6 +12,7 @@ model (dropout) or the loss continues exactly as in an uninterrupted run.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -29,12 +30,15 @@ from pydantic import Field
 from infra.config import StrictModel
 from infra.deepspeed_launch import build_ds_config, free_port, resolve_precision
 from models.optim import GuardedAdamW, build_adamw, build_scheduler
+from tasks.documents import atomic_path
+from tasks.manifest import ChecksumError, sha256_file
 
 Batch = Any  # whatever train_batches returns and loss_fn understands; tensors inside are moved to the device
 BatchFn = Callable[[int, int, int], Batch]  # (micro-batch index, rank, world size) -> batch
 LossFn = Callable[[torch.nn.Module, Batch], torch.Tensor]
 
 CKPT_TAG_PREFIX = "step"
+CKPT_SUMS_FILE = "SHA256SUMS.json"  # per checkpoint folder: DeepSpeed itself records no checksums
 
 
 class TrainConfig(StrictModel):
@@ -221,6 +225,59 @@ def latest_checkpoint_step(ckpt_dir: Path) -> int | None:
     return int(latest.read_text().strip().removeprefix(CKPT_TAG_PREFIX))
 
 
+def write_checkpoint_sums(tag_dir: Path) -> Path:
+    """Record the sha256 of every file of a finished checkpoint folder in its SHA256SUMS.json."""
+    tag_dir = Path(tag_dir)
+    sums = {
+        p.relative_to(tag_dir).as_posix(): sha256_file(p)
+        for p in sorted(tag_dir.rglob("*"))
+        if p.is_file() and p.name != CKPT_SUMS_FILE
+    }
+    path = tag_dir / CKPT_SUMS_FILE
+    tmp = atomic_path(path)
+    tmp.write_text(json.dumps(sums, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)  # written last and atomically: its presence means the save completed
+    return path
+
+
+def verify_checkpoint(tag_dir: Path) -> None:
+    """Raise ChecksumError naming the first missing, changed or unlisted-truncated file of a checkpoint."""
+    tag_dir = Path(tag_dir)
+    sums_path = tag_dir / CKPT_SUMS_FILE
+    if not sums_path.is_file():
+        raise ChecksumError(f"{sums_path}: missing, so {tag_dir} may be incomplete; delete that folder "
+                            "(and fix 'latest') to resume from an earlier checkpoint, or delete the "
+                            "checkpoints folder to start over")
+    for rel, expected in json.loads(sums_path.read_text(encoding="utf-8")).items():
+        path = tag_dir / rel
+        if not path.is_file():
+            raise ChecksumError(f"{path}: listed in {sums_path} but missing; the checkpoint is damaged")
+        actual = sha256_file(path)
+        if actual != expected:
+            raise ChecksumError(f"{path}: sha256 {actual[:12]}… != {expected[:12]}… in {sums_path}; "
+                                "the checkpoint file is corrupted or truncated")
+
+
+def resume_tag(ckpt_dir: Path) -> str | None:
+    """The checkpoint folder a resume loads: the one 'latest' names, or None if there is none.
+
+    A run killed after DeepSpeed wrote 'latest' but before SHA256SUMS.json leaves a newest
+    folder without sums; the resume then falls back to the newest older folder that has them.
+    A folder whose sums do not match raises ChecksumError (never silently skipped).
+    """
+    ckpt_dir = Path(ckpt_dir)
+    step = latest_checkpoint_step(ckpt_dir)
+    if step is None:
+        return None
+    tag = f"{CKPT_TAG_PREFIX}{step:08d}"
+    if not (ckpt_dir / tag / CKPT_SUMS_FILE).is_file():
+        older = [t for t in checkpoint_tags(ckpt_dir) if t < tag and (ckpt_dir / t / CKPT_SUMS_FILE).is_file()]
+        if older:
+            tag = older[-1]
+    verify_checkpoint(ckpt_dir / tag)
+    return tag
+
+
 def _all_gather(obj: Any, world: int) -> list[Any]:
     import torch.distributed as dist
 
@@ -241,6 +298,7 @@ def _save_checkpoint(engine, ckpt_dir: Path, step: int, client_state: dict[str, 
     engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=state)
     dist.barrier()
     if rank == 0:
+        write_checkpoint_sums(Path(ckpt_dir) / tag)
         for old in checkpoint_tags(ckpt_dir)[:-keep]:
             shutil.rmtree(Path(ckpt_dir) / old, ignore_errors=True)
     dist.barrier()
@@ -325,8 +383,9 @@ def train(
     device = engine.device
 
     start, client = 0, {}
-    if latest_checkpoint_step(ckpt_dir) is not None:
-        load_path, client = engine.load_checkpoint(str(ckpt_dir))
+    tag = resume_tag(ckpt_dir)  # every rank checks the sums, so a bad checkpoint fails all ranks alike
+    if tag is not None:
+        load_path, client = engine.load_checkpoint(str(ckpt_dir), tag=tag)
         if load_path is None:
             raise RuntimeError(f"{ckpt_dir}: 'latest' names a checkpoint DeepSpeed could not load; delete it to start over")
         client = client or {}
