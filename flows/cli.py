@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(key, value)
     from infra.config import ConfigError
     from infra.pipeline_config import load_pipeline_config
+    from infra.preflight import ServiceUnavailable, check_services
 
     try:
         overrides = _parse_overrides(args.overrides)
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             from tasks.catalog import load_catalog
 
             load_catalog(cfg.data.catalog, only=cfg.data.sources)  # fail before any work starts
+            check_services()
+            from infra.paths import Workspace
+
+            Workspace.from_env(args.workdir).ensure_writable()  # before Prefect's start-up, not inside the flow
         if args.command == "data":
             from flows.data_flow import data_flow
 
@@ -81,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (ServiceUnavailable, PermissionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     return 1
 
 

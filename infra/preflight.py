@@ -1,0 +1,59 @@
+"""Preflight: before any work, check that the Prefect and MLflow servers the environment names answer.
+
+Without `PREFECT_API_URL` Prefect runs an ephemeral local API, and without an http(s)
+`MLFLOW_TRACKING_URI` MLflow writes a SQLite store in the workspace; only a configured
+server can be down, and finding out after an hour of data processing is too late.
+"""
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+
+from infra.tracking import redact
+
+DEFAULT_TIMEOUT_S = 3.0
+
+
+class ServiceUnavailable(RuntimeError):
+    """A configured Prefect or MLflow server did not answer its health check."""
+
+
+def health_url(url: str) -> str:
+    """Where a service answers `GET` when healthy: Prefect `<api>/health`, MLflow `<server>/health`."""
+    return url.rstrip("/") + "/health"
+
+
+def check_url(service: str, variable: str, url: str, start_script: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    """GET the service's health URL; raise ServiceUnavailable naming the (redacted) URL and the fix."""
+    target = health_url(url)
+    try:
+        with urllib.request.urlopen(target, timeout=timeout) as response:  # noqa: S310 (http(s) checked by callers)
+            if response.status < 400:
+                return
+            problem = f"HTTP {response.status}"
+    except urllib.error.HTTPError as exc:
+        problem = f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        problem = str(getattr(exc, "reason", exc))
+    shown = redact("url", target)
+    raise ServiceUnavailable(
+        f"{service} server at {shown} is not answering ({problem}); start it with {start_script}, "
+        f"or unset {variable} to use the local default"
+    )
+
+
+def check_services(env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
+    """Health-check the Prefect API and MLflow server named by the environment; returns the URLs checked."""
+    env = os.environ if env is None else env
+    checked = []
+    prefect = (env.get("PREFECT_API_URL") or "").strip()
+    if prefect:
+        check_url("Prefect", "PREFECT_API_URL", prefect, "infra/scripts/start_prefect_server.sh", timeout)
+        checked.append(redact("url", prefect))
+    mlflow_uri = (env.get("MLFLOW_TRACKING_URI") or "").strip()
+    if mlflow_uri.lower().startswith(("http://", "https://")):
+        check_url("MLflow", "MLFLOW_TRACKING_URI", mlflow_uri, "infra/scripts/start_mlflow_server.sh", timeout)
+        checked.append(redact("url", mlflow_uri))
+    return checked
