@@ -180,5 +180,5 @@ def test_sft_end_to_end_through_the_launcher(tmp_path, tok):
 
     client = mlflow.MlflowClient(tracking_uri(Workspace.from_env(tmp_path / "ws")))
     run = client.get_run(result.mlflow_run_id)
-    assert {"loss", "lr", "tokens_per_s", "val_loss", "final_val_loss"} <= set(run.data.metrics)
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "final_val_loss"} <= set(run.data.metrics)
     assert run.data.tags["llmforge.stage"] == "sft"
