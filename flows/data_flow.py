@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from infra.config import config_hash
 from infra.paths import Workspace
-from infra.pipeline_config import DataConfig
+from infra.pipeline_config import DataConfig, load_pipeline_config
 from infra.stage_cache import cached, run_cached
 from infra.tracking import stage_run
 from tasks.catalog import load_catalog
@@ -38,7 +38,9 @@ def _outputs(result) -> list[Path]:
 
 
 @flow(name="data", log_prints=True)
-def data_flow(config: DataConfig = DataConfig(), workdir: str = "work") -> DataResult:
+def data_flow(config: DataConfig | None = None, workdir: str = "work", preset: str = "tiny") -> DataResult:
+    """Run the data stages with `config`, or with the data section of `preset` when no config is given."""
+    config = config or load_pipeline_config(preset).data
     ws = Workspace.from_env(workdir).ensure_writable()
     catalog = load_catalog(config.catalog, only=config.sources)  # a bad catalog fails before any work
     stage = ws.stage_dir

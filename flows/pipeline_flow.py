@@ -15,13 +15,15 @@ from flows.post_training_flows import grpo_flow, sft_flow
 from flows.pretrain_flow import pretrain_flow
 from infra.config import config_hash
 from infra.paths import Workspace
-from infra.pipeline_config import PipelineConfig
+from infra.pipeline_config import PipelineConfig, load_pipeline_config
 from infra.tracking import stage_run
 from tasks.pipeline_report import publish_pipeline_report
 
 
 @flow(name="pipeline", log_prints=True)
-def pipeline_flow(config: PipelineConfig = PipelineConfig(), workdir: str = "work") -> dict:
+def pipeline_flow(config: PipelineConfig | None = None, workdir: str = "work", preset: str = "tiny") -> dict:
+    """Run every stage with `config`, or with `preset` (infra/presets/<name>.yaml) when no config is given."""
+    config = config or load_pipeline_config(preset)
     started = time.time()
     ws = Workspace.from_env(workdir).ensure_writable()
     root = str(ws.root)

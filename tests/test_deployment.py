@@ -49,20 +49,20 @@ def test_prefect_yaml_deployments_match_flows_and_tiny_preset():
     from prefect.utilities.callables import parameter_schema
     from prefect.utilities.schema_tools import ValidationError, validate
 
-    from infra.pipeline_config import DataConfig, PipelineConfig, load_pipeline_config
+    from infra.pipeline_config import load_pipeline_config
 
     model = load_prefect_yaml()
     assert not model.build and not model.push
     assert model.pull == [{"prefect.deployments.steps.set_working_directory": {"directory": ROOT_PLACEHOLDER}}]
     tiny = load_pipeline_config("tiny")
-    expected = {"pipeline-tiny": (PipelineConfig, tiny), "data-tiny": (DataConfig, tiny.data)}
+    expected = ["pipeline-tiny", "data-tiny"]
     assert {d.name for d in model.deployments} >= set(expected)
-    for name, (cls, preset) in expected.items():
+    for name in expected:
         dep = deployment(name)
         assert dep.work_pool.name == POOL
         assert dep.schedules and all(s.active is False for s in dep.schedules), "example schedules must be inactive"
-        # The YAML copy of the tiny preset must not drift from infra/presets/tiny.yaml.
-        assert cls.model_validate(dep.parameters["config"]) == preset
+        # Deployments name a preset instead of copying it, so they cannot drift from it.
+        assert "config" not in dep.parameters and load_pipeline_config(dep.parameters["preset"]) == tiny
         # The server validates run parameters against this schema (enforce_parameter_schema).
         flow = load_flow_from_entrypoint(str(ROOT / dep.entrypoint), use_placeholder_flow=False)
         schema = parameter_schema(flow).model_dump_for_openapi()
@@ -197,7 +197,7 @@ def test_deployed_data_flow_runs_on_a_process_worker(tmp_path, isolated_env, ser
     assert dep["work_pool_name"] == POOL
     assert dep["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]["directory"] == ROOT_PLACEHOLDER
     assert dep["schedules"] and not any(s["active"] for s in dep["schedules"])
-    assert dep["parameters"]["config"]["near"]["threshold"] == 0.8 and dep["enforce_parameter_schema"]
+    assert dep["parameters"]["preset"] == "tiny" and dep["enforce_parameter_schema"]
 
     # A parameter the flow's pydantic config does not know is refused before any run exists.
     bad = subprocess.run([PREFECT, "deployment", "run", "data/data-tiny", "-p", 'config={"near": {"treshold": 0.7}}'],
