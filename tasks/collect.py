@@ -231,34 +231,40 @@ def collect_source(
     rejects: list[Removed] = []
     reasons: Counter = Counter()
     n_in = n_out = 0
-    with TableWriter(out_path, DOCUMENT_SCHEMA) as kept_w, TableWriter(removed_path, REMOVED_SCHEMA) as rej_w:
-        for path, locator, rec in iter_records(catalog, source, files):
-            if source.max_documents is not None and n_out >= source.max_documents:
-                break
-            n_in += 1
-            if isinstance(rec, tuple):
-                rid, rec = rec
-                locator = f"{locator}#id={rid}"
-            doc_id = make_doc_id(source.name, path, locator)
-            if isinstance(rec, Rejection):
-                reasons[rec.reason] += 1
-                rejects.append(
-                    Removed(
-                        doc_id=doc_id, source=source.name, text=rec.text or "", stage=STAGE, reason=rec.reason,
-                        licence=source.licence, path=path, locator=locator, detail=rec.detail[:1000], raw=rec.raw,
+    try:
+        with TableWriter(out_path, DOCUMENT_SCHEMA) as kept_w, TableWriter(removed_path, REMOVED_SCHEMA) as rej_w:
+            for path, locator, rec in iter_records(catalog, source, files):
+                if source.max_documents is not None and n_out >= source.max_documents:
+                    break
+                n_in += 1
+                if isinstance(rec, tuple):
+                    rid, rec = rec
+                    locator = f"{locator}#id={rid}"
+                doc_id = make_doc_id(source.name, path, locator)
+                if isinstance(rec, Rejection):
+                    reasons[rec.reason] += 1
+                    rejects.append(
+                        Removed(
+                            doc_id=doc_id, source=source.name, text=rec.text or "", stage=STAGE, reason=rec.reason,
+                            licence=source.licence, path=path, locator=locator, detail=rec.detail[:1000], raw=rec.raw,
+                        )
                     )
-                )
-            else:
-                n_out += 1
-                docs.append(Document(doc_id, source.name, rec, source.licence, path, locator))
-            if len(docs) >= BATCH:
-                kept_w.write(documents_table(docs))
-                docs.clear()
-            if len(rejects) >= BATCH:
-                rej_w.write(removed_table(rejects))
-                rejects.clear()
-        kept_w.write(documents_table(docs))
-        rej_w.write(removed_table(rejects))
+                else:
+                    n_out += 1
+                    docs.append(Document(doc_id, source.name, rec, source.licence, path, locator))
+                if len(docs) >= BATCH:
+                    kept_w.write(documents_table(docs))
+                    docs.clear()
+                if len(rejects) >= BATCH:
+                    rej_w.write(removed_table(rejects))
+                    rejects.clear()
+            kept_w.write(documents_table(docs))
+            rej_w.write(removed_table(rejects))
+    except OSError as exc:
+        # Still an OSError of the same errno subclass, so the task retries it, but naming the source.
+        if exc.errno is None:  # e.g. pyarrow's I/O errors
+            raise OSError(f"source '{source.name}': {exc}") from exc
+        raise OSError(exc.errno, f"source '{source.name}': {exc.strerror or exc}", exc.filename) from exc
     stats: dict[str, float | int | str] = {}
     if n_in == 0:
         stats["warning"] = f"source '{source.name}' produced no records"

@@ -79,5 +79,5 @@ def test_transient_io_errors_are_retried_and_permanent_ones_name_the_source(tmp_
     gone = report["gone"]
     assert not gone["ok"]
     assert len(gone["opens"]) == 4  # first try + 3 retries, then give up
-    assert "FileNotFoundError" in gone["error"] and "gone-storage.jsonl" in gone["error"]
+    assert "FileNotFoundError" in gone["error"] and "source 'gone'" in gone["error"] and "gone-storage.jsonl" in gone["error"]
     assert "collect-gone" in log
