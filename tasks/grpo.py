@@ -11,6 +11,13 @@ the `eval` split, which neither SFT nor GRPO ever sees. GRPO runs single-rank he
 (num_procs = 1): rollouts are sampled step by step with a KV cache inside the one
 DeepSpeed engine (tasks/grpo_train.py), and on this project's scale there is nothing to
 gain from splitting a batch of a few hundred short sequences across ranks.
+
+Measured at the tiny preset's scale (the 2.4M-parameter demo model, 40-60 steps on 2 CPU
+cores): what GRPO carries over to unseen problems is the answer format and the stop at
+<|end|>, which every problem shares; the digits of unseen sums barely move. A policy that
+gives one answer to every problem scores the share of problems with that sum, so
+result.json also counts the distinct greedy answers (`distinct_answers`): read an
+accuracy gain together with it.
 """
 from __future__ import annotations
 
@@ -70,6 +77,9 @@ class HeldoutScore(BaseModel):
     mean_reward: float
     n_correct: int
     n: int
+    # How many different integers the greedy answers hold: 1 means one answer for every
+    # problem, whose accuracy is then the share of problems with that sum, not arithmetic.
+    distinct_answers: int
 
 
 class GrpoStageResult(BaseModel):

@@ -20,10 +20,19 @@ from infra.paths import Workspace
 from tasks.grpo import RESULT_FILE, SAMPLES_FILE, GrpoJob, GrpoStageResult, HeldoutScore
 
 
-def _score(ev: dict[str, float]) -> HeldoutScore:
+def _score(ev: dict[str, float], distinct_answers: int) -> HeldoutScore:
     n = int(ev["eval_n"])
     return HeldoutScore(accuracy=ev["eval_accuracy"], mean_reward=ev["eval_reward"],
-                        n_correct=round(ev["eval_accuracy"] * n), n=n)
+                        n_correct=round(ev["eval_accuracy"] * n), n=n, distinct_answers=distinct_answers)
+
+
+def distinct_answers(model: torch.nn.Module, tokenizer, problems, max_new_tokens: int) -> int:
+    """Number of different integers in the model's greedy answers to `problems` (unparseable ones left out)."""
+    from tasks.grpo_train import sample_rollouts
+    from tasks.rewards import parse_answer
+
+    rollouts = sample_rollouts(model, tokenizer, problems, 1, max_new_tokens, temperature=0.0)
+    return len({parse_answer(r.text) for r in rollouts} - {None})
 
 
 def _tokenizer_json(path: Path) -> Path | None:
@@ -71,6 +80,9 @@ def run_worker(job: GrpoJob) -> GrpoStageResult:
         res = grpo_train(policy, reference, tokenizer, train_problems, cfg.grpo_config(), log=log,
                          eval_problems=eval_problems)
         assert res.eval_before is not None and res.eval_after is not None  # eval_prompts >= 1 is checked at launch
+        # The reference is the untouched SFT model, so it stands in for "before".
+        distinct_before = distinct_answers(reference, tokenizer, eval_problems, cfg.max_new_tokens)
+        distinct_after = distinct_answers(res.policy, tokenizer, eval_problems, cfg.max_new_tokens)
         samples = job.out_dir / SAMPLES_FILE
         samples.write_text(res.samples_text(), encoding="utf-8")
         model_dir = export.save_model(res.policy, job.out_dir / "model")
@@ -85,8 +97,8 @@ def run_worker(job: GrpoJob) -> GrpoStageResult:
             mlflow_run_id=run.info.run_id,
             steps=cfg.steps,
             n_train_problems=len(train_problems),
-            before=_score(res.eval_before),
-            after=_score(res.eval_after),
+            before=_score(res.eval_before, distinct_before),
+            after=_score(res.eval_after, distinct_after),
             final_train_reward=res.history[-1]["reward_mean"] if res.history else None,
             skipped_steps=res.skipped_steps,
             seconds=res.seconds,
@@ -97,11 +109,14 @@ def run_worker(job: GrpoJob) -> GrpoStageResult:
         mlflow.log_metrics({
             "heldout_accuracy_before": out.before.accuracy, "heldout_accuracy_after": out.after.accuracy,
             "heldout_reward_before": out.before.mean_reward, "heldout_reward_after": out.after.mean_reward,
+            "heldout_distinct_answers_before": float(distinct_before),
+            "heldout_distinct_answers_after": float(distinct_after),
         }, step=cfg.steps)
         mlflow.log_artifact(str(samples))
         mlflow.log_artifact(str(job.out_dir / RESULT_FILE))
         print(f"GRPO held-out: accuracy {out.before.n_correct}/{out.before.n} -> {out.after.n_correct}/{out.after.n}, "
-              f"mean reward {out.before.mean_reward:.3f} -> {out.after.mean_reward:.3f}")
+              f"mean reward {out.before.mean_reward:.3f} -> {out.after.mean_reward:.3f}, "
+              f"distinct answers {distinct_before} -> {distinct_after}")
         return out
 
 

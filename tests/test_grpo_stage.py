@@ -86,9 +86,18 @@ def test_grpo_stage_through_the_launcher(tmp_path, tok):
         score = saved[side]
         assert score["n"] == 6 and 0 <= score["n_correct"] <= 6
         assert score["accuracy"] == pytest.approx(score["n_correct"] / 6)
+        assert 0 <= score["distinct_answers"] <= 6
     # The SFT model writes the format (reward >= the 0.1 format weight) but is often wrong.
     assert result.before.mean_reward >= 0.1 * 0.5
     assert result.skipped_steps == 0
+    # distinct_answers counts the different integers in the greedy answers; recount them here.
+    from tasks.grpo_train import sample_rollouts
+    from tasks.rewards import parse_answer
+
+    for side, model_dir in (("before", sft_dir), ("after", result.model_dir)):
+        greedy = sample_rollouts(load_model(model_dir), tok, make_problems(6, 0, 9, "+", split="eval"), 1, 12,
+                                 temperature=0.0)
+        assert saved[side]["distinct_answers"] == len({parse_answer(r.text) for r in greedy} - {None})
     samples = (out / "samples.txt").read_text()
     assert samples.count("[prompt] What is") == 3 * 2  # samples_per_step=2 at each of 3 steps
     policy = load_model(result.model_dir)
@@ -103,7 +112,7 @@ def test_grpo_stage_through_the_launcher(tmp_path, tok):
     client = mlflow.MlflowClient(tracking_uri(Workspace.from_env(tmp_path / "ws")))
     run = client.get_run(result.mlflow_run_id)
     for key in ("reward_mean", "reward_std", "accuracy", "kl", "clip_fraction", "completion_len", "entropy",
-                "heldout_accuracy_before", "heldout_accuracy_after"):
+                "heldout_accuracy_before", "heldout_accuracy_after", "heldout_distinct_answers_after"):
         assert key in run.data.metrics, key
     assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == 3
     assert len(client.get_metric_history(run.info.run_id, "eval_accuracy")) == 2  # before and after
