@@ -61,7 +61,10 @@ def load_manifest(path: Path) -> Manifest:
         path = path / "manifest.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no manifest; run the data flow first (`llmforge data`)")
-    manifest = Manifest.model_validate(json.loads(path.read_text()))
+    try:
+        manifest = Manifest.model_validate(json.loads(path.read_text()))
+    except ValueError as exc:  # JSONDecodeError and pydantic's ValidationError
+        raise ValueError(f"{path}: not a valid manifest ({exc}); the file is truncated or corrupted, rerun the data flow") from None
     if manifest.schema_version != SCHEMA_VERSION:
         raise ValueError(f"{path}: schema_version {manifest.schema_version}, expected {SCHEMA_VERSION}; rerun the data flow")
     return manifest

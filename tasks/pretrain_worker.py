@@ -80,8 +80,9 @@ def run_worker(job: PretrainJob) -> PretrainResult | None:
     torch.manual_seed(tcfg.seed)
     model = Transformer(mcfg)
 
-    train_tokens = load_token_split(job.tokens_dir, "train")
-    val_tokens = load_token_split(job.tokens_dir, "val")
+    # Checked against index.json's sha256 so a same-size bit flip is caught before training.
+    train_tokens = load_token_split(job.tokens_dir, "train", verify_sha256=True)
+    val_tokens = load_token_split(job.tokens_dir, "val", verify_sha256=True)
     train_batches = token_window_batches(train_tokens, tcfg.seq_len, tcfg.micro_batch_size, tcfg.seed)
     eval_batches = None
     if len(val_tokens) > tcfg.seq_len:

@@ -63,6 +63,9 @@ def write_shards(
     sizes = pa.compute.binary_length(table.column("text").cast(pa.binary())).to_numpy(zero_copy_only=False)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # A writer killed earlier leaves its hidden staging folder behind; it was never visible.
+    for stale in out_dir.parent.glob(f".{out_dir.name}.*"):
+        shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         shards = []

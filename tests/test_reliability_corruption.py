@@ -47,7 +47,6 @@ def test_missing_shard_and_truncated_manifest(shards):
         load_manifest(shards)
 
 
-@pytest.mark.xfail(strict=True, reason="gap: tasks/manifest.load_manifest lets json.JSONDecodeError through without the path")
 def test_truncated_manifest_error_names_the_file(shards):
     shards.write_text(shards.read_text()[:50])
     with pytest.raises(ValueError, match="manifest.json"):
