@@ -30,14 +30,12 @@ from prefect import get_run_logger, task
 from pydantic import BaseModel, Field
 
 from infra.config import StrictModel
-from infra.deepspeed_launch import launch
+from infra.deepspeed_launch import launch_job
 from infra.paths import Workspace
 from infra.tracking import stage_run
 from tasks.grpo_train import GrpoConfig
 
 CONFIG_FILE = "grpo_config.json"
-JOB_FILE = "job.json"
-RESULT_FILE = "result.json"
 SAMPLES_FILE = "samples.txt"
 WORKER_MODULE = "tasks.grpo_worker"
 
@@ -132,7 +130,6 @@ def run_grpo(
     out_dir.mkdir(parents=True, exist_ok=True)
     resolved = {"grpo": cfg.model_dump(mode="json"), "sft_model": str(sft_model_dir.resolve())}
     (out_dir / CONFIG_FILE).write_text(json.dumps(resolved, indent=2) + "\n", encoding="utf-8")
-    (out_dir / RESULT_FILE).unlink(missing_ok=True)
     ws = Workspace.from_env(ws_root)
     job = GrpoJob(
         sft_model_dir=sft_model_dir.resolve(),
@@ -142,15 +139,7 @@ def run_grpo(
         mlflow_run_id=mlflow_run_id,
         config=cfg,
     )
-    job_path = out_dir / JOB_FILE
-    job_path.write_text(job.model_dump_json(indent=2) + "\n", encoding="utf-8")
-
-    launch(WORKER_MODULE, ["--job", str(job_path.resolve())], num_procs=cfg.num_procs, log=log)
-
-    result_path = out_dir / RESULT_FILE
-    if not result_path.is_file():
-        raise RuntimeError(f"the GRPO worker exited cleanly but wrote no {result_path}; see the log above")
-    return GrpoStageResult.model_validate_json(result_path.read_text(encoding="utf-8"))
+    return launch_job(WORKER_MODULE, job, out_dir, GrpoStageResult, "GRPO", num_procs=cfg.num_procs, log=log)
 
 
 @task(name="grpo")

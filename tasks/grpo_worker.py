@@ -8,7 +8,6 @@ policy and writes result.json.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import math
 import sys
@@ -16,8 +15,9 @@ from pathlib import Path
 
 import torch
 
+from infra.deepspeed_launch import RESULT_FILE
 from infra.paths import Workspace
-from tasks.grpo import RESULT_FILE, SAMPLES_FILE, GrpoJob, GrpoStageResult, HeldoutScore
+from tasks.grpo import SAMPLES_FILE, GrpoJob, GrpoStageResult, HeldoutScore
 
 
 def _score(ev: dict[str, float], distinct_answers: int) -> HeldoutScore:

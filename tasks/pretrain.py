@@ -23,7 +23,7 @@ from prefect import get_run_logger, task
 from pydantic import BaseModel, Field
 
 from infra.config import StrictModel
-from infra.deepspeed_launch import build_ds_config, launch
+from infra.deepspeed_launch import build_ds_config, launch_job
 from infra.paths import Workspace
 from infra.tracking import stage_run
 from models.losses import next_token_loss
@@ -31,8 +31,6 @@ from tasks.train_loop import BatchFn, TrainConfig
 
 CONFIG_FILE = "pretrain_config.json"
 DS_CONFIG_FILE = "ds_config.json"
-JOB_FILE = "job.json"
-RESULT_FILE = "result.json"
 LOSS_CURVE_FILE = "loss_curve.png"
 WORKER_MODULE = "tasks.pretrain_worker"
 
@@ -186,7 +184,6 @@ def run_pretrain(
     _check_resume_compatible(out_dir, resolved)
     (out_dir / CONFIG_FILE).write_text(json.dumps(resolved, indent=2) + "\n", encoding="utf-8")
     (out_dir / DS_CONFIG_FILE).write_text(json.dumps(build_ds_config(cfg.zero, cfg), indent=2) + "\n", encoding="utf-8")
-    (out_dir / RESULT_FILE).unlink(missing_ok=True)
     ws = Workspace.from_env(ws_root)
     job = PretrainJob(
         tokens_dir=tokens_dir.resolve(),
@@ -197,15 +194,7 @@ def run_pretrain(
         config=cfg,
         architecture=model_cfg,
     )
-    job_path = out_dir / JOB_FILE
-    job_path.write_text(job.model_dump_json(indent=2) + "\n", encoding="utf-8")
-
-    launch(WORKER_MODULE, ["--job", str(job_path.resolve())], num_procs=cfg.num_procs, hostfile=cfg.hostfile, log=log)
-
-    result_path = out_dir / RESULT_FILE
-    if not result_path.is_file():
-        raise RuntimeError(f"the pretrain workers exited cleanly but wrote no {result_path}; see the log above")
-    return PretrainResult.model_validate_json(result_path.read_text(encoding="utf-8"))
+    return launch_job(WORKER_MODULE, job, out_dir, PretrainResult, "pretrain", num_procs=cfg.num_procs, hostfile=cfg.hostfile, log=log)
 
 
 @task(name="pretrain")

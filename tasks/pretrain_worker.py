@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
+from infra.deepspeed_launch import RESULT_FILE
 from infra.paths import Workspace
 from models.llama import ModelConfig, Transformer
 from tasks.pretrain import (
     LOSS_CURVE_FILE,
-    RESULT_FILE,
     PretrainJob,
     PretrainResult,
     lm_loss,

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
+from infra.deepspeed_launch import RESULT_FILE
 from infra.paths import Workspace
 from tasks.sft import (
     LOSS_CURVE_FILE,
     REJECTED_FILE,
-    RESULT_FILE,
     SftJob,
     SftResult,
     chat_batches,
