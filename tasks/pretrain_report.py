@@ -61,6 +61,7 @@ def log_pretrain_summary(tokenizer: Path, tokens_dir: Path, result: PretrainResu
         p = result.out_dir / name
         if p.is_file():
             mlflow.log_artifact(str(p), artifact_path="pretrain")
+    mlflow.log_artifacts(str(result.model_dir), artifact_path="model")  # safetensors + config.json
     if report.warning:
         mlflow.set_tag("chinchilla.warning", report.warning)
     return PretrainSummary(unigram_ppl=unigram, val_ppl=result.val_ppl, chinchilla=report.summary(), markdown=markdown)
