@@ -23,32 +23,7 @@ from tasks.pretrain import (
     lm_loss,
     token_window_batches,
 )
-from tasks.train_loop import ListSink, MlflowSink, TrainResult, init_distributed, train
-
-
-def _full_parameters(model: torch.nn.Module, zero: str):
-    """Context in which every rank sees whole parameters (ZeRO-3 keeps only a shard per rank)."""
-    if zero != "zero3":
-        return contextlib.nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
-
-
-def _loss_curve(result: TrainResult, path: Path) -> Path | None:
-    from tasks.plots import loss_curve_png
-
-    train = [(h["step"], h["loss"]) for h in result.history if "loss" in h]
-    val = [(h["step"], h["val_loss"]) for h in result.history if "val_loss" in h]
-    series = {name: pts for name, pts in (("train loss", train), ("val loss", val)) if pts}
-    if not series:
-        return None
-    return loss_curve_png(
-        {name: [s for s, _ in pts] for name, pts in series.items()},
-        {name: [v for _, v in pts] for name, pts in series.items()},
-        path,
-        title="Pretraining loss",
-    )
+from tasks.train_loop import ListSink, MlflowSink, full_parameters, init_distributed, loss_curve, train
 
 
 def _export(model: Transformer, job: PretrainJob) -> tuple[Path, Path | None]:
@@ -103,12 +78,12 @@ def run_worker(job: PretrainJob) -> PretrainResult | None:
             model, tcfg, train_batches, eval_batches, lm_loss, job.out_dir / "checkpoints", sink,
             echo=print if rank == 0 else None,
         )
-        with _full_parameters(model, cfg.zero):
+        with full_parameters(model, cfg.zero):
             if rank != 0:
                 return None
             model_dir, hf_dir = _export(model, job)
             n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-        curve = _loss_curve(result, job.out_dir / LOSS_CURVE_FILE)
+        curve = loss_curve(result, job.out_dir / LOSS_CURVE_FILE, "Pretraining loss")
         out = PretrainResult(
             out_dir=job.out_dir,
             model_dir=model_dir,

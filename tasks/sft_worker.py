@@ -29,32 +29,7 @@ from tasks.sft import (
     sft_loss,
     sft_sources,
 )
-from tasks.train_loop import ListSink, MlflowSink, TrainResult, init_distributed, train
-
-
-def _full_parameters(model: torch.nn.Module, zero: str):
-    """Context in which every rank sees whole parameters (ZeRO-3 keeps only a shard per rank)."""
-    if zero != "zero3":
-        return contextlib.nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
-
-
-def _loss_curve(result: TrainResult, path: Path) -> Path | None:
-    from tasks.plots import loss_curve_png
-
-    train = [(h["step"], h["loss"]) for h in result.history if "loss" in h]
-    val = [(h["step"], h["val_loss"]) for h in result.history if "val_loss" in h]
-    series = {name: pts for name, pts in (("train loss", train), ("val loss", val)) if pts}
-    if not series:
-        return None
-    return loss_curve_png(
-        {name: [s for s, _ in pts] for name, pts in series.items()},
-        {name: [v for _, v in pts] for name, pts in series.items()},
-        path,
-        title="SFT loss (assistant tokens)",
-    )
+from tasks.train_loop import ListSink, MlflowSink, full_parameters, init_distributed, loss_curve, train
 
 
 def _tokenizer_json(path: Path) -> Path | None:
@@ -119,14 +94,14 @@ def run_worker(job: SftJob) -> SftResult | None:
             model, tcfg, train_batches, eval_batches, sft_loss, job.out_dir / "checkpoints", sink,
             echo=print if rank == 0 else None,
         )
-        with _full_parameters(model, cfg.zero):
+        with full_parameters(model, cfg.zero):
             if rank != 0:
                 return None
             model_dir = export.save_model(model, job.out_dir / "model")
             hf_dir = None
             if cfg.export_hf:
                 hf_dir = export.export_hf_llama(model, job.out_dir / "hf", tokenizer_json=_tokenizer_json(job.tokenizer_path))
-        curve = _loss_curve(result, job.out_dir / LOSS_CURVE_FILE)
+        curve = loss_curve(result, job.out_dir / LOSS_CURVE_FILE, "SFT loss (assistant tokens)")
         out = SftResult(
             out_dir=job.out_dir,
             model_dir=model_dir,

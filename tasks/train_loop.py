@@ -12,6 +12,8 @@ model (dropout) or the loss continues exactly as in an uninterrupted run.
 """
 from __future__ import annotations
 
+import contextlib
+
 import json
 import math
 import os
@@ -527,3 +529,29 @@ def train(
 def _ppl(loss: float) -> float:
     # exp overflows past ~709; an untrained model's perplexity is the vocab size, far below.
     return math.exp(min(loss, 700.0))
+
+
+def full_parameters(model: torch.nn.Module, zero: str):
+    """Context in which every rank sees whole parameters (ZeRO-3 keeps only a shard per rank)."""
+    if zero != "zero3":
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+
+
+def loss_curve(result: "TrainResult", path: Path, title: str) -> Path | None:
+    """Plot the train and validation losses of a finished run; None when nothing was logged."""
+    from tasks.plots import loss_curve_png
+
+    train = [(h["step"], h["loss"]) for h in result.history if "loss" in h]
+    val = [(h["step"], h["val_loss"]) for h in result.history if "val_loss" in h]
+    series = {name: pts for name, pts in (("train loss", train), ("val loss", val)) if pts}
+    if not series:
+        return None
+    return loss_curve_png(
+        {name: [s for s, _ in pts] for name, pts in series.items()},
+        {name: [v for _, v in pts] for name, pts in series.items()},
+        path,
+        title=title,
+    )
