@@ -34,6 +34,9 @@ class TokenizerConfig(StrictModel):
     min_frequency: int = Field(default=2, ge=1)
     max_documents: int | None = Field(default=None, gt=0)  # sample cap for training speed
     seed: int = 0  # which documents the sample cap picks
+    # One token per digit (as Llama and Mistral do): a number's digits then mean the same
+    # thing in every number, which is what lets a small model add numbers it never saw.
+    split_digits: bool = True
 
 
 def train_tokenizer(manifest_path: Path, out_dir: Path, cfg: TokenizerConfig) -> Path:
@@ -49,7 +52,7 @@ def train_tokenizer(manifest_path: Path, out_dir: Path, cfg: TokenizerConfig) ->
     chosen = _sample_rows(total_rows, cfg)
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = _pre_tokenizer(cfg.split_digits)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=cfg.vocab_size,
@@ -75,6 +78,13 @@ def train_tokenizer(manifest_path: Path, out_dir: Path, cfg: TokenizerConfig) ->
         tmp.unlink(missing_ok=True)
         raise
     return final
+
+
+def _pre_tokenizer(split_digits: bool) -> pre_tokenizers.PreTokenizer:
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if not split_digits:
+        return byte_level
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
 
 
 def _sample_rows(total_rows: int, cfg: TokenizerConfig) -> np.ndarray | None:

@@ -90,6 +90,22 @@ def test_training_is_deterministic(tmp_path):
     assert a.read_bytes() == b.read_bytes()
 
 
+def test_digits_are_single_tokens_unless_turned_off(tmp_path):
+    # A corpus full of the same numbers: a plain BPE merges them, the digit split must not.
+    docs = [Document(f"d{i}", "s", f"port 8080 year 2024 item {i} costs 1999") for i in range(200)]
+    manifest = write_corpus(tmp_path / "s", [docs])
+
+    def pieces(split_digits: bool) -> list[str]:
+        tok = load_tokenizer(train_tokenizer(manifest, tmp_path / str(split_digits), TokenizerConfig(vocab_size=400, split_digits=split_digits)))
+        enc = tok.encode("port 8080 costs 1999")
+        assert tok.decode(enc.ids) == "port 8080 costs 1999"
+        return [tok.id_to_token(i) for i in enc.ids]
+
+    digit_pieces = [p for p in pieces(True) if any(c.isdigit() for c in p)]
+    assert digit_pieces == list("80801999")
+    assert any(sum(c.isdigit() for c in p) > 1 for p in pieces(False))
+
+
 def test_max_documents_caps_the_training_sample(tmp_path):
     # Each document is one letter pair repeated, so each one teaches exactly one merge.
     docs = [Document(f"d{i}", "s", " ".join([c + c] * 50)) for i, c in enumerate("abcdefgh")]
