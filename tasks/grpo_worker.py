@@ -109,6 +109,10 @@ def run_worker(job: GrpoJob) -> GrpoStageResult:
         mlflow.log_metrics({
             "heldout_accuracy_before": out.before.accuracy, "heldout_accuracy_after": out.after.accuracy,
             "heldout_reward_before": out.before.mean_reward, "heldout_reward_after": out.after.mean_reward,
+            # The counts beside the rates, so the MLflow run reads "27/59 -> 31/59" without arithmetic.
+            "heldout_correct_before": float(out.before.n_correct),
+            "heldout_correct_after": float(out.after.n_correct),
+            "heldout_problems": float(out.after.n),
             "heldout_distinct_answers_before": float(distinct_before),
             "heldout_distinct_answers_after": float(distinct_after),
         }, step=cfg.steps)

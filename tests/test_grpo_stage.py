@@ -114,6 +114,9 @@ def test_grpo_stage_through_the_launcher(tmp_path, tok):
     for key in ("reward_mean", "reward_std", "accuracy", "kl", "clip_fraction", "completion_len", "entropy",
                 "heldout_accuracy_before", "heldout_accuracy_after", "heldout_distinct_answers_after"):
         assert key in run.data.metrics, key
+    assert run.data.metrics["heldout_correct_before"] == saved["before"]["n_correct"]
+    assert run.data.metrics["heldout_correct_after"] == saved["after"]["n_correct"]
+    assert run.data.metrics["heldout_problems"] == saved["after"]["n"]
     assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == 3
     assert len(client.get_metric_history(run.info.run_id, "eval_accuracy")) == 2  # before and after
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
