@@ -202,6 +202,15 @@ def chat_batches(encodings: Sequence[ChatEncoding], batch_size: int, pad_id: int
     return batch
 
 
+def sft_batch_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+    """Positions the model computes for a collated batch, padding included (it costs the same FLOPs).
+
+    Batches are padded to their longest row, not to seq_len, so counting seq_len per row
+    would report tokens/s (and MFU) for work that never ran.
+    """
+    return batch[0].numel()
+
+
 def sft_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Cross-entropy on the assistant tokens of a collated (inputs, targets) batch."""
     inputs, targets = batch

@@ -26,6 +26,7 @@ from tasks.sft import (
     chat_batches,
     encode_examples,
     is_val_example,
+    sft_batch_tokens,
     sft_loss,
     sft_sources,
 )
@@ -92,7 +93,7 @@ def run_worker(job: SftJob) -> SftResult | None:
         sink = MlflowSink(rank) if rank == 0 else ListSink()
         result = train(
             model, tcfg, train_batches, eval_batches, sft_loss, job.out_dir / "checkpoints", sink,
-            echo=print if rank == 0 else None,
+            batch_tokens=sft_batch_tokens, echo=print if rank == 0 else None,
         )
         with full_parameters(model, cfg.zero):
             if rank != 0:

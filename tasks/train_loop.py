@@ -366,6 +366,7 @@ def train(
     log: MetricsSink,
     *,
     flops_per_token: float | None = None,
+    batch_tokens: Callable[[Batch], int] | None = None,
     echo: Callable[[str], Any] | None = None,
 ) -> TrainResult:
     """Train `model` with DeepSpeed until cfg.max_steps, resuming from ckpt_dir's latest checkpoint if any.
@@ -373,7 +374,9 @@ def train(
     `train_batches(i, rank, world)` returns micro-batch i (= step * grad_accum + k) of this rank;
     it must be a pure function of its arguments (and the seed it was built with) for resumes
     to be exact. `loss_fn(engine, batch)` returns a scalar loss. Rank 0 sends metrics to `log`
-    and, when given, one line per log step to `echo`.
+    and, when given, one line per log step to `echo`. `batch_tokens(batch)` counts the tokens a
+    micro-batch really feeds the model, for tokens/s and MFU when batches are padded per batch
+    and shorter than seq_len (SFT); without it every micro-batch counts micro_batch_size * seq_len.
     """
     import torch.distributed as dist
 
@@ -422,8 +425,10 @@ def train(
         lr = float(engine.get_lr()[0])
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         nonfinite = torch.zeros((), dtype=torch.float64, device=device)
+        fed = torch.zeros((), dtype=torch.float64, device=device)
         for k in range(cfg.grad_accum):
             batch = _to_device(train_batches(step * cfg.grad_accum + k, rank, world), device)
+            fed += batch_tokens(batch) if batch_tokens else cfg.micro_batch_size * cfg.seq_len
             loss = loss_fn(engine, batch)
             if not loss.requires_grad:
                 raise TypeError("loss_fn must return a scalar tensor attached to the model's graph (requires_grad)")
@@ -434,18 +439,19 @@ def train(
             # overflow check (or GuardedAdamW) skip the update on every rank, with no special path.
             engine.backward(loss)
             engine.step()
-        stats = torch.stack([loss_sum, nonfinite])
+        stats = torch.stack([loss_sum, nonfinite, fed])
         if world > 1:
             dist.all_reduce(stats)
         n_nonfinite = int(stats[1].item())
+        step_tokens = int(stats[2].item())  # summed over ranks by the same all_reduce
         bad = n_nonfinite > 0 or not engine.was_step_applied()
         done = step + 1
         elapsed = time.perf_counter() - t0
         train_time += elapsed
-        train_tokens += tokens_per_step
+        train_tokens += step_tokens
         window_time += elapsed
-        window_tokens += tokens_per_step
-        tokens_seen += tokens_per_step
+        window_tokens += step_tokens
+        tokens_seen += step_tokens
 
         if bad:
             skipped += 1

@@ -80,6 +80,34 @@ def test_loss_decreases_on_patterned_corpus(tmp_path):
     assert checkpoint_tags(tmp_path / "ckpt") == ["step00000040"]
 
 
+def test_tokens_and_mfu_count_what_padded_per_batch_rows_feed(tmp_path):
+    """SFT pads each batch to its longest row: throughput counts those positions, not seq_len."""
+    full = token_window_batches(random_tokens(), SEQ, 4, seed=0)
+    widths = [SEQ // 4, SEQ // 2, SEQ // 4]
+
+    def narrow(i, rank, world):
+        inputs, targets = full(i, rank, world)
+        w = widths[i % len(widths)]
+        return inputs[:, :w], targets[:, :w]
+
+    def fed(batch):
+        return batch[0].numel()
+
+    cfg = cfg_for(max_steps=6, log_every=3, grad_accum=2)
+    sink = ListSink()
+    result = train(tiny_model(), cfg, narrow, None, lm_loss, tmp_path, sink, batch_tokens=fed)
+    expected = sum(4 * widths[i % len(widths)] for i in range(6 * 2))
+    assert result.tokens_seen == expected < 6 * 2 * 4 * SEQ
+    _, seen = sink.series("tokens_seen")
+    assert seen[-1] == expected
+    # mfu is tokens/s times FLOPs per token over the peak, with the tokens that were fed.
+    _, tps = sink.series("tokens_per_s")
+    _, mfu = sink.series("mfu")
+    assert mfu[0] / tps[0] == pytest.approx(mfu[1] / tps[1])
+    default = train(tiny_model(), cfg, narrow, None, lm_loss, tmp_path / "default", ListSink())
+    assert default.tokens_seen == 6 * 2 * 4 * SEQ  # without the hook: micro_batch_size * seq_len
+
+
 class Crash(RuntimeError):
     pass
 
