@@ -9,6 +9,7 @@ import torch
 
 from models.llama import Transformer, model_config
 from tasks.pretrain import lm_loss, token_window_batches
+from tasks.sft import sft_batch_tokens
 from tasks.train_loop import (
     ListSink,
     MlflowSink,
@@ -90,12 +91,9 @@ def test_tokens_and_mfu_count_what_padded_per_batch_rows_feed(tmp_path):
         w = widths[i % len(widths)]
         return inputs[:, :w], targets[:, :w]
 
-    def fed(batch):
-        return batch[0].numel()
-
     cfg = cfg_for(max_steps=6, log_every=3, grad_accum=2)
     sink = ListSink()
-    result = train(tiny_model(), cfg, narrow, None, lm_loss, tmp_path, sink, batch_tokens=fed)
+    result = train(tiny_model(), cfg, narrow, None, lm_loss, tmp_path, sink, batch_tokens=sft_batch_tokens)
     expected = sum(4 * widths[i % len(widths)] for i in range(6 * 2))
     assert result.tokens_seen == expected < 6 * 2 * 4 * SEQ
     _, seen = sink.series("tokens_seen")
