@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.documents import Document, documents_table, write_table_atomic
-from tasks.minhash_dedup import NearDedupConfig, compute_signatures, near_dedup, plan_workers, shingles
+from tasks.data.documents import Document, documents_table, write_table_atomic
+from tasks.data.minhash_dedup import NearDedupConfig, compute_signatures, near_dedup, plan_workers, shingles
 
 
 def generate(n_docs: int, dup_rate: float, seed: int) -> tuple[list[str], dict[int, tuple[int, float]]]:

@@ -4,7 +4,7 @@ Same model (same init), same batches, same AdamW groups, same clipping, one proc
 
     DS_ACCELERATOR=cpu .venv/bin/python bench/train.py --preset small25m --steps 8
 
-prints tokens/s of tasks.train_loop.train (ZeRO-0) and of a hand-written loop, their
+prints tokens/s of tasks.training.loop.train (ZeRO-0) and of a hand-written loop, their
 ratio (goal >= 0.9), the fp32 torch.mm peak FLOP/s of this machine and the model FLOP/s
 achieved (models.flops.flops_per_token x tokens/s), i.e. MFU (goal >= 30% on CPU).
 Rounds alternate the two loops and the best round of each (and the best peak
@@ -30,8 +30,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() e
 from models.flops import flops_per_token, num_params  # noqa: E402
 from models.llama import Transformer, model_config  # noqa: E402
 from models.optim import build_adamw, build_scheduler  # noqa: E402
-from tasks.pretrain import lm_loss, token_window_batches  # noqa: E402
-from tasks.train_loop import ListSink, TrainConfig, init_distributed, measure_peak_flops, train  # noqa: E402
+from tasks.training.pretrain.stage import lm_loss, token_window_batches  # noqa: E402
+from tasks.training.loop import ListSink, TrainConfig, init_distributed, measure_peak_flops, train  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -85,7 +85,7 @@ def plain_loop(args: argparse.Namespace, batches) -> float:
 
 
 def deepspeed_loop(args: argparse.Namespace, batches) -> float:
-    """tokens/s of tasks.train_loop.train (ZeRO-0, fp32), from its per-step timings after warm-up."""
+    """tokens/s of tasks.training.loop.train (ZeRO-0, fp32), from its per-step timings after warm-up."""
     cfg = train_config(args)
     sink = ListSink()
     ckpt = Path(tempfile.mkdtemp(prefix="bench-train-"))

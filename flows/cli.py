@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
     from infra.config import ConfigError
-    from infra.pipeline_config import load_pipeline_config
+    from flows.config import load_pipeline_config
     from infra.preflight import ServiceUnavailable, check_services
 
     try:
@@ -66,13 +66,13 @@ def main(argv: list[str] | None = None) -> int:
             print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
             return 0
         if args.command in ("data", "run"):
-            from tasks.catalog import load_catalog
+            from tasks.data.catalog import load_catalog
 
             load_catalog(cfg.data.catalog, only=cfg.data.sources)  # fail before any work starts
             check_services()
             from infra.paths import Workspace
 
-            Workspace.from_env(args.workdir).ensure_writable()  # before Prefect's start-up, not inside the flow
+            Workspace.locate(args.workdir).ensure_writable()  # before Prefect's start-up, not inside the flow
         if args.command == "data":
             from flows.data_flow import data_flow
 

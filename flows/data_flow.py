@@ -12,19 +12,19 @@ from pydantic import BaseModel
 
 from infra.config import config_hash
 from infra.paths import Workspace
-from infra.pipeline_config import DataConfig, load_pipeline_config
+from flows.config import DataConfig, load_pipeline_config
 from infra.stage_cache import cached, run_cached
 from infra.tracking import stage_run
-from tasks.catalog import load_catalog
-from tasks.collect import collect_source_task, merge_collected_task, source_inputs
-from tasks.exact_dedup import exact_dedup_task
-from tasks.funnel import build_funnel
-from tasks.minhash_dedup import near_dedup_task
-from tasks.mix import rebalance_mix_task
-from tasks.pii_redact import pii_redact_task
-from tasks.quality_filter import quality_filter_task
-from tasks.report_data import data_report_markdown, log_data_run, publish_prefect_artifact
-from tasks.shards import write_shards_task
+from tasks.data.catalog import load_catalog
+from tasks.data.collect import collect_source_task, merge_collected_task, source_inputs
+from tasks.data.exact_dedup import exact_dedup_task
+from tasks.data.funnel import build_funnel
+from tasks.data.minhash_dedup import near_dedup_task
+from tasks.data.mix import rebalance_mix_task
+from tasks.data.pii_redact import pii_redact_task
+from tasks.data.quality_filter import quality_filter_task
+from tasks.reports.data import data_report_markdown, log_data_run, publish_prefect_artifact
+from tasks.data.shards import write_shards_task
 
 
 class DataResult(BaseModel):
@@ -41,7 +41,7 @@ def _outputs(result) -> list[Path]:
 def data_flow(config: DataConfig | None = None, workdir: str = "work", preset: str = "tiny") -> DataResult:
     """Run the data stages with `config`, or with the data section of `preset` when no config is given."""
     config = config or load_pipeline_config(preset).data
-    ws = Workspace.from_env(workdir).ensure_writable()
+    ws = Workspace.locate(workdir).ensure_writable()
     catalog = load_catalog(config.catalog, only=config.sources)  # a bad catalog fails before any work
     stage = ws.stage_dir
     removed = ws.quarantine

@@ -8,13 +8,13 @@ from prefect import flow
 from infra.paths import Workspace
 from infra.stage_cache import run_cached
 from infra.tracking import stage_run
-from tasks.evaluate import EVAL_FILE, EvalConfig, EvalResult, evaluate_checkpoint_task
-from tasks.eval_report import log_comparison
+from tasks.eval.evaluate import EVAL_FILE, EvalConfig, EvalResult, evaluate_checkpoint_task
+from tasks.reports.eval import log_comparison
 
 
 @flow(name="evaluate", log_prints=True)
 def eval_flow(config: EvalConfig, models: dict[str, str], tokens: str, tokenizer: str, workdir: str = "work") -> dict[str, EvalResult]:
-    ws = Workspace.from_env(workdir).ensure_writable()
+    ws = Workspace.locate(workdir).ensure_writable()
     with stage_run(ws, "evaluate", config):
         results = {
             name: run_cached(

@@ -15,9 +15,9 @@ from flows.post_training_flows import grpo_flow, sft_flow
 from flows.pretrain_flow import pretrain_flow
 from infra.config import config_hash
 from infra.paths import Workspace
-from infra.pipeline_config import PipelineConfig, load_pipeline_config
+from flows.config import PipelineConfig, load_pipeline_config
 from infra.tracking import stage_run
-from tasks.pipeline_report import publish_pipeline_report
+from tasks.reports.pipeline import publish_pipeline_report
 
 
 @flow(name="pipeline", log_prints=True)
@@ -25,7 +25,7 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str = "work", p
     """Run every stage with `config`, or with `preset` (infra/presets/<name>.yaml) when no config is given."""
     config = config or load_pipeline_config(preset)
     started = time.time()
-    ws = Workspace.from_env(workdir).ensure_writable()
+    ws = Workspace.locate(workdir).ensure_writable()
     root = str(ws.root)
     with stage_run(ws, "pipeline", config, tags={"llmforge.config_hash": config_hash(config)}) as run:
         data = data_flow(config.data, workdir=root)

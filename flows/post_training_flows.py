@@ -8,13 +8,13 @@ from prefect import flow
 from infra.paths import Workspace
 from infra.stage_cache import run_cached
 from infra.tracking import stage_run
-from tasks.grpo import GrpoStageConfig, GrpoStageResult, grpo_task
-from tasks.sft import SftConfig, SftResult, sft_task
+from tasks.training.grpo.stage import GrpoStageConfig, GrpoStageResult, grpo_task
+from tasks.training.sft.stage import SftConfig, SftResult, sft_task
 
 
 @flow(name="sft", log_prints=True)
 def sft_flow(config: SftConfig, base_model: str, tokenizer: str, workdir: str = "work") -> SftResult:
-    ws = Workspace.from_env(workdir).ensure_writable()
+    ws = Workspace.locate(workdir).ensure_writable()
     with stage_run(ws, "sft", config) as run:
         return run_cached(
             sft_task, ws, Path(base_model), Path(tokenizer), ws.checkpoints("sft"), config, str(ws.root),
@@ -24,7 +24,7 @@ def sft_flow(config: SftConfig, base_model: str, tokenizer: str, workdir: str = 
 
 @flow(name="grpo", log_prints=True)
 def grpo_flow(config: GrpoStageConfig, sft_model: str, tokenizer: str, workdir: str = "work") -> GrpoStageResult:
-    ws = Workspace.from_env(workdir).ensure_writable()
+    ws = Workspace.locate(workdir).ensure_writable()
     with stage_run(ws, "grpo", config) as run:
         result = run_cached(
             grpo_task, ws, Path(sft_model), Path(tokenizer), ws.checkpoints("grpo"), config, str(ws.root),

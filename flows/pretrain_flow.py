@@ -8,13 +8,13 @@ from prefect import flow
 from pydantic import BaseModel
 
 from infra.paths import Workspace
-from infra.pipeline_config import PretrainStageConfig
+from flows.config import PretrainStageConfig
 from infra.stage_cache import run_cached
 from infra.tracking import stage_run
-from tasks.pretrain import pretrain_task
-from tasks.pretrain_report import log_pretrain_summary
-from tasks.tokenize_shards import tokenize_shards_task
-from tasks.tokenizer_train import train_tokenizer_task
+from tasks.training.pretrain.stage import pretrain_task
+from tasks.reports.pretrain import log_pretrain_summary
+from tasks.tokenizer.tokenize_shards import tokenize_shards_task
+from tasks.tokenizer.train import train_tokenizer_task
 
 
 class PretrainOutputs(BaseModel):
@@ -29,7 +29,7 @@ class PretrainOutputs(BaseModel):
 
 @flow(name="pretrain", log_prints=True)
 def pretrain_flow(config: PretrainStageConfig, manifest: str, workdir: str = "work") -> PretrainOutputs:
-    ws = Workspace.from_env(workdir).ensure_writable()
+    ws = Workspace.locate(workdir).ensure_writable()
     with stage_run(ws, "pretrain", config) as run:
         tokenizer = run_cached(train_tokenizer_task, ws, Path(manifest), ws.tokenizer_dir, config.tokenizer, outputs=lambda p: [p])
         tokens = run_cached(

@@ -1,7 +1,7 @@
 """The one config system: pydantic models that reject unknown keys, loaded from YAML.
 
 Every stage defines its own config class (in its module) on top of `StrictModel`;
-`infra.pipeline_config` composes them. Errors name the file and the key.
+`flows.config` composes them. Errors name the file and the key.
 """
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ class Workspace:
     root: Path
 
     @classmethod
-    def from_env(cls, root: str | Path | None = None) -> "Workspace":
+    def locate(cls, root: str | Path | None = None) -> "Workspace":
+        """The workspace at `root`; without one, at `$LLMFORGE_HOME`, else `./work`."""
         chosen = root or os.environ.get("LLMFORGE_HOME") or "work"
         return cls(Path(chosen).resolve())
 

@@ -1,14 +1,21 @@
-"""Prefect caching for pipeline stages, keyed on the *content* of their inputs and their config.
+"""Prefect caching for pipeline stages, keyed on the *content* of their inputs, their config
+and their code.
 
 Prefect's INPUTS policy hashes argument values; a `Path` argument would hash only its
 name, so a changed input file would wrongly hit the cache. This policy replaces each
 path by a fingerprint of what is there (size and mtime of files, recursively for
-folders), and each typed config by its JSON. Cache records and results live in the
-workspace, so deleting the workspace resets everything.
+folders), and each typed config by its JSON. The code enters the key as the hash of the
+source of the task's module and of every project module it imports (and of the worker
+module a training stage launches), so an edited stage reruns, and a moved module, whose
+pickled results name the old path, never hits a stale record. Cache records and
+results live in the workspace, so deleting the workspace resets everything.
 """
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +26,8 @@ from pydantic import BaseModel
 
 from infra.paths import Workspace
 
-# Bump when a stage's output format changes, so old cache entries stop matching.
-CACHE_VERSION = "1"
+# Packages whose source is the project's code (what a stage's code version covers).
+PROJECT_PACKAGES = ("tasks", "models", "infra", "flows")
 # Arguments that name where results go (or which MLflow run to log into) enter the key by
 # name only, or not at all: they do not change what the stage computes.
 OUTPUT_ARGS = ("out", "removed")
@@ -67,7 +74,7 @@ class ContentInputs(CachePolicy):
     def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any):
         payload = {
             "task": task_ctx.task.name if task_ctx else None,
-            "version": CACHE_VERSION,
+            "code": code_version(task_ctx.task.fn.__module__) if task_ctx else None,
             # Outputs are keyed by name only: their content is what the task produces.
             "inputs": {
                 k: (str(v) if k.startswith(OUTPUT_ARGS) else fingerprint(v))
@@ -76,6 +83,53 @@ class ContentInputs(CachePolicy):
             },
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def _module_file(name: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return None
+    return Path(spec.origin)
+
+
+def _project_imports(name: str, source: str) -> set[str]:
+    """Project modules that `name`'s source imports (at any depth in the file, lazy imports included)."""
+    found: set[str] = set()
+    package = name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            # `from tasks.data import builtin_corpus` imports a module, not a name.
+            found.update(f"{base}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "WORKER_MODULE" for t in node.targets):
+            # A training stage launches its worker by module name: that code is the stage's too.
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                found.add(node.value.value)
+    return {m for m in found if m.split(".")[0] in PROJECT_PACKAGES and _module_file(m) is not None}
+
+
+@functools.lru_cache(maxsize=None)
+def code_version(module: str) -> str:
+    """sha256 over the module's name and source and those of every project module it reaches."""
+    seen: dict[str, str] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        path = _module_file(name)
+        if name in seen or path is None:
+            continue
+        source = path.read_text(encoding="utf-8")
+        seen[name] = hashlib.sha256(source.encode("utf-8")).hexdigest()
+        todo.extend(_project_imports(name, source) - seen.keys())
+    return hashlib.sha256(json.dumps(sorted(seen.items())).encode()).hexdigest()
 
 
 def cached(task_obj, ws: Workspace):

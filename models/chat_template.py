@@ -51,7 +51,7 @@ def special_ids(tokenizer: Any) -> SpecialIds:
         tid = tokenizer.token_to_id(token)
         if tid is None:
             raise ValueError(
-                f"tokenizer has no special token {token!r}; train it with tasks/tokenizer_train.py "
+                f"tokenizer has no special token {token!r}; train it with tasks/tokenizer/train.py "
                 f"(special tokens {SPECIAL_TOKENS} at ids 0..{len(SPECIAL_TOKENS) - 1})"
             )
         ids[name] = tid

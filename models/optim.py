@@ -12,7 +12,7 @@ import torch
 
 
 class ScheduleConfig(Protocol):
-    """What `lr_at` reads; `tasks.train_loop.TrainConfig` satisfies it."""
+    """What `lr_at` reads; `tasks.training.loop.TrainConfig` satisfies it."""
 
     warmup_steps: int
     max_steps: int

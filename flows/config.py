@@ -1,0 +1,67 @@
+"""Typed configs of the flows, composed from each stage's own config class.
+
+A preset is a YAML file in `infra/presets/`; `load_pipeline_config` validates it (unknown
+keys are errors naming the file and the key) and applies dotted overrides from the CLI.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from infra.config import ConfigError, StrictModel, load_config
+from tasks.eval.evaluate import EvalConfig
+from tasks.data.exact_dedup import ExactDedupConfig
+from tasks.training.grpo.stage import GrpoStageConfig
+from tasks.data.minhash_dedup import NearDedupConfig
+from tasks.data.mix import MixConfig
+from tasks.data.pii_redact import PiiConfig
+from tasks.training.pretrain.stage import PretrainConfig
+from tasks.training.sft.stage import SftConfig
+from tasks.data.shards import ShardConfig
+from tasks.tokenizer.tokenize_shards import TokenizeConfig
+from tasks.tokenizer.train import TokenizerConfig
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+
+class DataConfig(StrictModel):
+    catalog: Path = Path("data_catalog")
+    sources: list[str] | None = None  # only these catalog sources; None = all
+    exact: ExactDedupConfig = Field(default_factory=ExactDedupConfig)
+    near: NearDedupConfig = Field(default_factory=NearDedupConfig)
+    pii: PiiConfig = Field(default_factory=PiiConfig)
+    mix: MixConfig = Field(default_factory=MixConfig)
+    shards: ShardConfig = Field(default_factory=ShardConfig)
+
+
+class PretrainStageConfig(StrictModel):
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
+    train: PretrainConfig = Field(default_factory=PretrainConfig)
+
+
+class PipelineConfig(StrictModel):
+    name: str = "llmforge"
+    data: DataConfig = Field(default_factory=DataConfig)
+    pretrain: PretrainStageConfig = Field(default_factory=PretrainStageConfig)
+    sft: SftConfig = Field(default_factory=SftConfig)
+    grpo: GrpoStageConfig = Field(default_factory=GrpoStageConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    registered_model: str = "llmforge-tiny"  # MLflow model registry name of the final model
+
+
+def preset_path(name: str) -> Path:
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml"):
+        return path
+    found = PRESETS_DIR / f"{name}.yaml"
+    if not found.is_file():
+        known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+        raise ConfigError(f"unknown preset '{name}'; known presets: {known} (or give a path to a YAML file)")
+    return found
+
+
+def load_pipeline_config(preset: str, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    return load_config(PipelineConfig, preset_path(preset), overrides)

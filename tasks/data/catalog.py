@@ -1,0 +1,178 @@
+"""Source definitions: one YAML file per source in `data_catalog/`, validated before any work.
+
+A mistaken catalog (unknown key, missing path, weights that don't make sense, a path that
+escapes the data roots) fails here with an error naming the file and the key.
+"""
+from __future__ import annotations
+
+import glob as globlib
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from infra.config import ConfigError, StrictModel, parse_config, read_yaml
+
+SourceKind = Literal["jsonl", "parquet", "text_dir", "hf_dataset", "builtin"]
+BUILTINS = ("python_docs", "python_stdlib")
+
+
+class HfDatasetOptions(StrictModel):
+    """Arguments for `datasets.load_dataset`: a builder ("json", "parquet", "csv", "text") with
+    local `data_files`, or a hub name where the network allows."""
+
+    name: str
+    data_files: str | list[str] | None = None
+    config: str | None = None
+    split: str = "train"
+    revision: str | None = None
+
+
+class SourceConfig(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+    kind: SourceKind
+    path: str | None = None  # file, folder or glob, relative to the catalog folder
+    glob: str = "**/*.txt"  # text_dir: which files are documents
+    text_field: str = "text"
+    id_field: str | None = None  # use the record's own id in the locator when present
+    weight: float = 1.0  # target share of the mix (normalised over sources)
+    licence: str
+    max_documents: int | None = Field(default=None, gt=0)
+    max_epochs: float = Field(default=4.0, gt=0)  # cap on up-sampling repeats
+    filters: dict[str, Any] = Field(default_factory=dict)  # a tasks.data.quality_rules.FilterSpec
+    builtin: Literal["python_docs", "python_stdlib"] | None = None
+    hf: HfDatasetOptions | None = None
+    max_line_bytes: int = Field(default=8 << 20, gt=0)  # longer JSONL lines are quarantined
+    allow_outside_roots: bool = False
+
+    @field_validator("weight")
+    @classmethod
+    def _weight_positive(cls, v: float) -> float:
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(f"must be a finite number > 0 (got {v}); remove the source to exclude it")
+        return v
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> "SourceConfig":
+        if self.kind == "builtin":
+            if self.builtin is None:
+                raise ValueError(f"kind 'builtin' needs key 'builtin' (one of {', '.join(BUILTINS)})")
+        elif self.kind == "hf_dataset":
+            if self.hf is None:
+                raise ValueError("kind 'hf_dataset' needs key 'hf' (name, data_files, split)")
+        elif not self.path:
+            raise ValueError(f"kind '{self.kind}' needs key 'path'")
+        return self
+
+
+class Catalog(StrictModel):
+    """The validated sources, with paths resolved against the catalog folder."""
+
+    root: Path
+    sources: list[SourceConfig]
+
+    def by_name(self) -> dict[str, SourceConfig]:
+        return {s.name: s for s in self.sources}
+
+    def resolve(self, source: SourceConfig) -> Path:
+        return (self.root / source.path).resolve() if source.path else self.root
+
+    def weights(self) -> dict[str, float]:
+        total = sum(s.weight for s in self.sources)
+        return {s.name: s.weight / total for s in self.sources}
+
+    def filter_specs(self) -> dict[str, Any]:
+        from tasks.data.quality_rules import FilterSpec
+
+        return {s.name: FilterSpec.model_validate(s.filters) for s in self.sources}
+
+
+def _is_within(path: Path, roots: list[Path]) -> bool:
+    return any(path == r or r in path.parents for r in roots)
+
+
+def source_files(catalog: Catalog, source: SourceConfig) -> list[Path]:
+    """The files a file-based source reads, sorted so every run sees the same order."""
+    base = catalog.resolve(source)
+    if source.kind == "text_dir":
+        return sorted(p for p in base.glob(source.glob) if p.is_file())
+    if any(ch in (source.path or "") for ch in "*?["):
+        return sorted(Path(p) for p in globlib.glob(str(catalog.root / source.path), recursive=True) if Path(p).is_file())
+    if base.is_dir():
+        pattern = "**/*.parquet" if source.kind == "parquet" else "**/*.jsonl*"
+        return sorted(p for p in base.glob(pattern) if p.is_file())
+    return [base]
+
+
+def _check_paths(catalog: Catalog, source: SourceConfig, origin: str, roots: list[Path]) -> None:
+    if source.kind in ("builtin", "hf_dataset") and not source.path:
+        if source.hf and source.hf.data_files:
+            files = [source.hf.data_files] if isinstance(source.hf.data_files, str) else source.hf.data_files
+            for f in files:
+                p = (catalog.root / f).resolve()
+                if not globlib.glob(str(p)):
+                    raise ConfigError(f"{origin}: key 'hf.data_files': {f} matches no file (looked in {catalog.root})")
+                if not source.allow_outside_roots and not _is_within(p, roots):
+                    raise ConfigError(f"{origin}: key 'hf.data_files': {f} is outside the data roots; set allow_outside_roots: true to allow it")
+        return
+    base = catalog.resolve(source)
+    has_glob = any(ch in (source.path or "") for ch in "*?[")
+    if not has_glob and not base.exists():
+        raise ConfigError(f"{origin}: key 'path': {source.path} does not exist (resolved to {base})")
+    if source.kind == "text_dir" and not base.is_dir():
+        raise ConfigError(f"{origin}: key 'path': {source.path} must be a folder for kind 'text_dir'")
+    files = source_files(catalog, source)
+    if has_glob and not files:
+        raise ConfigError(f"{origin}: key 'path': glob {source.path} matches no file")
+    if not source.allow_outside_roots:
+        # Links are resolved, so a symlink pointing outside the roots is caught too.
+        for p in [base, *files] if not has_glob else files:
+            if not _is_within(p.resolve(), roots):
+                raise ConfigError(
+                    f"{origin}: key 'path': {p} resolves outside the data roots ({', '.join(map(str, roots))}); "
+                    "set allow_outside_roots: true in this source to allow it"
+                )
+
+
+def load_catalog(
+    catalog_dir: Path,
+    only: list[str] | None = None,
+    data_roots: list[Path] | None = None,
+) -> Catalog:
+    """Read and validate every `*.yaml` source in `catalog_dir` (not its sub-folders)."""
+    catalog_dir = Path(catalog_dir).resolve()
+    if not catalog_dir.is_dir():
+        raise ConfigError(f"{catalog_dir}: catalog folder not found")
+    files = sorted(list(catalog_dir.glob("*.yaml")) + list(catalog_dir.glob("*.yml")))
+    if not files:
+        raise ConfigError(f"{catalog_dir}: no source definitions (*.yaml) found")
+    roots = [r.resolve() for r in (data_roots or [catalog_dir, catalog_dir.parent])]
+    sources: list[SourceConfig] = []
+    origins: dict[str, str] = {}
+    for f in files:
+        source = parse_config(SourceConfig, read_yaml(f), str(f))
+        if source.name in origins:
+            raise ConfigError(f"{f}: key 'name': '{source.name}' is also defined in {origins[source.name]}")
+        origins[source.name] = str(f)
+        sources.append(source)
+    if only:
+        unknown = sorted(set(only) - set(origins))
+        if unknown:
+            raise ConfigError(f"{catalog_dir}: unknown source(s) {unknown}; known: {sorted(origins)}")
+        sources = [s for s in sources if s.name in only]
+    catalog = Catalog(root=catalog_dir, sources=sources)
+    for s in sources:
+        _check_paths(catalog, s, origins[s.name], roots)
+        _check_filters(s, origins[s.name])
+    return catalog
+
+
+def _check_filters(source: SourceConfig, origin: str) -> None:
+    from tasks.data.quality_rules import FilterSpec, validate_filter_spec
+
+    try:
+        spec = FilterSpec.model_validate(source.filters)
+    except Exception as exc:  # pydantic ValidationError
+        raise ConfigError(f"{origin}: key 'filters': {exc}") from None
+    validate_filter_spec(spec, f"{origin}: key 'filters'")

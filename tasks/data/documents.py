@@ -1,0 +1,162 @@
+"""The one document schema that flows through every data stage, and atomic Parquet I/O.
+
+A stage reads a Parquet file of documents and writes (a) the documents it keeps and
+(b) the documents it removes, with the stage name and the reason, so that every input
+document ends in exactly one place.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from infra.atomic import atomic_path, atomic_write, commit_atomic
+
+SCHEMA_VERSION = 1
+
+DOCUMENT_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("licence", pa.string()),
+        pa.field("path", pa.string()),  # file the document came from
+        pa.field("locator", pa.string()),  # where in that file: "line:12", "row:3", "file", ...
+    ]
+)
+
+# Removed or rejected documents: the document columns plus why, and where it went.
+REMOVED_SCHEMA = pa.schema(
+    list(DOCUMENT_SCHEMA)
+    + [
+        pa.field("stage", pa.string(), nullable=False),  # collect, exact_dedup, near_dedup, quality, mix
+        pa.field("reason", pa.string(), nullable=False),  # rule name or rejection reason
+        pa.field("detail", pa.string()),  # measured value, error message, ...
+        pa.field("duplicate_of", pa.string()),  # kept doc_id, for duplicates
+        pa.field("similarity", pa.float64()),  # estimated Jaccard, for near duplicates
+        pa.field("raw", pa.binary()),  # original bytes of a record that could not be decoded
+    ]
+)
+
+
+def make_doc_id(source: str, path: str, locator: str) -> str:
+    """A stable id: the same record of the same source gets the same id on every run."""
+    digest = hashlib.sha1(f"{source}\x1f{path}\x1f{locator}".encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{source}-{digest[:16]}"
+
+
+@dataclass
+class Document:
+    doc_id: str
+    source: str
+    text: str
+    licence: str | None = None
+    path: str | None = None
+    locator: str | None = None
+
+
+@dataclass
+class Removed:
+    doc_id: str
+    source: str
+    text: str
+    stage: str
+    reason: str
+    licence: str | None = None
+    path: str | None = None
+    locator: str | None = None
+    detail: str | None = None
+    duplicate_of: str | None = None
+    similarity: float | None = None
+    raw: bytes | None = field(default=None, repr=False)
+
+
+def write_table_atomic(table: pa.Table, final: Path, compression: str = "zstd") -> Path:
+    """Write a Parquet file under a temporary name, fsync, then rename into place."""
+    with atomic_write(final) as tmp:
+        pq.write_table(table, tmp, compression=compression)
+    return Path(final)
+
+
+def documents_table(docs: Iterable[Document | dict]) -> pa.Table:
+    rows = [asdict(d) if isinstance(d, Document) else d for d in docs]
+    return pa.Table.from_pylist(
+        [{k: r.get(k) for k in DOCUMENT_SCHEMA.names} for r in rows], schema=DOCUMENT_SCHEMA
+    )
+
+
+def removed_table(rows: Iterable[Removed | dict]) -> pa.Table:
+    dicts = [asdict(r) if isinstance(r, Removed) else r for r in rows]
+    return pa.Table.from_pylist(
+        [{k: r.get(k) for k in REMOVED_SCHEMA.names} for r in dicts], schema=REMOVED_SCHEMA
+    )
+
+
+def removed_from_documents(
+    table: pa.Table,
+    stage: str,
+    reasons: list[str],
+    details: list[str | None] | None = None,
+    duplicate_of: list[str | None] | None = None,
+    similarity: list[float | None] | None = None,
+) -> pa.Table:
+    """Turn a table of documents into removed rows, column-wise (no per-row Python objects)."""
+    n = table.num_rows
+    cols = {name: table.column(name) for name in DOCUMENT_SCHEMA.names}
+    cols["stage"] = pa.array([stage] * n, pa.string())
+    cols["reason"] = pa.array(reasons, pa.string())
+    cols["detail"] = pa.array(details if details is not None else [None] * n, pa.string())
+    cols["duplicate_of"] = pa.array(duplicate_of if duplicate_of is not None else [None] * n, pa.string())
+    cols["similarity"] = pa.array(similarity if similarity is not None else [None] * n, pa.float64())
+    cols["raw"] = pa.array([None] * n, pa.binary())
+    return pa.table(cols, schema=REMOVED_SCHEMA)
+
+
+def read_documents(path: Path) -> pa.Table:
+    return pq.read_table(path, schema=DOCUMENT_SCHEMA)
+
+
+def iter_batches(path: Path, batch_size: int = 4096) -> Iterator[pa.RecordBatch]:
+    """Stream a Parquet file in record batches, so stages run in bounded memory."""
+    pf = pq.ParquetFile(path)
+    yield from pf.iter_batches(batch_size=batch_size)
+
+
+class TableWriter:
+    """Stream record batches into one Parquet file, atomically renamed on close."""
+
+    def __init__(self, final: Path, schema: pa.Schema, compression: str = "zstd"):
+        self.final = Path(final)
+        self.tmp = atomic_path(self.final)
+        self.schema = schema
+        self.rows = 0
+        self._writer = pq.ParquetWriter(self.tmp, schema, compression=compression)
+
+    def write(self, table: pa.Table | pa.RecordBatch) -> None:
+        if table.num_rows:
+            if isinstance(table, pa.RecordBatch):
+                table = pa.Table.from_batches([table])
+            self._writer.write_table(table.cast(self.schema))
+            self.rows += table.num_rows
+
+    def close(self) -> Path:
+        self._writer.close()
+        commit_atomic(self.tmp, self.final)
+        return self.final
+
+    def abort(self) -> None:
+        self._writer.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> "TableWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

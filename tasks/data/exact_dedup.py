@@ -1,0 +1,94 @@
+"""Exact dedup: keep the first copy (input order) of each normalised text.
+
+Kept documents carry the normalised text, so later stages see one canonical form.
+Documents that normalise to nothing are removed as "empty_after_normalize"; later
+copies of a text are removed as "exact_duplicate" with `duplicate_of` = the kept id.
+Streams record batches; memory grows only with the set of 32-byte digests seen.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pyarrow as pa
+from prefect import task
+
+from infra.config import StrictModel
+from tasks.data.documents import DOCUMENT_SCHEMA, REMOVED_SCHEMA, TableWriter, iter_batches, removed_from_documents
+from tasks.data.step import StageResult, build_counts, count_by_source
+from tasks.data.text_normalize import normalize_text
+
+STAGE = "exact_dedup"
+EMPTY = "empty_after_normalize"
+DUPLICATE = "exact_duplicate"
+
+
+class ExactDedupConfig(StrictModel):
+    normalize: bool = True  # False: compare raw text, byte for byte
+
+
+def exact_dedup(in_path: Path, out_path: Path, removed_path: Path, cfg: ExactDedupConfig) -> StageResult:
+    """Remove empty and exactly repeated documents from `in_path`; write kept and removed files."""
+    in_path, out_path, removed_path = Path(in_path), Path(out_path), Path(removed_path)
+    if not in_path.is_file():
+        raise FileNotFoundError(f"exact_dedup: input {in_path} does not exist; run the collect stage first")
+    first_id: dict[bytes, str] = {}  # sha256 of normalised text -> doc_id of its first copy
+    inputs: Counter = Counter()
+    kept: Counter = Counter()
+    removed: dict[str, Counter] = defaultdict(Counter)
+    with TableWriter(out_path, DOCUMENT_SCHEMA) as out_w, TableWriter(removed_path, REMOVED_SCHEMA) as rem_w:
+        for batch in iter_batches(in_path):
+            table = pa.Table.from_batches([batch]).select(DOCUMENT_SCHEMA.names).cast(DOCUMENT_SCHEMA)
+            inputs.update(count_by_source(table))
+            texts = table.column("text").to_pylist()
+            ids = table.column("doc_id").to_pylist()
+            if cfg.normalize:
+                texts = [normalize_text(t) for t in texts]
+            keep_rows: list[int] = []
+            drop_rows: list[int] = []
+            reasons: list[str] = []
+            dup_of: list[str | None] = []
+            for i, text in enumerate(texts):
+                if not text.strip():
+                    drop_rows.append(i)
+                    reasons.append(EMPTY)
+                    dup_of.append(None)
+                    continue
+                digest = hashlib.sha256(text.encode("utf-8")).digest()
+                original = first_id.get(digest)
+                if original is None:
+                    first_id[digest] = ids[i]
+                    keep_rows.append(i)
+                else:
+                    drop_rows.append(i)
+                    reasons.append(DUPLICATE)
+                    dup_of.append(original)
+            if keep_rows:
+                keep_idx = pa.array(keep_rows, pa.int64())
+                out = table.take(keep_idx)
+                if cfg.normalize:
+                    out = out.set_column(
+                        out.schema.get_field_index("text"), DOCUMENT_SCHEMA.field("text"),
+                        pa.array([texts[i] for i in keep_rows], pa.string()),
+                    )
+                out_w.write(out)
+                kept.update(count_by_source(out))
+            if drop_rows:
+                gone = table.take(pa.array(drop_rows, pa.int64()))
+                # Removed rows keep the original text: that is what was collected and dropped.
+                rem_w.write(removed_from_documents(gone, STAGE, reasons, duplicate_of=dup_of))
+                for source, reason in zip(gone.column("source").to_pylist(), reasons):
+                    removed[source][reason] += 1
+    result = StageResult(
+        stage=STAGE,
+        output=out_path,
+        removed=removed_path,
+        counts=build_counts(inputs, kept, removed),
+        stats={"unique_texts": len(first_id)},
+    )
+    result.check_conservation()
+    return result
+
+
+exact_dedup_task = task(exact_dedup, name="exact_dedup")

@@ -1,0 +1,87 @@
+"""FineWeb rules (Penedo et al. 2024; datatrove FineWebQualityFilter), with its defaults."""
+from __future__ import annotations
+
+from pydantic import Field
+
+from infra.config import StrictModel
+from tasks.data.quality_rules.rule import Rule, TextView, find_duplicates, fraction
+
+# The original FineWeb stop characters, plus the CJK, Arabic and Devanagari sentence ends.
+STOP_CHARS = [".", "'", '"', "!", "?", "。", "！", "？", "؟", "।"]
+
+
+class FineWebLinePunct(Rule):
+    """Fewer than 12% of lines end in punctuation: lists, menus, tables."""
+
+    name = "fineweb_line_punct_ratio"
+
+    class Params(StrictModel):
+        min_ratio: float = Field(default=0.12, ge=0, le=1)
+        exclude_zero: bool = False  # FineWeb's option: keep documents with no punctuated line at all
+        stop_chars: list[str] = Field(default_factory=lambda: list(STOP_CHARS), min_length=1)
+
+    def check_view(self, view: TextView) -> str | None:
+        lines = view.lines
+        if not lines:
+            return None
+        ends = tuple(self.params.stop_chars)
+        ratio = sum(1 for ln in lines if ln.rstrip().endswith(ends)) / len(lines)
+        if ratio < self.params.min_ratio and not (ratio == 0 and self.params.exclude_zero):
+            return f"punct_lines={ratio:.3f} < min_ratio={self.params.min_ratio}"
+        return None
+
+
+class FineWebShortLines(Rule):
+    """More than 67% of lines are at most 30 characters: lists and navigation."""
+
+    name = "fineweb_short_line_ratio"
+
+    class Params(StrictModel):
+        max_ratio: float = Field(default=0.67, ge=0, le=1)
+        short_line_length: int = Field(default=30, ge=0)
+
+    def check_view(self, view: TextView) -> str | None:
+        lines = view.lines
+        if not lines:
+            return None
+        ratio = sum(1 for ln in lines if len(ln) <= self.params.short_line_length) / len(lines)
+        if ratio > self.params.max_ratio:
+            return f"short_lines={ratio:.3f} > max_ratio={self.params.max_ratio}"
+        return None
+
+
+class FineWebDupLineChars(Rule):
+    """More than 1% of characters sit in repeated lines (stricter than Gopher's 20%)."""
+
+    name = "fineweb_dup_line_char_frac"
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.01, ge=0, le=1)
+
+    def check_view(self, view: TextView) -> str | None:
+        dup_chars = find_duplicates(view.lines)[1]
+        frac = fraction(dup_chars, len(view.text) - view.text.count("\n"))
+        if frac > self.params.max_fraction:
+            return f"dup_line_chars={frac:.3f} > max_fraction={self.params.max_fraction}"
+        return None
+
+
+class FineWebListRatio(Rule):
+    """More than 0.3 newlines per word: a list rather than running text."""
+
+    name = "fineweb_list_ratio"
+
+    class Params(StrictModel):
+        max_newlines_per_word: float = Field(default=0.3, ge=0)
+
+    def check_view(self, view: TextView) -> str | None:
+        words = view.words
+        if not words:
+            return None
+        ratio = view.text.count("\n") / len(words)
+        if ratio > self.params.max_newlines_per_word:
+            return f"newlines_per_word={ratio:.3f} > max={self.params.max_newlines_per_word}"
+        return None
+
+
+FINEWEB: list[type[Rule]] = [FineWebLinePunct, FineWebShortLines, FineWebDupLineChars, FineWebListRatio]

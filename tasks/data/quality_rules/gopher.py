@@ -1,0 +1,340 @@
+"""Gopher (MassiveText) quality and repetition rules.
+
+Thresholds from Rae et al. 2021, "Scaling Language Models: Methods, Analysis & Insights
+from Training Gopher", appendix A (Table A1), as implemented in datatrove's
+GopherQualityFilter and GopherRepetitionFilter. Words are whitespace tokens.
+"""
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+from pydantic import Field
+
+from infra.config import StrictModel
+from tasks.data.quality_rules.rule import (
+    Rule,
+    TextView,
+    duplicated_ngram_chars,
+    find_duplicates,
+    fraction,
+    top_ngram_chars,
+)
+
+_LETTER = re.compile(r"[^\W\d_]")  # any Unicode letter
+STOP_WORDS = ["the", "be", "to", "of", "and", "that", "have", "with"]
+BULLETS = ("•", "-", "*", "‣", "◦", "·")
+ELLIPSES = ("...", "…")
+
+# ---------------------------------------------------------------- gopher_quality
+
+
+class GopherWordCount(Rule):
+    """Too short to be a document, or too long to be one (a dump)."""
+
+    name = "gopher_word_count"
+
+    class Params(StrictModel):
+        min_words: int = Field(default=50, ge=0)
+        max_words: int = Field(default=100_000, ge=1)
+
+    def check_view(self, view: TextView) -> str | None:
+        n = len(view.content_words)
+        if n < self.params.min_words:
+            return f"words={n} < min_words={self.params.min_words}"
+        if n > self.params.max_words:
+            return f"words={n} > max_words={self.params.max_words}"
+        return None
+
+
+class GopherMeanWordLength(Rule):
+    """Mean word length outside [3, 10] characters: gibberish, tables or concatenated tokens."""
+
+    name = "gopher_mean_word_length"
+
+    class Params(StrictModel):
+        min_mean: float = Field(default=3.0, ge=0)
+        max_mean: float = Field(default=10.0, gt=0)
+
+    def check_view(self, view: TextView) -> str | None:
+        words = view.content_words
+        if not words:
+            return None
+        mean = sum(map(len, words)) / len(words)
+        if mean < self.params.min_mean:
+            return f"mean_word_length={mean:.2f} < min_mean={self.params.min_mean}"
+        if mean > self.params.max_mean:
+            return f"mean_word_length={mean:.2f} > max_mean={self.params.max_mean}"
+        return None
+
+
+class GopherSymbolWordRatio(Rule):
+    """Too many hash signs or ellipses per word (hashtag spam, truncated teasers)."""
+
+    name = "gopher_symbol_word_ratio"
+
+    class Params(StrictModel):
+        max_ratio: float = Field(default=0.1, ge=0)
+
+    def check_view(self, view: TextView) -> str | None:
+        n = len(view.words)
+        if not n:
+            return None
+        hashes = fraction(view.text.count("#"), n)
+        if hashes > self.params.max_ratio:
+            return f"hash_per_word={hashes:.3f} > max_ratio={self.params.max_ratio}"
+        ellipses = fraction(sum(view.text.count(e) for e in ELLIPSES), n)
+        if ellipses > self.params.max_ratio:
+            return f"ellipsis_per_word={ellipses:.3f} > max_ratio={self.params.max_ratio}"
+        return None
+
+
+class GopherBulletLines(Rule):
+    """Nearly every line is a bullet point: a menu or a list of links, not prose."""
+
+    name = "gopher_bullet_lines"
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.9, ge=0, le=1)
+
+    def check_view(self, view: TextView) -> str | None:
+        lines = view.lines
+        bullets = sum(1 for ln in lines if ln.lstrip().startswith(BULLETS))
+        frac = fraction(bullets, len(lines))
+        if frac > self.params.max_fraction:
+            return f"bullet_lines={frac:.3f} > max_fraction={self.params.max_fraction}"
+        return None
+
+
+class GopherEllipsisLines(Rule):
+    """Many lines end in an ellipsis: truncated snippets (search results, feeds)."""
+
+    name = "gopher_ellipsis_lines"
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.3, ge=0, le=1)
+
+    def check_view(self, view: TextView) -> str | None:
+        lines = view.lines
+        ends = sum(1 for ln in lines if ln.rstrip().endswith(ELLIPSES))
+        frac = fraction(ends, len(lines))
+        if frac > self.params.max_fraction:
+            return f"ellipsis_lines={frac:.3f} > max_fraction={self.params.max_fraction}"
+        return None
+
+
+class GopherAlphaWords(Rule):
+    """Too few words contain a letter: numbers, tables, markup."""
+
+    name = "gopher_alpha_words"
+
+    class Params(StrictModel):
+        min_fraction: float = Field(default=0.8, ge=0, le=1)
+
+    def check_view(self, view: TextView) -> str | None:
+        words = view.words
+        if not words:
+            return None
+        frac = sum(1 for w in words if _LETTER.search(w)) / len(words)
+        if frac < self.params.min_fraction:
+            return f"alpha_words={frac:.3f} < min_fraction={self.params.min_fraction}"
+        return None
+
+
+class GopherStopWords(Rule):
+    """Fewer than two English stop words: not running English text."""
+
+    name = "gopher_stop_words"
+
+    class Params(StrictModel):
+        min_stop_words: int = Field(default=2, ge=0)
+        stop_words: list[str] = Field(default_factory=lambda: list(STOP_WORDS))
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        self._stop = frozenset(w.lower() for w in self.params.stop_words)
+
+    def check_view(self, view: TextView) -> str | None:
+        found = sum(1 for w in view.content_words if w.lower() in self._stop)
+        if found < self.params.min_stop_words:
+            return f"stop_words={found} < min_stop_words={self.params.min_stop_words}"
+        return None
+
+
+GOPHER_QUALITY: list[type[Rule]] = [
+    GopherWordCount,
+    GopherMeanWordLength,
+    GopherSymbolWordRatio,
+    GopherBulletLines,
+    GopherEllipsisLines,
+    GopherAlphaWords,
+    GopherStopWords,
+]
+
+# ---------------------------------------------------------------- gopher_repetition
+
+
+class GopherDupParagraphFrac(Rule):
+    """Many paragraphs repeat an earlier paragraph of the same document (boilerplate)."""
+
+    name = "gopher_dup_para_frac"
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.3, ge=0, le=1)
+
+    def check_view(self, view: TextView) -> str | None:
+        paras = view.paragraphs
+        frac = fraction(find_duplicates(paras)[0], len(paras))
+        if frac > self.params.max_fraction:
+            return f"dup_paragraphs={frac:.3f} > max_fraction={self.params.max_fraction}"
+        return None
+
+
+class GopherDupParagraphCharFrac(Rule):
+    """Many characters sit in repeated paragraphs."""
+
+    name = "gopher_dup_para_char_frac"
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.2, ge=0, le=1)
+
+    def check_view(self, view: TextView) -> str | None:
+        frac = fraction(find_duplicates(view.paragraphs)[1], len(view.text))
+        if frac > self.params.max_fraction:
+            return f"dup_paragraph_chars={frac:.3f} > max_fraction={self.params.max_fraction}"
+        return None
+
+
+class GopherDupLineFrac(Rule):
+    """Many lines repeat an earlier line (navigation, repeated headers)."""
+
+    name = "gopher_dup_line_frac"
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.3, ge=0, le=1)
+
+    def check_view(self, view: TextView) -> str | None:
+        lines = view.lines
+        frac = fraction(find_duplicates(lines)[0], len(lines))
+        if frac > self.params.max_fraction:
+            return f"dup_lines={frac:.3f} > max_fraction={self.params.max_fraction}"
+        return None
+
+
+class GopherDupLineCharFrac(Rule):
+    """Many characters sit in repeated lines."""
+
+    name = "gopher_dup_line_char_frac"
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.2, ge=0, le=1)
+
+    def check_view(self, view: TextView) -> str | None:
+        frac = fraction(find_duplicates(view.lines)[1], len(view.text))
+        if frac > self.params.max_fraction:
+            return f"dup_line_chars={frac:.3f} > max_fraction={self.params.max_fraction}"
+        return None
+
+
+class _TopNgram(Rule):
+    """The most frequent word n-gram covers too many of the document's characters."""
+
+    n: ClassVar[int]
+
+    def check_view(self, view: TextView) -> str | None:
+        frac = fraction(top_ngram_chars(view, self.n), len(view.text))
+        if frac > self.params.max_fraction:
+            return f"top_{self.n}gram_chars={frac:.3f} > max_fraction={self.params.max_fraction}"
+        return None
+
+
+class GopherTop2Gram(_TopNgram):
+    name, n = "gopher_top_2gram", 2
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.20, ge=0, le=1)
+
+
+class GopherTop3Gram(_TopNgram):
+    name, n = "gopher_top_3gram", 3
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.18, ge=0, le=1)
+
+
+class GopherTop4Gram(_TopNgram):
+    name, n = "gopher_top_4gram", 4
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.16, ge=0, le=1)
+
+
+class _DupNgram(Rule):
+    """Too many characters sit in word n-grams that repeat an earlier n-gram."""
+
+    n: ClassVar[int]
+
+    def check_view(self, view: TextView) -> str | None:
+        frac = fraction(duplicated_ngram_chars(view, self.n), len(view.text))
+        if frac > self.params.max_fraction:
+            return f"dup_{self.n}gram_chars={frac:.3f} > max_fraction={self.params.max_fraction}"
+        return None
+
+
+class GopherDup5Gram(_DupNgram):
+    name, n = "gopher_dup_5gram", 5
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.15, ge=0, le=1)
+
+
+class GopherDup6Gram(_DupNgram):
+    name, n = "gopher_dup_6gram", 6
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.14, ge=0, le=1)
+
+
+class GopherDup7Gram(_DupNgram):
+    name, n = "gopher_dup_7gram", 7
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.13, ge=0, le=1)
+
+
+class GopherDup8Gram(_DupNgram):
+    name, n = "gopher_dup_8gram", 8
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.12, ge=0, le=1)
+
+
+class GopherDup9Gram(_DupNgram):
+    name, n = "gopher_dup_9gram", 9
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.11, ge=0, le=1)
+
+
+class GopherDup10Gram(_DupNgram):
+    name, n = "gopher_dup_10gram", 10
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=0.10, ge=0, le=1)
+
+
+GOPHER_REPETITION: list[type[Rule]] = [
+    GopherDupParagraphFrac,
+    GopherDupParagraphCharFrac,
+    GopherDupLineFrac,
+    GopherDupLineCharFrac,
+    GopherTop2Gram,
+    GopherTop3Gram,
+    GopherTop4Gram,
+    GopherDup5Gram,
+    GopherDup6Gram,
+    GopherDup7Gram,
+    GopherDup8Gram,
+    GopherDup9Gram,
+    GopherDup10Gram,
+]

@@ -1,0 +1,187 @@
+"""Every figure of the project: reliability diagrams, model comparison, loss curves, data funnel.
+
+Figures are built on matplotlib's object API with the Agg canvas (no pyplot state, no
+display needed) and written atomically, so a reader never sees half a PNG.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from models.calibration import CalibrationReport, ReliabilityBins
+from infra.atomic import atomic_path, commit_atomic
+
+# Where collected documents ended, in the stacking order of the funnel chart.
+_FUNNEL_FATES = ("kept", "filtered", "near_duplicates", "exact_duplicates", "rejected")
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path = Path(path)
+    FigureCanvasAgg(fig)
+    tmp = atomic_path(path)
+    try:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        commit_atomic(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _bin_arrays(bins: ReliabilityBins) -> tuple[np.ndarray, ...]:
+    edges = np.asarray(bins.edges, dtype=float)
+    return (
+        edges,
+        np.asarray(bins.mean_confidence, dtype=float),
+        np.asarray(bins.accuracy, dtype=float),
+        np.asarray(bins.counts, dtype=float),
+    )
+
+
+def _draw_reliability(ax, bins: ReliabilityBins) -> None:
+    edges, conf, acc, counts = _bin_arrays(bins)
+    nonempty = counts > 0
+    left, width = edges[:-1], np.diff(edges)
+    ax.bar(left[nonempty], acc[nonempty], width=width[nonempty], align="edge",
+           color="#4C72B0", edgecolor="white", label="accuracy")
+    # The gap bar runs from accuracy to mean confidence: above the blue bar means overconfident,
+    # inside it underconfident; the tick marks where the confidence itself sits.
+    ax.bar(left[nonempty], conf[nonempty] - acc[nonempty], bottom=acc[nonempty], width=width[nonempty],
+           align="edge", color="none", edgecolor="#C44E52", hatch="//", label="gap to confidence")
+    ax.scatter(left[nonempty] + width[nonempty] / 2, conf[nonempty], marker="_", s=120, color="black",
+               zorder=3, label="mean confidence")
+    ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="perfect calibration")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("confidence")
+    ax.set_ylabel("accuracy")
+
+
+def reliability_diagram_png(
+    bins: ReliabilityBins, path: Path, title: str = "Reliability diagram", ece: float | None = None
+) -> Path:
+    """Accuracy per confidence bin against the diagonal, with the confidence histogram beneath."""
+    fig = Figure(figsize=(5.5, 6.5))
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    _draw_reliability(top, bins)
+    top.set_title(title if ece is None else f"{title}  (ECE {ece:.3f})")
+    top.legend(loc="upper left", fontsize=7, framealpha=0.9)
+    edges, _, _, counts = _bin_arrays(bins)
+    bottom.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="#8C8C8C", edgecolor="white")
+    bottom.set_ylabel("predictions")
+    bottom.set_xlabel(f"confidence ({bins.strategy} bins, n={bins.n})")
+    top.set_xlabel("")
+    return _save(fig, path)
+
+
+def compare_models_png(
+    reports: Mapping[str, tuple[CalibrationReport, ReliabilityBins]],
+    path: Path,
+    title: str = "Calibration by training stage",
+) -> Path:
+    """Reliability curves of several models on one axis and a bar chart of their ECE, Brier and NLL."""
+    if not reports:
+        raise ValueError("compare_models_png needs at least one (report, bins) entry; got none")
+    fig = Figure(figsize=(12, 5), layout="constrained")
+    curves, scores = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.3]})
+    curves.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="perfect")
+    for name, (report, bins) in reports.items():
+        _, conf, acc, counts = _bin_arrays(bins)
+        nonempty = counts > 0
+        curves.plot(conf[nonempty], acc[nonempty], marker="o", label=f"{name} (ECE {report.ece:.3f})")
+    curves.set_xlim(0, 1)
+    curves.set_ylim(0, 1)
+    curves.set_xlabel("mean confidence in bin")
+    curves.set_ylabel("accuracy in bin")
+    curves.set_title("Reliability")
+    curves.legend(fontsize=8)
+
+    metrics = ("ece", "ece_equal_mass", "mce", "brier", "nll")
+    names = list(reports)
+    width = 0.8 / len(names)
+    x = np.arange(len(metrics))
+    for i, name in enumerate(names):
+        values = [getattr(reports[name][0], m) for m in metrics]
+        bars = scores.bar(x + i * width - 0.4 + width / 2, values, width=width, label=name)
+        scores.bar_label(bars, fmt="%.3f", fontsize=7, rotation=90, padding=2)
+    scores.set_xticks(x, ["ECE", "ECE (eq. mass)", "MCE", "Brier", "NLL"])
+    scores.set_title("Lower is better")
+    scores.legend(fontsize=8)
+    scores.margins(y=0.2)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def loss_curve_png(
+    steps: Sequence[float] | Mapping[str, Sequence[float]],
+    values_by_name: Mapping[str, Sequence[float]],
+    path: Path,
+    title: str = "Loss",
+    log_y: bool = False,
+) -> Path:
+    """One line per named series; `steps` is shared, or a mapping with each series' own steps."""
+    if not values_by_name:
+        raise ValueError("loss_curve_png needs at least one series in values_by_name; got none")
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for name, values in values_by_name.items():
+        xs = steps[name] if isinstance(steps, Mapping) else steps
+        if len(xs) != len(values):
+            raise ValueError(f"series '{name}' has {len(values)} values but {len(xs)} steps; pass matching lengths")
+        y = np.asarray(values, dtype=float)
+        ax.plot(np.asarray(xs, dtype=float), y, label=name, marker="." if len(y) < 30 else None)
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def funnel_png(funnel: Mapping[str, Mapping[str, int]], path: Path, title: str = "Data funnel") -> Path:
+    """Where each source's documents ended (stacked bars), plus removal counts per reason."""
+    if not funnel:
+        raise ValueError("funnel_png needs at least one source; got an empty funnel")
+    sources = list(funnel)
+    reasons = sorted({k for row in funnel.values() for k in row if ":" in k and row[k] > 0})
+    fig = Figure(figsize=(12 if reasons else 7, max(3.0, 0.6 * max(len(sources), len(reasons)) + 2)), layout="constrained")
+    axes = fig.subplots(1, 2 if reasons else 1, squeeze=False)[0]
+    ax = axes[0]
+    y = np.arange(len(sources))
+    fates = [f for f in _FUNNEL_FATES if any(f in row for row in funnel.values())]
+    if fates:
+        left = np.zeros(len(sources))
+        for fate in fates:
+            vals = np.array([funnel[s].get(fate, 0) for s in sources], dtype=float)
+            ax.barh(y, vals, left=left, label=fate)
+            left += vals
+        ax.set_xlabel("documents")
+    else:
+        # A funnel without the usual fates: show each counter side by side.
+        counters = sorted({k for row in funnel.values() for k in row if ":" not in k})
+        h = 0.8 / max(1, len(counters))
+        for i, counter in enumerate(counters):
+            ax.barh(y + i * h - 0.4 + h / 2, [funnel[s].get(counter, 0) for s in sources], height=h, label=counter)
+    ax.set_yticks(y, sources)
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title)
+    if reasons:
+        rx = axes[1]
+        ry = np.arange(len(reasons))
+        left = np.zeros(len(reasons))
+        for s in sources:
+            vals = np.array([funnel[s].get(r, 0) for r in reasons], dtype=float)
+            rx.barh(ry, vals, left=left, label=s)
+            left += vals
+        rx.set_yticks(ry, reasons, fontsize=8)
+        rx.invert_yaxis()
+        rx.set_xlabel("documents removed")
+        rx.set_title("Removed, by reason")
+        rx.legend(fontsize=8)
+    return _save(fig, path)

@@ -1,0 +1,67 @@
+"""Pretraining's evaluation step: validation perplexity against the unigram baseline of the
+same tokenizer on the same validation tokens, plus the Chinchilla view of the run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from tasks.training.pretrain.stage import CONFIG_FILE, DS_CONFIG_FILE, PretrainResult
+from tasks.tokenizer.tokenize_shards import load_token_index, unigram_perplexity
+
+
+class PretrainSummary(BaseModel):
+    unigram_ppl: float
+    val_ppl: float | None
+    chinchilla: str
+    markdown: str
+
+
+def log_pretrain_summary(tokenizer: Path, tokens_dir: Path, result: PretrainResult, out_dir: Path) -> PretrainSummary:
+    """Compute the baseline, log the comparison and artifacts to the active MLflow run."""
+    import mlflow
+
+    from models.export import load_config
+    from models.flops import chinchilla, num_params
+
+    unigram = unigram_perplexity(tokens_dir)
+    index = load_token_index(tokens_dir)
+    cfg = load_config(result.model_dir)
+    report = chinchilla(n_params=num_params(cfg, include_embeddings=False), tokens=result.tokens_seen)
+    lines = [
+        "# Pretraining",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        f"| parameters (non-embedding) | {num_params(cfg, include_embeddings=False):,} |",
+        f"| steps | {result.steps} |",
+        f"| tokens seen | {result.tokens_seen:,} |",
+        f"| train tokens available | {index.tokens('train'):,} |",
+        f"| final train loss | {result.final_train_loss:.4f} |" if result.final_train_loss is not None else "| final train loss | - |",
+        f"| validation perplexity | {result.val_ppl:.2f} |" if result.val_ppl is not None else "| validation perplexity | - |",
+        f"| unigram baseline perplexity | {unigram:.2f} |",
+        f"| tokens/s | {result.tokens_per_s:.0f} |" if result.tokens_per_s else "| tokens/s | - |",
+        "",
+        f"Chinchilla: {report.summary()}",
+    ]
+    markdown = "\n".join(lines)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = out_dir / "pretrain_report.md"
+    md.write_text(markdown)
+    metrics = {"unigram_ppl": unigram, "tokens_per_param": report.tokens_per_param}
+    if result.val_ppl is not None:
+        metrics["val_ppl_final"] = result.val_ppl
+        metrics["val_ppl_over_unigram"] = result.val_ppl / unigram
+    mlflow.log_metrics(metrics)
+    mlflow.log_artifact(str(md), artifact_path="pretrain")
+    mlflow.log_artifact(str(tokenizer), artifact_path="tokenizer")
+    mlflow.log_text(json.dumps(index.model_dump(mode="json"), indent=2), "pretrain/token_index.json")
+    for name in (CONFIG_FILE, DS_CONFIG_FILE):
+        p = result.out_dir / name
+        if p.is_file():
+            mlflow.log_artifact(str(p), artifact_path="pretrain")
+    mlflow.log_artifacts(str(result.model_dir), artifact_path="model")  # safetensors + config.json
+    if report.warning:
+        mlflow.set_tag("chinchilla.warning", report.warning)
+    return PretrainSummary(unigram_ppl=unigram, val_ppl=result.val_ppl, chinchilla=report.summary(), markdown=markdown)

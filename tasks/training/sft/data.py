@@ -1,0 +1,415 @@
+"""SFT examples: conversations read from SFT catalog sources, with bad records quarantined.
+
+A source is a JSONL file, a Parquet file, a local `datasets` dataset or a built-in set.
+Records hold either an instruction/response pair or a `messages` list of
+{role, content} turns (user first, alternating, ending with the assistant). Every record
+read becomes exactly one example or one rejected row with its reason (malformed JSON,
+missing or non-string field, empty text, bad role order, a special token in the text,
+...), so for every source: read == examples + rejected.
+
+The built-in sets need no network and are honestly derived from local material:
+
+* `stdlib_docstrings`: "What does `json.dumps` do?" -> the first sentence of that
+  function's docstring, over a fixed list of standard-library modules that have no
+  import side effects.
+* `arithmetic`: problems from the `sft` split of tasks/eval/arithmetic.py with
+  `<answer>n</answer>` responses (never the GRPO or eval questions).
+
+SFT source definitions are YAML files with an `sft_*` kind; `load_sft_catalog` reads them
+from a folder (e.g. `data_catalog/sft/`) and skips any pretraining definitions there.
+"""
+from __future__ import annotations
+
+import glob as globlib
+import gzip
+import importlib
+import inspect
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow.parquet as pq
+from pydantic import Field, model_validator
+
+from infra.config import ConfigError, StrictModel, parse_config, read_yaml
+from models.special_tokens import SPECIAL_TOKENS
+from tasks.eval.arithmetic import make_problems
+from tasks.data.catalog import HfDatasetOptions
+from tasks.data.documents import make_doc_id
+
+SftKind = Literal["sft_jsonl", "sft_parquet", "sft_hf_dataset", "sft_builtin"]
+SftBuiltin = Literal["stdlib_docstrings", "arithmetic"]
+
+# Pure modules (no import side effects, nothing platform-specific) whose docstrings feed
+# the built-in set; a fixed list so the set is the same on every run of one Python.
+STDLIB_DOC_MODULES: tuple[str, ...] = (
+    "base64", "binascii", "bisect", "calendar", "cmath", "collections", "colorsys", "copy",
+    "csv", "dataclasses", "datetime", "decimal", "difflib", "enum", "fnmatch", "fractions",
+    "functools", "graphlib", "heapq", "html", "ipaddress", "itertools", "json", "keyword",
+    "math", "operator", "posixpath", "pprint", "random", "re", "shlex", "statistics",
+    "string", "struct", "textwrap", "unicodedata", "urllib.parse", "uuid", "zlib",
+)
+
+
+class SftFields(StrictModel):
+    """Which record fields hold the conversation."""
+
+    instruction: str = "instruction"
+    response: str = "response"
+    messages: str | None = None  # when set, this field holds the [{role, content}, ...] list instead
+
+
+class ArithmeticSftOptions(StrictModel):
+    n: int = Field(default=400, gt=0)
+    seed: int = 0
+    max_operand: int = Field(default=20, ge=0)
+    ops: str = "+-"
+
+
+class SftSourceConfig(StrictModel):
+    """One SFT source of the catalog."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+    kind: SftKind
+    path: str | None = None  # file, folder or glob, relative to the catalog folder
+    fields: SftFields = Field(default_factory=SftFields)
+    licence: str
+    max_examples: int | None = Field(default=None, gt=0)
+    builtin: SftBuiltin | None = None
+    arithmetic: ArithmeticSftOptions = Field(default_factory=ArithmeticSftOptions)
+    hf: HfDatasetOptions | None = None
+    max_chars: int = Field(default=20_000, gt=0)  # longer conversations are quarantined
+    max_line_bytes: int = Field(default=1 << 20, gt=0)
+    allow_outside_roots: bool = False  # files must lie under the catalog folder unless this is set
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> "SftSourceConfig":
+        if self.kind == "sft_builtin" and self.builtin is None:
+            raise ValueError("kind 'sft_builtin' needs key 'builtin' (stdlib_docstrings or arithmetic)")
+        if self.kind == "sft_hf_dataset" and self.hf is None:
+            raise ValueError("kind 'sft_hf_dataset' needs key 'hf' (name, data_files, split)")
+        if self.kind in ("sft_jsonl", "sft_parquet") and not self.path:
+            raise ValueError(f"kind '{self.kind}' needs key 'path'")
+        return self
+
+
+@dataclass(frozen=True)
+class SftExample:
+    """One conversation to train on, with its provenance."""
+
+    source: str
+    messages: list[dict] = field(hash=False)
+    licence: str | None = None
+    path: str | None = None
+    locator: str | None = None
+
+    @property
+    def example_id(self) -> str:
+        return make_doc_id(self.source, self.path or "", self.locator or "")
+
+    @property
+    def instruction(self) -> str:
+        return self.messages[0]["content"]
+
+    @property
+    def response(self) -> str:
+        return self.messages[-1]["content"]
+
+
+class Rejection(Exception):
+    """A record that cannot become an example; `reason` is a short machine-readable name."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+def default_sft_sources() -> list[SftSourceConfig]:
+    """The built-in SFT sources used when no SFT catalog is given."""
+    return [
+        SftSourceConfig(name="stdlib_docstrings", kind="sft_builtin", builtin="stdlib_docstrings", licence="PSF-2.0"),
+        SftSourceConfig(name="arithmetic", kind="sft_builtin", builtin="arithmetic", licence="CC0-1.0"),
+    ]
+
+
+def load_sft_catalog(folder: Path) -> list[SftSourceConfig]:
+    """Read and validate the SFT source definitions (`*.yaml` whose kind starts with `sft_`) in `folder`.
+
+    Other definitions (pretraining sources) are skipped, so SFT sources may share a folder
+    with them or have their own.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: SFT catalog folder not found")
+    files = sorted(list(folder.glob("*.yaml")) + list(folder.glob("*.yml")))
+    sources: list[SftSourceConfig] = []
+    seen: dict[str, Path] = {}
+    for f in files:
+        data = read_yaml(f)
+        if not str(data.get("kind", "")).startswith("sft_"):
+            continue
+        src = parse_config(SftSourceConfig, data, str(f))
+        if src.name in seen:
+            raise ConfigError(f"{f}: key 'name': '{src.name}' is also defined in {seen[src.name]}")
+        seen[src.name] = f
+        sources.append(src)
+    if not sources:
+        raise ConfigError(f"{folder}: no SFT source definitions (*.yaml with kind sft_jsonl, sft_parquet, sft_hf_dataset or sft_builtin)")
+    return sources
+
+
+# Record -> conversation ----------------------------------------------------------
+
+
+def _check_content(value: Any, what: str) -> str:
+    if value is None:
+        raise Rejection("missing_field", f"no {what}")
+    if not isinstance(value, str):
+        raise Rejection("wrong_type", f"{what} is {type(value).__name__}, expected a string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # lone surrogates from JSON escapes
+        raise Rejection("invalid_unicode", f"{what}: {exc}") from None
+    if not value.strip():
+        raise Rejection("empty_text", f"{what} is empty or whitespace")
+    for token in SPECIAL_TOKENS:
+        if token in value:
+            # Would forge a turn boundary in the chat template.
+            raise Rejection("special_token_in_text", f"{what} contains {token!r}")
+    return value
+
+
+def _check_turns(turns: Any, key: str) -> list[dict]:
+    if turns is None:
+        raise Rejection("missing_field", f"no '{key}' field")
+    if not isinstance(turns, list):
+        raise Rejection("wrong_type", f"'{key}' is {type(turns).__name__}, expected a list of {{role, content}}")
+    if len(turns) < 2:
+        raise Rejection("invalid_role_order", f"'{key}' has {len(turns)} turn(s); need a user turn then an assistant turn")
+    out = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise Rejection("wrong_type", f"'{key}'[{i}] is {type(turn).__name__}, expected an object")
+        role = turn.get("role")
+        if role not in ("user", "assistant"):
+            raise Rejection("invalid_role", f"'{key}'[{i}].role is {role!r}, expected 'user' or 'assistant'")
+        expected = "user" if i % 2 == 0 else "assistant"
+        if role != expected:
+            raise Rejection("invalid_role_order", f"'{key}'[{i}] is {role!r}, expected {expected!r} (alternate, user first)")
+        out.append({"role": role, "content": _check_content(turn.get("content"), f"'{key}'[{i}].content")})
+    if out[-1]["role"] != "assistant":
+        raise Rejection("invalid_role_order", f"'{key}' ends with a user turn; nothing to train on")
+    return out
+
+
+def record_messages(record: Any, fields: SftFields, max_chars: int) -> list[dict]:
+    """The conversation in a record, or raise Rejection with the reason."""
+    if not isinstance(record, dict):
+        raise Rejection("not_an_object", f"record is {type(record).__name__}, expected an object")
+    if fields.messages is not None:
+        messages = _check_turns(record.get(fields.messages), fields.messages)
+    else:
+        messages = [
+            {"role": "user", "content": _check_content(record.get(fields.instruction), f"'{fields.instruction}'")},
+            {"role": "assistant", "content": _check_content(record.get(fields.response), f"'{fields.response}'")},
+        ]
+    size = sum(len(m["content"]) for m in messages)
+    if size > max_chars:
+        raise Rejection("too_long", f"{size} characters > max_chars={max_chars}")
+    return messages
+
+
+# Readers: yield (path, locator, record | Rejection) ------------------------------
+
+
+def source_files(source: SftSourceConfig, root: Path) -> list[Path]:
+    """The files of a file-based source, sorted; an error names the source when none match."""
+    pattern = source.path or ""
+    if any(ch in pattern for ch in "*?["):
+        files = sorted(Path(p) for p in globlib.glob(str(root / pattern), recursive=True) if Path(p).is_file())
+    else:
+        base = (root / pattern).resolve()
+        if base.is_dir():
+            suffix = "**/*.parquet" if source.kind == "sft_parquet" else "**/*.jsonl*"
+            files = sorted(p for p in base.glob(suffix) if p.is_file())
+        else:
+            files = [base] if base.is_file() else []
+    if not files:
+        raise ConfigError(f"SFT source '{source.name}': key 'path': {pattern} matches no file (looked in {root})")
+    if not source.allow_outside_roots:
+        base = root.resolve()
+        for f in files:
+            real = f.resolve()  # resolves links, so a symlink out of the folder is caught too
+            if real != base and base not in real.parents:
+                raise ConfigError(
+                    f"SFT source '{source.name}': key 'path': {f} resolves outside {base}; "
+                    "set allow_outside_roots: true in this source to allow it"
+                )
+    return files
+
+
+def _read_jsonl(path: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        lineno = 0
+        while True:
+            raw = fh.readline(max_line_bytes + 1)
+            if not raw:
+                return
+            lineno += 1
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                while raw and not raw.endswith(b"\n"):  # skip the rest without holding it
+                    raw = fh.readline(1 << 20)
+                yield f"line:{lineno}", Rejection("line_too_long", f"> max_line_bytes={max_line_bytes}")
+                continue
+            if not raw.strip():
+                continue  # blank lines are layout, not records
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield f"line:{lineno}", Rejection("invalid_utf8", f"byte {exc.start}: {exc.reason}")
+                continue
+            try:
+                yield f"line:{lineno}", json.loads(text)
+            except (json.JSONDecodeError, RecursionError) as exc:
+                yield f"line:{lineno}", Rejection("malformed_json", str(exc)[:200])
+
+
+def _read_parquet(path: Path, fields: SftFields) -> Iterator[tuple[str, Any]]:
+    pf = pq.ParquetFile(path)
+    wanted = [fields.messages] if fields.messages else [fields.instruction, fields.response]
+    present = [c for c in wanted if c in pf.schema_arrow.names]
+    row = 0
+    for batch in pf.iter_batches(batch_size=1024, columns=present or None):
+        # Missing columns are left out of the record, so each row is rejected as missing_field.
+        for rec in batch.select(present).to_pylist() if present else [{}] * batch.num_rows:
+            yield f"row:{row}", rec
+            row += 1
+
+
+def _read_hf(source: SftSourceConfig, root: Path) -> Iterator[tuple[str, Any]]:
+    import datasets
+
+    opts = source.hf
+    assert opts is not None
+    data_files = opts.data_files
+    if data_files is not None:
+        files = [data_files] if isinstance(data_files, str) else data_files
+        data_files = [str((root / f).resolve()) for f in files]
+    ds = datasets.load_dataset(opts.name, opts.config, data_files=data_files, split=opts.split, revision=opts.revision)
+    for i, rec in enumerate(ds):
+        yield f"row:{i}", rec
+
+
+_SIGNATURE = re.compile(r"^[\w.]+\(.*\)")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`(])")
+
+
+def first_sentence(doc: str | None) -> str | None:
+    """The first sentence of a docstring's first prose paragraph (signature lines skipped), or None."""
+    if not doc or not isinstance(doc, str):
+        return None
+    for para in re.split(r"\n\s*\n", inspect.cleandoc(doc)):
+        lines = [ln.strip() for ln in para.strip().splitlines()]
+        if not lines or _SIGNATURE.match(lines[0]) or "-->" in lines[0]:
+            continue  # C functions often start with "name(args) -> result"
+        text = " ".join(lines)
+        sentence = _SENTENCE_END.split(text, maxsplit=1)[0].strip()
+        if sentence.endswith(".") and 15 <= len(sentence) <= 300:
+            return sentence
+        return None
+    return None
+
+
+def stdlib_docstring_examples() -> Iterator[tuple[str, str, Any]]:
+    """Yield (path, locator, record) for public functions and classes of STDLIB_DOC_MODULES."""
+    seen: set[int] = set()
+    for modname in STDLIB_DOC_MODULES:
+        module = importlib.import_module(modname)
+        path = getattr(module, "__file__", None) or f"<builtin {modname}>"
+        short = modname.rsplit(".", 1)[-1]
+        for name in sorted(vars(module)):
+            if name.startswith("_"):
+                continue
+            obj = vars(module)[name]
+            is_class = inspect.isclass(obj)
+            if not (is_class or inspect.isroutine(obj)) or id(obj) in seen:
+                continue
+            owner = getattr(obj, "__module__", None) or ""
+            # Only things the module defines (or its C accelerator _name does), not re-exports.
+            if owner not in (modname, f"_{short}", short):
+                continue
+            sentence = first_sentence(obj.__doc__)  # not inspect.getdoc: no docs inherited from a base class
+            if sentence is None:
+                continue
+            seen.add(id(obj))
+            question = f"What is `{modname}.{name}`?" if is_class else f"What does `{modname}.{name}` do?"
+            yield path, f"{modname}.{name}", {"instruction": question, "response": sentence}
+
+
+def _arithmetic_examples(opts: ArithmeticSftOptions) -> Iterator[tuple[str, str, Any]]:
+    for i, p in enumerate(make_problems(opts.n, opts.seed, opts.max_operand, opts.ops, split="sft")):
+        yield "tasks/eval/arithmetic.py", f"problem:{i}", {"instruction": p.question, "response": p.response}
+
+
+def iter_source_records(source: SftSourceConfig, root: Path) -> Iterator[tuple[str, str, Any]]:
+    """Yield (path, locator, record | Rejection) for every record of a source, in a fixed order."""
+    if source.kind == "sft_builtin":
+        if source.builtin == "stdlib_docstrings":
+            yield from stdlib_docstring_examples()
+        else:
+            yield from _arithmetic_examples(source.arithmetic)
+        return
+    if source.kind == "sft_hf_dataset":
+        for locator, rec in _read_hf(source, root):
+            yield f"hf:{source.hf.name}", locator, rec
+        return
+    for path in source_files(source, root):
+        reader = _read_jsonl(path, source.max_line_bytes) if source.kind == "sft_jsonl" else _read_parquet(path, source.fields)
+        for locator, rec in reader:
+            yield str(path), locator, rec
+
+
+def load_sft_examples(
+    sources: Sequence[SftSourceConfig] | None = None, root: Path | str = "."
+) -> tuple[list[SftExample], list[dict]]:
+    """(examples, rejected) from `sources` (default: the built-in ones), paths relative to `root`.
+
+    Each rejected row is {source, path, locator, reason, detail}. `max_examples` caps the
+    examples kept per source; reading stops there, so read == kept + rejected still holds.
+    """
+    root = Path(root)
+    examples: list[SftExample] = []
+    rejected: list[dict] = []
+    for source in sources if sources is not None else default_sft_sources():
+        kept = 0
+        for path, locator, rec in iter_source_records(source, root):
+            try:
+                if isinstance(rec, Rejection):
+                    raise rec
+                messages = record_messages(rec, source.fields, source.max_chars)
+            except Rejection as rej:
+                rejected.append({"source": source.name, "path": path, "locator": locator, "reason": rej.reason, "detail": rej.detail})
+                continue
+            examples.append(SftExample(source=source.name, messages=messages, licence=source.licence, path=path, locator=locator))
+            kept += 1
+            if source.max_examples is not None and kept >= source.max_examples:
+                break
+    return examples, rejected
+
+
+def sft_counts(examples: Sequence[SftExample], rejected: Sequence[dict]) -> dict[str, dict[str, int]]:
+    """Per source: records read ("in"), examples kept ("out") and one count per rejection reason."""
+    kept = Counter(e.source for e in examples)
+    reasons: dict[str, Counter] = {}
+    for r in rejected:
+        reasons.setdefault(r["source"], Counter())[r["reason"]] += 1
+    out: dict[str, dict[str, int]] = {}
+    for src in sorted(set(kept) | set(reasons)):
+        c = reasons.get(src, Counter())
+        out[src] = {"in": kept[src] + sum(c.values()), "out": kept[src], **dict(sorted(c.items()))}
+    return out

@@ -1,0 +1,300 @@
+"""Supervised fine-tuning stage: launch `tasks.training.sft.worker` on N DeepSpeed ranks over chat examples.
+
+    run_sft(base_model_dir, tokenizer_path, out_dir, cfg, mlflow_run_id, ws_root)
+      out_dir/sft_config.json    resolved config
+      out_dir/ds_config.json     the DeepSpeed config the ranks use
+      out_dir/rejected.jsonl     SFT records that did not become examples, with their reason
+      out_dir/checkpoints/       DeepSpeed checkpoints; a rerun with the same out_dir resumes
+      out_dir/model/             fine-tuned weights (models.export.save_model), out_dir/hf/ for transformers
+      out_dir/loss_curve.png, out_dir/result.json
+
+Examples come from tasks/training/sft/data.py (the built-in docstring + arithmetic sets, or an SFT
+catalog folder), are encoded with the one chat template and trained on with
+`tasks.training.loop.train`; the loss covers only assistant tokens (prompt and padding have
+target -100).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from prefect import get_run_logger, task
+from pydantic import BaseModel, Field
+
+from infra.config import StrictModel
+from infra.deepspeed_launch import build_ds_config, launch_job
+from infra.paths import Workspace
+from infra.tracking import stage_run
+from models.chat_template import ChatEncoding, collate
+from models.losses import next_token_loss
+from tasks.training.sft.data import ArithmeticSftOptions, SftBuiltin, SftExample, SftSourceConfig
+from tasks.training.loop import BatchFn, TrainConfig
+
+CONFIG_FILE = "sft_config.json"
+DS_CONFIG_FILE = "ds_config.json"
+REJECTED_FILE = "rejected.jsonl"
+LOSS_CURVE_FILE = "loss_curve.png"
+WORKER_MODULE = "tasks.training.sft.worker"
+
+# Settings that can change between a run and its resume without changing what is trained.
+_RESUME_NEUTRAL = {"log_every", "eval_every", "eval_batches", "ckpt_every", "keep_checkpoints",
+                   "peak_flops", "max_bad_steps", "hostfile", "torch_threads", "export_hf"}
+
+
+class SftDataConfig(StrictModel):
+    """Which SFT examples to train on."""
+
+    catalog: Path | None = None  # folder of sft_* YAML definitions (e.g. data_catalog/sft/); None: built-in sets
+    builtin: list[SftBuiltin] = Field(default_factory=lambda: ["stdlib_docstrings", "arithmetic"])  # when catalog is None
+    sources: list[str] | None = None  # only these source names; None: all
+    arithmetic: ArithmeticSftOptions | None = None  # overrides every built-in arithmetic source's options
+    max_examples: int | None = Field(default=None, gt=0)  # cap per source (overrides the source's own)
+    val_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)  # by hash of the example id
+
+
+class SftConfig(TrainConfig):
+    """Every TrainConfig field with fine-tuning defaults, the data selection and how many ranks to launch."""
+
+    # Fine-tuning moves a trained model a little: a lower peak lr and a short warmup than pretraining.
+    lr: float = Field(default=1e-4, gt=0)
+    warmup_steps: int = Field(default=5, ge=0)
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
+    max_steps: int = Field(default=200, gt=0)
+    seq_len: int = Field(default=128, gt=0)  # longer examples are rejected (exceeds_seq_len), not truncated
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    data: SftDataConfig = Field(default_factory=SftDataConfig)
+    num_procs: int = Field(default=1, gt=0)  # ranks per node (GPUs, or CPU processes)
+    hostfile: Path | None = None  # DeepSpeed hostfile for multi-node runs
+    export_hf: bool = True  # also write a transformers.LlamaForCausalLM folder
+    # Intra-op threads per rank; tiny models on a shared CPU run far faster on 1 than on many.
+    torch_threads: int | None = Field(default=None, gt=0)
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(**self.model_dump(include=set(TrainConfig.model_fields)))
+
+
+class SftJob(StrictModel):
+    """What the worker processes read (out_dir/job.json)."""
+
+    base_model_dir: Path
+    tokenizer_path: Path
+    out_dir: Path
+    ws_root: Path
+    mlflow_run_id: str | None
+    config: SftConfig
+
+
+class SftResult(BaseModel):
+    """Contents of out_dir/result.json."""
+
+    out_dir: Path
+    model_dir: Path
+    hf_dir: Path | None
+    checkpoint: Path | None
+    loss_curve: Path | None
+    rejected_path: Path
+    mlflow_run_id: str | None
+    steps: int
+    final_train_loss: float | None
+    val_loss: float | None
+    tokens_per_s: float | None
+    skipped_steps: int
+    world_size: int
+    examples_train: int
+    examples_val: int
+    examples_by_source: dict[str, int]
+    rejected: dict[str, int]  # reason -> count (reading and encoding rejections together)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def sft_sources(data: SftDataConfig) -> list[SftSourceConfig]:
+    """The SFT sources `data` selects, with its arithmetic options and example cap applied."""
+    from tasks.training.sft.data import load_sft_catalog
+
+    if data.catalog is not None:
+        sources = load_sft_catalog(data.catalog)
+    else:
+        licences = {"stdlib_docstrings": "PSF-2.0", "arithmetic": "CC0-1.0"}
+        sources = [SftSourceConfig(name=b, kind="sft_builtin", builtin=b, licence=licences[b]) for b in data.builtin]
+    if data.sources is not None:
+        known = {s.name for s in sources}
+        missing = sorted(set(data.sources) - known)
+        if missing:
+            raise ValueError(f"SFT sources {missing} are not defined; known: {sorted(known)}")
+        sources = [s for s in sources if s.name in data.sources]
+    out = []
+    for s in sources:
+        update: dict[str, Any] = {}
+        if data.max_examples is not None:
+            update["max_examples"] = data.max_examples
+        if data.arithmetic is not None and s.builtin == "arithmetic":
+            update["arithmetic"] = data.arithmetic
+        out.append(s.model_copy(update=update))
+    if not out:
+        raise ValueError("no SFT sources selected; check data.builtin / data.sources")
+    return out
+
+
+def is_val_example(example_id: str, val_fraction: float) -> bool:
+    """Stable train/val assignment by hash of the example id."""
+    digest = hashlib.sha256(f"sft-val\x1f{example_id}".encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
+
+
+def encode_examples(
+    tokenizer: Any, examples: Sequence[SftExample], seq_len: int
+) -> tuple[list[ChatEncoding], list[SftExample], list[dict]]:
+    """(encodings, their examples, rejected rows) with the chat template.
+
+    An example longer than seq_len + 1 tokens is rejected (`exceeds_seq_len`) rather than
+    truncated: a cut answer would teach the model to stop mid-sentence without <|end|>.
+    """
+    from models.chat_template import encode_chat
+
+    encs, kept, rejected = [], [], []
+    for ex in examples:
+        row = {"source": ex.source, "path": ex.path, "locator": ex.locator}
+        try:
+            enc = encode_chat(tokenizer, ex.messages)
+        except ValueError as exc:
+            rejected.append({**row, "reason": "encode_error", "detail": str(exc)[:200]})
+            continue
+        if len(enc.ids) > seq_len + 1:
+            rejected.append({**row, "reason": "exceeds_seq_len", "detail": f"{len(enc.ids)} tokens > seq_len + 1 = {seq_len + 1}"})
+            continue
+        encs.append(enc)
+        kept.append(ex)
+    return encs, kept, rejected
+
+
+def chat_batches(encodings: Sequence[ChatEncoding], batch_size: int, pad_id: int, seq_len: int, seed: int) -> BatchFn:
+    """Micro-batch i of a rank: `batch_size` encoded conversations collated to (inputs, targets).
+
+    Each epoch visits every example once in an order drawn from (seed, epoch); sample
+    number g = (i * world + rank) * batch_size + j, so a batch is a pure function of
+    (seed, i, rank, world) and a resume continues mid-epoch. Targets are -100 on prompt
+    tokens and padding.
+    """
+    n = len(encodings)
+    if n < 1:
+        raise ValueError("no encoded SFT examples to batch; check the data selection and seq_len")
+    orders: dict[int, np.ndarray] = {}  # at most two epochs live: a batch can straddle one boundary
+
+    def order(epoch: int) -> np.ndarray:
+        if epoch not in orders:
+            if len(orders) >= 2:
+                orders.pop(min(orders))
+            orders[epoch] = np.random.default_rng([seed, epoch]).permutation(n)
+        return orders[epoch]
+
+    def batch(i: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+        first = (i * world + rank) * batch_size
+        picked = [encodings[int(order(g // n)[g % n])] for g in range(first, first + batch_size)]
+        return collate(picked, pad_id, seq_len)
+
+    return batch
+
+
+def sft_batch_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+    """Positions the model computes for a collated batch, padding included (it costs the same FLOPs).
+
+    Batches are padded to their longest row, not to seq_len, so counting seq_len per row
+    would report tokens/s (and MFU) for work that never ran.
+    """
+    return batch[0].numel()
+
+
+def sft_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy on the assistant tokens of a collated (inputs, targets) batch."""
+    inputs, targets = batch
+    return next_token_loss(model(inputs), targets)
+
+
+# ----------------------------------------------------------------------------- launching
+
+
+def _check_resume_compatible(out_dir: Path, resolved: dict[str, Any]) -> None:
+    old_path = out_dir / CONFIG_FILE
+    if not old_path.is_file() or not (out_dir / "checkpoints" / "latest").is_file():
+        return
+    old = json.loads(old_path.read_text(encoding="utf-8"))
+    changed = sorted(
+        k for k in set(old["sft"]) | set(resolved["sft"])
+        if k not in _RESUME_NEUTRAL and old["sft"].get(k) != resolved["sft"].get(k)
+    )
+    if old.get("base_model") != resolved["base_model"]:
+        changed.append("base model")
+    if changed:
+        raise ValueError(
+            f"{out_dir} holds checkpoints of a run with different settings ({', '.join(changed)}); "
+            "use a new out_dir, or delete its checkpoints/ folder to start over"
+        )
+
+
+def run_sft(
+    base_model_dir: Path,
+    tokenizer_path: Path,
+    out_dir: Path,
+    cfg: SftConfig,
+    mlflow_run_id: str | None,
+    ws_root: Path | str | None,
+    log: Callable[[str], Any] = print,
+) -> SftResult:
+    """Write the configs into out_dir, launch the DeepSpeed worker ranks, and read back result.json."""
+    from models.export import load_config
+    from tasks.tokenizer.train import load_tokenizer
+
+    base_model_dir, out_dir = Path(base_model_dir), Path(out_dir)
+    mcfg = load_config(base_model_dir)
+    vocab_size = load_tokenizer(tokenizer_path).get_vocab_size()
+    if mcfg.vocab_size < vocab_size:
+        raise ValueError(f"{base_model_dir} has vocab_size={mcfg.vocab_size} but {tokenizer_path} has {vocab_size} "
+                         "tokens; fine-tune a model trained with this tokenizer")
+    if cfg.seq_len > mcfg.max_seq_len:
+        raise ValueError(f"seq_len={cfg.seq_len} exceeds the base model's max_seq_len={mcfg.max_seq_len}; lower seq_len")
+    if cfg.data.catalog is not None and not Path(cfg.data.catalog).is_dir():
+        raise FileNotFoundError(f"data.catalog={cfg.data.catalog} is not a folder of sft_* YAML definitions")
+    resolved = {"sft": cfg.model_dump(mode="json"), "base_model": str(base_model_dir.resolve()),
+                "model": mcfg.model_dump(mode="json")}
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _check_resume_compatible(out_dir, resolved)
+    (out_dir / CONFIG_FILE).write_text(json.dumps(resolved, indent=2) + "\n", encoding="utf-8")
+    (out_dir / DS_CONFIG_FILE).write_text(json.dumps(build_ds_config(cfg.zero, cfg), indent=2) + "\n", encoding="utf-8")
+    ws = Workspace.locate(ws_root)
+    cfg_abs = cfg.model_copy(update={"data": cfg.data.model_copy(
+        update={"catalog": Path(cfg.data.catalog).resolve() if cfg.data.catalog else None})})
+    job = SftJob(
+        base_model_dir=base_model_dir.resolve(),
+        tokenizer_path=Path(tokenizer_path).resolve(),
+        out_dir=out_dir.resolve(),
+        ws_root=ws.root,
+        mlflow_run_id=mlflow_run_id,
+        config=cfg_abs,
+    )
+    return launch_job(WORKER_MODULE, job, out_dir, SftResult, "SFT", num_procs=cfg.num_procs, hostfile=cfg.hostfile, log=log)
+
+
+@task(name="sft")
+def sft_task(
+    base_model_dir: Path,
+    tokenizer_path: Path,
+    out_dir: Path,
+    cfg: SftConfig,
+    ws_root: str | Path | None = None,
+    mlflow_run_id: str | None = None,
+) -> SftResult:
+    """Prefect task: SFT inside an MLflow stage run (a new one, or `mlflow_run_id` when given)."""
+    logger = get_run_logger()
+    ws = Workspace.locate(ws_root)
+    if mlflow_run_id is not None:
+        return run_sft(base_model_dir, tokenizer_path, out_dir, cfg, mlflow_run_id, ws.root, log=logger.info)
+    with stage_run(ws, "sft", config=cfg) as run:
+        return run_sft(base_model_dir, tokenizer_path, out_dir, cfg, run.info.run_id, ws.root, log=logger.info)

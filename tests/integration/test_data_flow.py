@@ -1,0 +1,103 @@
+"""End to end: the data flow on tiny data with Prefect's ephemeral API and MLflow on SQLite."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.data.manifest import load_manifest, shard_paths
+
+from tests.conftest import CLI, ROOT, prose
+
+def make_catalog(root: Path) -> Path:
+    cat = root / "catalog"
+    (cat / "texts").mkdir(parents=True)
+    rng = random.Random(0)
+    lines = []
+    for i in range(12):
+        body = f"Document number {i} is about topic {i * 7}. " + prose(rng) + f" It ends with note {i}."
+        lines.append(json.dumps({"text": body, "id": f"n{i}"}))
+    lines.append(json.dumps({"text": lines and json.loads(lines[0])["text"]}))  # exact duplicate of n0
+    near = json.loads(lines[1])["text"].replace("It ends with note 1.", "It ends with note one.")
+    lines.append(json.dumps({"text": near}))  # near duplicate of n1
+    lines += ['{"text": broken', '{"text": 5}', '{"text": ""}', "[1, 2]"]
+    lines.append(json.dumps({"text": "too short"}))  # filtered by a quality rule
+    (cat / "news.jsonl").write_text("\n".join(lines) + "\n")
+    for i in range(4):
+        (cat / "texts" / f"t{i}.txt").write_text(f"Letter {i}. " + prose(rng, 15))
+    (cat / "texts" / "blob.txt").write_bytes(b"\x00\x01binary")
+    (cat / "news.yaml").write_text("name: news\nkind: jsonl\npath: news.jsonl\nid_field: id\nlicence: CC-BY-4.0\nweight: 0.7\n")
+    (cat / "letters.yaml").write_text("name: letters\nkind: text_dir\npath: texts\nlicence: CC0-1.0\nweight: 0.3\n")
+    return cat
+
+
+def run_cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    proc = subprocess.run(CLI + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_data_flow_end_to_end_and_cached_rerun(tmp_path, isolated_env):
+    cat = make_catalog(tmp_path)
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(f"data:\n  catalog: {cat}\n  near:\n    threshold: 0.7\n  shards:\n    shard_mb: 0.002\n")
+    work = tmp_path / "work"
+    first = run_cli(["data", "--preset", str(preset), "--workdir", str(work)], isolated_env)
+
+    manifest_path = work / "data" / "shards" / "manifest.json"
+    m = load_manifest(manifest_path)
+    f = m.funnel
+    assert f["news"]["collected"] == 19 and f["news"]["rejected"] == 4
+    assert f["news"]["exact_duplicates"] == 1 and f["news"]["near_duplicates"] == 1
+    assert f["letters"]["rejected"] == 1 and f["news"]["filtered"] >= 1
+    for row in f.values():
+        assert row["collected"] == row["kept"] + row["rejected"] + row["exact_duplicates"] + row["near_duplicates"] + row["filtered"]
+    rows = sum(pq.read_table(p).num_rows for p in shard_paths(manifest_path))
+    assert rows == m.stats["rows"] and len(m.shards) >= 2
+    assert m.mix["sources"]["news"]["achieved"] == pytest.approx(0.7, abs=0.1)
+    # nothing lost: every removed document is in a quarantine file with its reason
+    removed = sum(pq.read_table(p).num_rows for p in m.removed_files if "mix" not in p)
+    assert removed == sum(r["collected"] - r["kept"] for r in f.values())
+
+    # The MLflow run holds the config, the funnel, the artifacts and the dataset input.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("llmforge")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.data.metrics["funnel.news.near_duplicates"] == 1.0
+    assert run.data.params["near.threshold"] == "0.7"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "data")}
+    assert {"data/manifest.json", "data/data_report.md", "data/funnel.png"} <= artifacts
+    assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.name == "pretraining-shards"
+
+    # A rerun with the same inputs and config skips every stage through Prefect's cache.
+    second = run_cli(["data", "--preset", str(preset), "--workdir", str(work)], isolated_env)
+    log = second.stdout + second.stderr
+    for stage in ("collect-news", "exact_dedup", "near_dedup", "quality", "mix", "write-shards"):
+        assert any(stage in line and "Cached" in line for line in log.splitlines()), (stage, log[-3000:])
+    assert "Completed()" not in "\n".join(l for l in log.splitlines() if "Task run" in l)
+    assert load_manifest(manifest_path).funnel == f
+
+
+def test_cli_help_and_bad_catalog(tmp_path, isolated_env):
+    out = subprocess.run(CLI + ["--help"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and "data" in out.stdout
+    for cmd in ("run", "data", "show-config"):
+        sub = subprocess.run(CLI + [cmd, "--help"], cwd=ROOT, capture_output=True, text=True)
+        assert sub.returncode == 0 and "--preset" in sub.stdout
+    bad = tmp_path / "cat"
+    bad.mkdir()
+    (bad / "x.yaml").write_text("name: x\nkind: jsonl\npath: missing.jsonl\nlicence: MIT\n")
+    proc = subprocess.run(
+        CLI + ["data", "--catalog", str(bad), "--workdir", str(tmp_path / "w")], cwd=ROOT, env=isolated_env,
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2 and "x.yaml" in proc.stderr and "key 'path'" in proc.stderr

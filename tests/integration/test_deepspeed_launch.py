@@ -1,0 +1,218 @@
+"""DeepSpeed JSON configs, the launcher command, and real multi-rank runs through the `deepspeed` launcher."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from infra.deepspeed_launch import (
+    ZERO_STAGES,
+    build_ds_config,
+    launch,
+    launch_command,
+    launch_env,
+    load_zero_json,
+    resolve_precision,
+)
+from tasks.training.loop import TrainConfig
+
+
+@pytest.mark.parametrize("zero", ZERO_STAGES)
+def test_ds_config_merges_run_settings(zero):
+    cfg = TrainConfig(micro_batch_size=3, grad_accum=5, grad_clip=0.7, precision="fp32", zero=zero)
+    ds = build_ds_config(zero, cfg)
+    assert ds["train_micro_batch_size_per_gpu"] == 3
+    assert ds["gradient_accumulation_steps"] == 5
+    assert ds["gradient_clipping"] == 0.7
+    assert ds["bf16"] == {"enabled": False} and ds["fp16"] == {"enabled": False}
+    assert ds["steps_per_print"] >= 10**6
+    assert "optimizer" not in ds and "scheduler" not in ds  # we pass our own
+    expected_stage = {"zero0": 0, "zero1": 1, "zero2": 2, "zero3": 3, "zero2_offload": 2}[zero]
+    assert ds["zero_optimization"]["stage"] == expected_stage
+    assert "train_batch_size" not in ds  # DeepSpeed derives it from the world size
+    json.dumps(ds)  # what run_pretrain writes to out_dir
+
+
+def test_offload_config_accepts_our_optimizer_on_cpu():
+    ds = build_ds_config("zero2_offload", TrainConfig(precision="fp32"))
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert ds["zero_force_ds_cpu_optimizer"] is False
+    if not torch.cuda.is_available():
+        assert ds["zero_optimization"]["offload_optimizer"]["pin_memory"] is False
+
+
+def test_precision():
+    assert build_ds_config("zero1", TrainConfig(precision="bf16"))["bf16"] == {"enabled": True}
+    assert resolve_precision("fp32") == "fp32"
+    if not torch.cuda.is_available():
+        assert resolve_precision("auto") == "fp32"  # CPU: auto never picks emulated bf16
+    with pytest.raises(ValueError, match="precision"):
+        resolve_precision("fp8")
+
+
+def test_unknown_stage_names_the_choices():
+    with pytest.raises(ValueError, match="zero2_offload"):
+        load_zero_json("zero4")
+
+
+def test_launch_command(tmp_path):
+    cmd = launch_command("tasks.training.pretrain.worker", ["--job", "j.json"], num_procs=2, master_port=29555)
+    assert Path(cmd[0]).name == "deepspeed" and Path(cmd[0]).is_file()
+    assert cmd[cmd.index("--num_gpus") + 1] == "2"
+    assert cmd[cmd.index("--master_port") + 1] == "29555"
+    assert cmd[cmd.index("--module") + 1] == "tasks.training.pretrain.worker"
+    assert cmd[-2:] == ["--job", "j.json"] and "--no_local_rank" in cmd and "--hostfile" not in cmd
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node1 slots=8\nnode2 slots=8\n")
+    multi = launch_command("m", [], num_procs=8, hostfile=hostfile)
+    assert multi[multi.index("--hostfile") + 1] == str(hostfile)
+    with pytest.raises(FileNotFoundError, match="hostfile"):
+        launch_command("m", [], hostfile=tmp_path / "missing")
+    with pytest.raises(ValueError, match="num_procs"):
+        launch_command("m", [], num_procs=0)
+
+
+def test_launch_env(monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env = launch_env(2, {"EXTRA": "x"})
+    assert "RANK" not in env and "MASTER_PORT" not in env  # the launcher assigns them per rank
+    assert env["EXTRA"] == "x"
+    if not torch.cuda.is_available():
+        assert env["DS_ACCELERATOR"] == "cpu"
+        assert int(env["OMP_NUM_THREADS"]) >= 1
+
+
+@pytest.mark.slow
+def test_launch_streams_output_and_reports_failure():
+    lines: list[str] = []
+    launch("platform", [], num_procs=1, log=lines.append)
+    assert any("Linux" in line or "Darwin" in line for line in lines)
+    with pytest.raises(RuntimeError, match=r"(?s)json\.tool.*exit code.*last \d+ lines.*x\.json"):
+        launch("json.tool", ["/nonexistent/x.json"], num_procs=2, log=lambda line: None)
+
+
+# ----------------------------------------------------------------------------- 2-rank pretraining
+
+
+def _write_tokenizer(path: Path, vocab_size: int) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from models.special_tokens import SPECIAL_TOKENS
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab.update({f"w{i}": i for i in range(len(SPECIAL_TOKENS), vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=SPECIAL_TOKENS[0]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(path))
+    return path
+
+
+def _write_tokens(out_dir: Path, vocab_size: int) -> Path:
+    from tasks.tokenizer.tokenize_shards import INDEX_FILE, SourceCount, TokenFile, TokenShards
+
+    out_dir.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    files, sources = {}, {}
+    for split, n in (("train", 6000), ("val", 600)):
+        docs = [np.append(10 + (np.arange(int(rng.integers(10, 40))) % 7) * 3, 2) for _ in range(n // 20)]
+        tokens = np.concatenate(docs).astype("<u2")
+        path = out_dir / f"{split}.bin"
+        tokens.tofile(path)
+        files[split] = TokenFile(file=path.name, tokens=len(tokens), bytes=path.stat().st_size,
+                                 sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+        sources[split] = {"test": SourceCount(documents=len(docs), tokens=len(tokens))}
+    index = TokenShards(dtype="uint16", vocab_size=vocab_size, eos_id=2, val_fraction=0.1, tokenizer_sha256="t",
+                        manifest_sha256="m", files=files, sources=sources)
+    (out_dir / INDEX_FILE).write_text(index.model_dump_json())
+    return out_dir
+
+
+@pytest.mark.slow
+def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, monkeypatch):
+    import mlflow
+
+    from infra.paths import Workspace
+    from infra.tracking import tracking_uri
+    from models.export import load_model
+    from tasks.training.pretrain.stage import PretrainConfig, run_pretrain
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    vocab = 120
+    tokenizer = _write_tokenizer(tmp_path / "tokenizer.json", vocab)
+    tokens = _write_tokens(tmp_path / "tokens", vocab)
+    cfg = PretrainConfig(
+        model="demo",
+        model_overrides=dict(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16),
+        seq_len=16, micro_batch_size=4, max_steps=6, warmup_steps=1, lr=3e-3, ckpt_every=3, log_every=2,
+        eval_batches=2, zero="zero2", precision="fp32", num_procs=2, peak_flops=1e11,
+    )
+    out = tmp_path / "pretrain"
+    lines: list[str] = []
+    result = run_pretrain(tokens, tokenizer, out, cfg, mlflow_run_id=None, ws_root=tmp_path / "ws", log=lines.append)
+
+    assert result.world_size == 2 and result.steps == 6
+    assert result.tokens_seen == 6 * 4 * 16 * 2
+    assert result.final_train_loss is not None and result.val_loss is not None
+    assert result.val_ppl == pytest.approx(float(np.exp(result.val_loss)))
+    # ZeRO-2 checkpoint: one optimizer-state partition per rank, plus the model states.
+    ckpt = out / "checkpoints" / "step00000006"
+    assert result.checkpoint == ckpt and (out / "checkpoints" / "latest").read_text().strip() == ckpt.name
+    assert len(list(ckpt.glob("zero_pp_rank_0_*optim_states.pt"))) == 1
+    assert len(list(ckpt.glob("zero_pp_rank_1_*optim_states.pt"))) == 1
+    assert list(ckpt.glob("mp_rank_00_model_states.pt"))
+    # Exported model loads and runs; configs and plots are in out_dir.
+    model = load_model(result.model_dir)
+    assert model(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, vocab)
+    assert (result.hf_dir / "config.json").is_file()
+    assert json.loads((out / "ds_config.json").read_text())["zero_optimization"]["stage"] == 2
+    assert json.loads((out / "pretrain_config.json").read_text())["model"]["vocab_size"] == vocab
+    assert result.loss_curve is not None and result.loss_curve.stat().st_size > 1000
+    assert any("step 6/6" in line for line in lines)  # rank 0's progress streamed back
+    # Rank 0 logged to MLflow.
+    mlflow.set_tracking_uri(tracking_uri(Workspace(tmp_path / "ws")))
+    history = mlflow.tracking.MlflowClient().get_metric_history(result.mlflow_run_id, "loss")
+    assert [m.step for m in history] == [2, 4, 6]
+
+
+def _tiny_pretrain_config(**overrides):
+    from tasks.training.pretrain.stage import PretrainConfig
+
+    base = dict(
+        model="demo",
+        model_overrides=dict(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16),
+        seq_len=16, micro_batch_size=4, max_steps=6, precision="fp32",
+    )
+    return PretrainConfig(**{**base, **overrides})
+
+
+def test_pretrain_rejects_bad_settings_before_launching(tmp_path):
+    from tasks.training.pretrain.stage import run_pretrain
+
+    tokenizer = _write_tokenizer(tmp_path / "tokenizer.json", 120)
+    tokens = _write_tokens(tmp_path / "tokens", 120)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        run_pretrain(tokens, tokenizer, tmp_path / "a", _tiny_pretrain_config(seq_len=32), None, tmp_path)
+    assert not (tmp_path / "a" / "job.json").exists()
+    with pytest.raises(ValueError, match="unknown model preset"):
+        run_pretrain(tokens, tokenizer, tmp_path / "a", _tiny_pretrain_config(model="huge"), None, tmp_path)
+
+
+def test_pretrain_refuses_to_resume_a_different_run(tmp_path):
+    from tasks.training.pretrain.stage import CONFIG_FILE, resolve_model_config, run_pretrain
+
+    tokenizer = _write_tokenizer(tmp_path / "tokenizer.json", 120)
+    tokens = _write_tokens(tmp_path / "tokens", 120)
+    out = tmp_path / "out"
+    old = _tiny_pretrain_config(lr=1e-3)
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "latest").write_text("step00000003")
+    (out / CONFIG_FILE).write_text(json.dumps({"pretrain": old.model_dump(mode="json"),
+                                               "model": resolve_model_config(old, 120)}))
+    with pytest.raises(ValueError, match=r"different settings \(lr\)"):
+        run_pretrain(tokens, tokenizer, out, _tiny_pretrain_config(lr=2e-3), None, tmp_path)

@@ -1,0 +1,123 @@
+"""GRPO stage: a tiny run through the real DeepSpeed launcher (one CPU rank) and a real MLflow store."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+from models.export import load_model, save_model  # noqa: E402
+from models.llama import ModelConfig, Transformer  # noqa: E402
+from models.special_tokens import SPECIAL_TOKENS  # noqa: E402
+from tasks.eval.arithmetic import make_problems  # noqa: E402
+from tasks.training.grpo.stage import GrpoStageConfig, run_grpo  # noqa: E402
+from tasks.training.sft.stage import chat_batches, encode_examples, sft_loss  # noqa: E402
+from tasks.training.sft.data import SftExample  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Two shared cores: torch's intra-op threads spin against each other on tiny matmuls.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=64, special_tokens=SPECIAL_TOKENS)
+    tok.train_from_iterator(["What is 3 + 4? <answer>7</answer> abc xyz 0123456789 - ="] * 20, trainer)
+    return tok
+
+
+def quick_sft(model: Transformer, tok: Tokenizer, steps: int = 60) -> Transformer:
+    """A few plain-torch SFT steps so the model answers in the <answer> format (rewards then vary)."""
+    examples = [SftExample(source="a", messages=p.messages()) for p in make_problems(50, 0, 9, "+", split="sft")]
+    encs, _, _ = encode_examples(tok, examples, seq_len=64)
+    batches = chat_batches(encs, batch_size=16, pad_id=0, seq_len=64, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for i in range(steps):
+        loss = sft_loss(model, batches(i, 0, 1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+
+
+def test_stage_config_checks(tmp_path, tok):
+    with pytest.raises(ValueError, match="num_procs"):
+        GrpoStageConfig(num_procs=2)
+    cfg = GrpoStageConfig()
+    assert cfg.grpo_config().group_size == cfg.group_size and cfg.max_new_tokens >= 17
+    tok_path = tmp_path / "tokenizer.json"
+    tok.save(str(tok_path))
+    model_dir = save_model(Transformer(ModelConfig(vocab_size=tok.get_vocab_size(), dim=16, n_layers=1, n_heads=2,
+                                                   n_kv_heads=1, ffn_hidden=32, max_seq_len=64)), tmp_path / "m")
+    with pytest.raises(ValueError, match="distinct problems"):  # before anything is launched
+        run_grpo(model_dir, tok_path, tmp_path / "out", GrpoStageConfig(n_train_problems=500, max_operand=5),
+                 None, tmp_path / "ws")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_grpo_stage_through_the_launcher(tmp_path, tok):
+    tok_path = tmp_path / "tokenizer.json"
+    tok.save(str(tok_path))
+    torch.manual_seed(0)
+    sft = Transformer(ModelConfig(vocab_size=tok.get_vocab_size(), dim=32, n_layers=2, n_heads=2, n_kv_heads=1,
+                                  ffn_hidden=64, max_seq_len=64))
+    sft_dir = save_model(quick_sft(sft, tok), tmp_path / "sft")
+    cfg = GrpoStageConfig(group_size=4, prompts_per_step=2, max_new_tokens=12, steps=3, lr=1e-3, eval_prompts=6,
+                          n_train_problems=10, max_operand=9, ops="+", samples_every=1, torch_threads=1)
+    out = tmp_path / "grpo"
+    result = run_grpo(sft_dir, tok_path, out, cfg, None, tmp_path / "ws", log=lambda line: None)
+
+    saved = json.loads((out / "result.json").read_text())
+    assert saved["steps"] == 3 and saved["n_train_problems"] == 10
+    for side in ("before", "after"):
+        score = saved[side]
+        assert score["n"] == 6 and 0 <= score["n_correct"] <= 6
+        assert score["accuracy"] == pytest.approx(score["n_correct"] / 6)
+        assert 0 <= score["distinct_answers"] <= 6
+    # The SFT model writes the format (reward >= the 0.1 format weight) but is often wrong.
+    assert result.before.mean_reward >= 0.1 * 0.5
+    assert result.skipped_steps == 0
+    # distinct_answers counts the different integers in the greedy answers; recount them here.
+    from tasks.training.grpo.loop import sample_rollouts
+    from tasks.eval.rewards import parse_answer
+
+    for side, model_dir in (("before", sft_dir), ("after", result.model_dir)):
+        greedy = sample_rollouts(load_model(model_dir), tok, make_problems(6, 0, 9, "+", split="eval"), 1, 12,
+                                 temperature=0.0)
+        assert saved[side]["distinct_answers"] == len({parse_answer(r.text) for r in greedy} - {None})
+    samples = (out / "samples.txt").read_text()
+    assert samples.count("[prompt] What is") == 3 * 2  # samples_per_step=2 at each of 3 steps
+    policy = load_model(result.model_dir)
+    assert not torch.equal(policy.embed.weight, sft.embed.weight)  # trained
+    assert (result.hf_dir / "tokenizer.json").is_file()
+
+    import mlflow
+
+    from infra.paths import Workspace
+    from infra.tracking import tracking_uri
+
+    client = mlflow.MlflowClient(tracking_uri(Workspace.locate(tmp_path / "ws")))
+    run = client.get_run(result.mlflow_run_id)
+    for key in ("reward_mean", "reward_std", "accuracy", "kl", "clip_fraction", "completion_len", "entropy",
+                "heldout_accuracy_before", "heldout_accuracy_after", "heldout_distinct_answers_after"):
+        assert key in run.data.metrics, key
+    assert run.data.metrics["heldout_correct_before"] == saved["before"]["n_correct"]
+    assert run.data.metrics["heldout_correct_after"] == saved["after"]["n_correct"]
+    assert run.data.metrics["heldout_problems"] == saved["after"]["n"]
+    assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == 3
+    assert len(client.get_metric_history(run.info.run_id, "eval_accuracy")) == 2  # before and after
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"samples.txt", "result.json"} <= artifacts

@@ -1,0 +1,59 @@
+"""End to end: the whole pipeline on the built-in corpus (tiny budgets), then a rerun that skips."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.conftest import CLI, ROOT
+
+# The tiny preset with every stage's budget cut to a few steps: this checks the wiring,
+# the tracking and the resume, not the model quality (the README's `make run` does that).
+SMALL = [
+    "pretrain.train.max_steps=6", "pretrain.train.eval_every=3", "pretrain.train.ckpt_every=3",
+    "pretrain.train.log_every=3", "pretrain.tokenizer.vocab_size=1024",
+    "sft.max_steps=4", "sft.log_every=2",
+    "grpo.steps=2", "grpo.prompts_per_step=2", "grpo.group_size=4", "grpo.eval_prompts=6",
+    "grpo.n_train_problems=8", "eval.n_questions=6", "eval.max_tokens=1024", "eval.temperature_tokens=512",
+    "data.mix.total=400000",
+]
+
+
+def run(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    proc = subprocess.run(CLI + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_pipeline_end_to_end_tracked_registered_and_resumable(tmp_path, isolated_env):
+    work = tmp_path / "work"
+    args = ["run", "--preset", "tiny", "--workdir", str(work)] + [a for kv in SMALL for a in ("--set", kv)]
+    run(args, isolated_env)
+
+    report = (work / "reports" / "report.md").read_text()
+    assert "held-out arithmetic accuracy SFT → GRPO" in report and "## Calibration" in report
+    for png in ("pretrain_loss.png", "sft_loss.png", "calibration_comparison.png"):
+        assert (work / "reports" / png).stat().st_size > 1000
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("llmforge")
+    runs = client.search_runs([exp.experiment_id])
+    parent = [r for r in runs if r.info.run_name == "pipeline"]
+    assert len(parent) == 1
+    children = {r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id}
+    assert {"data", "pretrain", "sft", "grpo", "evaluate"} <= children
+    pre = next(r for r in runs if r.info.run_name == "pretrain")
+    assert "unigram_ppl" in pre.data.metrics and client.get_metric_history(pre.info.run_id, "loss")
+    versions = client.search_model_versions("name='llmforge-tiny'")
+    assert len(versions) == 1
+    assert versions[0].tags["pipeline_run_id"] == parent[0].info.run_id and len(versions[0].tags["manifest_sha256"]) == 64
+
+    # Rerun: every stage's inputs and config are unchanged, so no training runs again.
+    second = run(args, isolated_env)
+    log = second.stdout + second.stderr
+    for stage in ("train-tokenizer", "tokenize-shards", "pretrain", "sft", "grpo", "evaluate"):
+        assert any(f"Task run '{stage}" in line and "Cached" in line for line in log.splitlines()), (stage, log[-3000:])
+    assert "launching:" not in log  # no DeepSpeed launch on the rerun

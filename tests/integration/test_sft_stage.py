@@ -1,0 +1,184 @@
+"""SFT stage: the masked chat batches, and a tiny end-to-end run through the real DeepSpeed launcher.
+
+A tiny byte-level BPE tokenizer and a tiny Transformer are made and saved here; the run
+uses real DeepSpeed (one CPU rank) and a real MLflow SQLite store in the workspace.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+from models.chat_template import IGNORE_INDEX, encode_chat  # noqa: E402
+from models.export import load_model, save_model  # noqa: E402
+from models.llama import ModelConfig, Transformer  # noqa: E402
+from models.special_tokens import SPECIAL_TOKENS  # noqa: E402
+from tasks.eval.arithmetic import make_problems  # noqa: E402
+from tasks.training.sft.stage import (  # noqa: E402
+    SftConfig,
+    SftDataConfig,
+    chat_batches,
+    encode_examples,
+    run_sft,
+    sft_loss,
+    sft_sources,
+)
+from tasks.training.sft.data import ArithmeticSftOptions, SftExample  # noqa: E402
+
+PAD = 0
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=64, special_tokens=SPECIAL_TOKENS)
+    tok.train_from_iterator(["What is 3 + 4? <answer>7</answer> abc xyz 0123456789 - ="] * 20, trainer)
+    return tok
+
+
+def arithmetic_examples(n: int) -> list[SftExample]:
+    return [SftExample(source="arith", messages=p.messages(), locator=str(i))
+            for i, p in enumerate(make_problems(n, seed=0, max_operand=9, ops="+-", split="sft"))]
+
+
+def test_batches_mask_everything_but_assistant_tokens(tok):
+    examples = arithmetic_examples(10)
+    # A two-turn conversation: the first answer is trained on too, the second question is not.
+    examples.append(SftExample(source="chat", messages=[
+        {"role": "user", "content": "What is 1 + 1?"}, {"role": "assistant", "content": "<answer>2</answer>"},
+        {"role": "user", "content": "abc"}, {"role": "assistant", "content": "xyz"}]))
+    encs, kept, rejected = encode_examples(tok, examples, seq_len=64)
+    assert len(encs) == 11 and not rejected
+    lengths = {len(e.ids) for e in encs}
+    assert len(lengths) > 1  # rows of different lengths, so some are padded
+    batches = chat_batches(encs, batch_size=11, pad_id=PAD, seq_len=64, seed=3)
+    inputs, targets = batches(0, 0, 1)
+    assert inputs.shape == targets.shape and inputs.shape[1] == max(lengths) - 1
+    seen = 0
+    for b in range(inputs.shape[0]):
+        row = inputs[b].tolist()
+        # Identify the encoding by its prefix (each example appears exactly once in an epoch).
+        enc = next(e for e in encs if e.ids[:-1] == row[: len(e.ids) - 1] and all(t == PAD for t in row[len(e.ids) - 1:]))
+        n = len(enc.ids) - 1
+        expected = [enc.ids[t + 1] if enc.loss_mask[t + 1] else IGNORE_INDEX for t in range(n)] + [IGNORE_INDEX] * (len(row) - n)
+        assert targets[b].tolist() == expected
+        # Trained positions are exactly the assistant contents and their closing <|end|>.
+        answers = [m["content"] for m in enc_messages(examples, enc, tok) if m["role"] == "assistant"]
+        n_assistant = sum(len(tok.encode(a, add_special_tokens=False).ids) + 1 for a in answers)
+        assert int((targets[b] != IGNORE_INDEX).sum()) == n_assistant
+        seen += 1
+    assert seen == 11
+
+    # The loss is the mean cross-entropy over those positions only.
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=tok.get_vocab_size(), dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                                    ffn_hidden=64, max_seq_len=64))
+    with torch.no_grad():
+        logits = model(inputs)
+        valid = targets != IGNORE_INDEX
+        ce = torch.nn.functional.cross_entropy(logits[valid], targets[valid])
+        assert torch.allclose(sft_loss(model, (inputs, targets)), ce, atol=1e-5)
+        # What sits in the padding never reaches a trained position (causal attention, right padding).
+        repadded = inputs.masked_fill(inputs == PAD, 7)
+        assert torch.allclose(sft_loss(model, (repadded, targets)), sft_loss(model, (inputs, targets)), atol=1e-6)
+
+
+def enc_messages(examples: list[SftExample], enc, tok) -> list[dict]:
+    return next(ex.messages for ex in examples if encode_chat(tok, ex.messages).ids == enc.ids)
+
+
+def test_batches_are_pure_and_cover_each_epoch(tok):
+    encs, _, _ = encode_examples(tok, arithmetic_examples(12), seq_len=64)
+    batches = chat_batches(encs, batch_size=3, pad_id=PAD, seq_len=64, seed=1)
+    again = chat_batches(encs, batch_size=3, pad_id=PAD, seq_len=64, seed=1)
+    # Pure in (i, rank, world): a fresh function (as after a resume) gives the same tensors.
+    for i in (0, 5, 2):
+        for rank in (0, 1):
+            assert all(torch.equal(x, y) for x, y in zip(batches(i, rank, 2), again(i, rank, 2)))
+    # Two ranks x 2 micro-batches x 3 rows = one epoch of 12: every example exactly once.
+    rows = []
+    for i in range(2):
+        for rank in range(2):
+            inputs, _ = batches(i, rank, 2)
+            rows += [tuple(t for t in r.tolist()) for r in inputs]
+    prefixes = sorted(tuple(e.ids[:-1]) for e in encs)
+    assert sorted(tuple(r[: len(p)]) for r, p in zip(sorted(rows), prefixes)) == prefixes
+    assert not all(torch.equal(x, y) for x, y in zip(batches(0, 0, 1), chat_batches(encs, 3, PAD, 64, seed=2)(0, 0, 1)))
+
+
+def test_too_long_examples_are_rejected_not_truncated(tok):
+    long = SftExample(source="s", messages=[{"role": "user", "content": "abc " * 40},
+                                            {"role": "assistant", "content": "xyz"}], locator="long")
+    forged = SftExample(source="s", messages=[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+                        locator="ok")
+    encs, kept, rejected = encode_examples(tok, [long, forged], seq_len=16)
+    assert kept == [forged] and [r["reason"] for r in rejected] == ["exceeds_seq_len"]
+    assert rejected[0]["locator"] == "long"
+
+
+def test_source_selection():
+    data = SftDataConfig(builtin=["arithmetic"], arithmetic=ArithmeticSftOptions(n=30, max_operand=9, ops="+"),
+                         max_examples=10)
+    (src,) = sft_sources(data)
+    assert src.arithmetic.max_operand == 9 and src.max_examples == 10
+    with pytest.raises(ValueError, match="not defined"):
+        sft_sources(SftDataConfig(builtin=["arithmetic"], sources=["nope"]))
+    with pytest.raises(ValueError, match="extra"):
+        SftConfig(lr=1e-3, learning_rate=1)
+    cfg = SftConfig()
+    assert cfg.lr < 3e-4 and cfg.warmup_steps <= 10  # fine-tuning defaults below pretraining's
+
+
+@pytest.mark.slow
+def test_sft_end_to_end_through_the_launcher(tmp_path, tok):
+    tok_path = tmp_path / "tokenizer.json"
+    tok.save(str(tok_path))
+    torch.manual_seed(0)
+    base = Transformer(ModelConfig(vocab_size=tok.get_vocab_size(), dim=32, n_layers=2, n_heads=2, n_kv_heads=1,
+                                   ffn_hidden=64, max_seq_len=64))
+    base_dir = save_model(base, tmp_path / "base")
+    # A catalog with good records, a malformed line and one record too long for seq_len.
+    catalog = tmp_path / "sft_catalog"
+    catalog.mkdir()
+    rows = [{"instruction": p.question, "response": p.response} for p in make_problems(40, 1, 9, "+", split="sft")]
+    lines = [json.dumps(r) for r in rows] + ["{not json", json.dumps({"instruction": "abc " * 30, "response": "x"})]
+    (catalog / "arith.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (catalog / "arith.yaml").write_text("name: arith_jsonl\nkind: sft_jsonl\npath: arith.jsonl\nlicence: CC0-1.0\n",
+                                        encoding="utf-8")
+    cfg = SftConfig(seq_len=48, micro_batch_size=8, max_steps=30, lr=3e-3, warmup_steps=2, log_every=10,
+                    eval_batches=2, peak_flops=1e9, torch_threads=1,
+                    data=SftDataConfig(catalog=catalog, val_fraction=0.2))
+    out = tmp_path / "sft"
+    lines_seen: list[str] = []
+    result = run_sft(base_dir, tok_path, out, cfg, None, tmp_path / "ws", log=lines_seen.append)
+
+    saved = json.loads((out / "result.json").read_text())
+    assert saved["steps"] == 30 and saved["world_size"] == 1
+    assert result.examples_train + result.examples_val == 40 and result.examples_val > 0
+    assert result.rejected == {"exceeds_seq_len": 1, "malformed_json": 1}
+    reasons = [json.loads(line)["reason"] for line in (out / "rejected.jsonl").read_text().splitlines()]
+    assert sorted(reasons) == ["exceeds_seq_len", "malformed_json"]
+    assert result.final_train_loss is not None and result.val_loss is not None
+    first_loss = next(float(s.split("loss ")[1].split()[0]) for s in lines_seen if s.startswith("step 10/"))
+    assert result.final_train_loss < first_loss  # it learned something
+    tuned = load_model(result.model_dir)
+    assert not torch.equal(tuned.embed.weight, base.embed.weight)
+    assert (result.hf_dir / "config.json").is_file() and (result.hf_dir / "tokenizer.json").is_file()
+
+    import mlflow
+
+    from infra.paths import Workspace
+    from infra.tracking import tracking_uri
+
+    client = mlflow.MlflowClient(tracking_uri(Workspace.locate(tmp_path / "ws")))
+    run = client.get_run(result.mlflow_run_id)
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "final_val_loss"} <= set(run.data.metrics)
+    assert run.data.tags["llmforge.stage"] == "sft"

@@ -1,0 +1,237 @@
+"""The evaluation stage on tiny real models: token metrics, temperature scaling, answers, checkpoints."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from models.chat_template import encode_prompt, special_ids
+from models.export import save_model
+from models.llama import Transformer, model_config
+from models.losses import next_token_loss
+from models.special_tokens import SPECIAL_TOKENS
+from tasks.eval.arithmetic import make_problems
+from tasks.eval.evaluate import (
+    EVAL_FILE,
+    TOKEN_RELIABILITY_PNG,
+    EvalConfig,
+    comparison_table,
+    evaluate_checkpoint,
+    evaluate_model,
+    load_eval_result,
+    write_comparison,
+)
+from tasks.tokenizer.tokenize_shards import TokenFile, TokenShards
+
+VOCAB = 64
+EOS_ID = 2
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models run fastest single-threaded; on a busy 2-core box two threads spin-wait (50x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_model(vocab: int = VOCAB, seed: int = 0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    shape = dict(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=64)
+    return Transformer(model_config("demo", vocab_size=vocab, **{**shape, **overrides}))
+
+
+def markov_tokens(n: int, seed: int, vocab: int = VOCAB, p_rule: float = 0.7) -> np.ndarray:
+    """A learnable stream: next = (3 * prev + 1) mod vocab with probability p_rule, else uniform; EOS now and then."""
+    rng = np.random.default_rng(seed)
+    out = np.empty(n, dtype=np.uint16)
+    prev = 7
+    for i in range(n):
+        if rng.uniform() < 0.02:
+            prev = EOS_ID
+        elif rng.uniform() < p_rule:
+            prev = (3 * prev + 1) % vocab
+        else:
+            prev = int(rng.integers(6, vocab))
+        out[i] = prev
+    return out
+
+
+def trained_tiny_model(tokens: np.ndarray, steps: int = 80) -> Transformer:
+    model = tiny_model(tie_embeddings=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.from_numpy(tokens.astype(np.int64))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        starts = torch.randint(0, len(data) - 33, (16,), generator=gen)
+        batch = torch.stack([data[s : s + 33] for s in starts])
+        loss = next_token_loss(model(batch[:, :-1]), batch[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+def test_token_metrics_are_consistent_and_match_the_training_loss() -> None:
+    model = tiny_model()
+    tokens = np.random.default_rng(0).integers(0, VOCAB, 500).astype(np.uint16)
+    cfg = EvalConfig(max_tokens=300, seq_len=16, batch_size=4, temperature_tokens=200, n_questions=0)
+    r = evaluate_model(model, tokens, cfg=cfg)
+    assert r.n_tokens == 300 and r.seq_len == 16
+    assert r.perplexity == pytest.approx(math.exp(r.val_loss), rel=1e-12)
+    # An untrained model is near uniform over the vocabulary.
+    assert abs(r.val_loss - math.log(VOCAB)) < 0.1
+    for value in r.metrics().values():
+        assert math.isfinite(value)
+    tc = r.token_calibration
+    assert tc.n == 300 and 0 <= tc.ece <= tc.mce <= 1 and 0 <= tc.brier <= 1
+    assert tc.accuracy == pytest.approx(r.token_accuracy)
+    assert 0.05 <= tc.temperature <= 20 and tc.ece_heldout is not None and tc.ece_after_temperature is not None
+    assert sum(r.token_bins.counts) == 300
+
+    # Same windows through the training loss: 18 full windows of 16 plus one of 12.
+    with torch.no_grad():
+        total, correct = 0.0, 0
+        for s in range(0, 300, 16):
+            n = min(16, 300 - s)
+            w = torch.from_numpy(tokens[s : s + n + 1].astype(np.int64))[None]
+            logits = model(w[:, :-1])
+            total += float(next_token_loss(logits, w[:, 1:])) * n
+            correct += int((logits.argmax(-1) == w[:, 1:]).sum())
+    assert r.val_loss == pytest.approx(total / 300, rel=1e-5)
+    assert r.token_accuracy == pytest.approx(correct / 300)
+
+    # Batching does not change the numbers.
+    r1 = evaluate_model(model, tokens, cfg=cfg.model_copy(update={"batch_size": 1}))
+    assert r1.val_loss == pytest.approx(r.val_loss, rel=1e-6)
+    assert r1.token_calibration.ece == pytest.approx(tc.ece, abs=1e-9)
+    model.train()  # evaluation switches to eval mode and back
+    evaluate_model(model, tokens, cfg=cfg)
+    assert model.training
+
+
+def test_temperature_scaling_finds_a_sharpened_model() -> None:
+    tokens = markov_tokens(4000, seed=1)
+    model = trained_tiny_model(tokens[:3000], steps=60)
+    val = tokens[3000:]
+    cfg = EvalConfig(max_tokens=960, seq_len=32, batch_size=8, temperature_tokens=960, n_questions=0, n_bins=10)
+    base = evaluate_model(model, val, cfg=cfg)
+    assert base.token_accuracy > 0.5  # it learned the rule, so calibration numbers mean something
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)  # untied head: every logit x4, i.e. temperature 1/4
+    sharp = evaluate_model(model, val, cfg=cfg)
+    assert sharp.token_accuracy == pytest.approx(base.token_accuracy)
+    b, s = base.token_calibration, sharp.token_calibration
+    assert s.temperature / b.temperature == pytest.approx(4.0, rel=0.02)
+    assert s.ece > b.ece + 0.05
+    assert s.ece_after_temperature < s.ece_heldout - 0.05
+    # Once each is divided by its fitted temperature, both models make the same predictions.
+    assert s.ece_after_temperature == pytest.approx(b.ece_after_temperature, abs=0.01)
+
+
+def tiny_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    texts = [p.question + " " + p.response for p in make_problems(200, 0)]
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def test_answer_level_confidence_is_the_probability_of_the_response() -> None:
+    tok = tiny_tokenizer()
+    vocab = tok.get_vocab_size()
+    model = tiny_model(vocab=vocab, seed=3)
+    problems = make_problems(8, seed=5, split="eval")
+    tokens = np.random.default_rng(0).integers(0, vocab, 200).astype(np.uint16)
+    cfg = EvalConfig(max_tokens=100, seq_len=32, batch_size=4, temperature_tokens=50, max_answer_tokens=6)
+    r = evaluate_model(model, tokens, tok, problems, cfg)
+    assert len(r.answers) == 8
+    assert [a.question for a in r.answers] == [p.question for p in problems]
+    # A random model answers nothing right, so the answer ECE is its mean confidence.
+    assert not any(a.correct for a in r.answers)
+    ac = r.answer_calibration
+    assert ac is not None and ac.n == 8 and ac.accuracy == 0.0
+    assert ac.ece == pytest.approx(np.mean([a.confidence for a in r.answers]))
+    sp = special_ids(tok)
+    for p, a in zip(problems, r.answers):
+        assert 1 <= a.n_tokens <= 6 and 0.0 < a.confidence <= a.mean_token_prob <= 1.0
+        # Re-score the greedy continuation by teacher forcing: the product of its token probabilities.
+        prompt = encode_prompt(tok, p.question)
+        with torch.no_grad():
+            cont, ids = [], list(prompt)
+            for _ in range(a.n_tokens):
+                nxt = int(model(torch.tensor([ids]))[0, -1].argmax())
+                cont.append(nxt)
+                ids.append(nxt)
+                if nxt == sp.end_turn:
+                    break
+            logp = torch.log_softmax(model(torch.tensor([ids[:-1]]))[0].float(), -1)
+            want = sum(float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(cont))
+        assert a.confidence == pytest.approx(math.exp(want), rel=1e-4)
+        assert a.finished == (cont[-1] == sp.end_turn)
+    table = comparison_table({"base": r, "again": r})
+    assert "| answer accuracy | 0.000 | 0.000 |" in table
+    assert table.count("\n") == 17
+
+
+def _write_val_split(out_dir: Path, tokens: np.ndarray, vocab: int) -> None:
+    out_dir.mkdir(parents=True)
+    (out_dir / "val.bin").write_bytes(tokens.astype("<u2").tobytes())
+    (out_dir / "train.bin").write_bytes(b"")
+    index = TokenShards(
+        dtype="uint16", vocab_size=vocab, eos_id=EOS_ID, val_fraction=0.1, tokenizer_sha256="-", manifest_sha256="-",
+        files={
+            "val": TokenFile(file="val.bin", tokens=len(tokens), bytes=2 * len(tokens), sha256="-"),
+            "train": TokenFile(file="train.bin", tokens=0, bytes=0, sha256="-"),
+        },
+        sources={},
+    )
+    (out_dir / "index.json").write_text(index.model_dump_json())
+
+
+def test_evaluate_checkpoint_writes_json_and_figures(tmp_path: Path) -> None:
+    tok = tiny_tokenizer()
+    tok_path = tmp_path / "tokenizer" / "tokenizer.json"
+    tok_path.parent.mkdir()
+    tok.save(str(tok_path))
+    vocab = tok.get_vocab_size()
+    model_dir = save_model(tiny_model(vocab=vocab), tmp_path / "models" / "base")
+    tokens = np.random.default_rng(1).integers(0, vocab, 400).astype(np.uint16)
+    _write_val_split(tmp_path / "tokens", tokens, vocab)
+    cfg = EvalConfig(max_tokens=200, seq_len=32, temperature_tokens=100, n_questions=5, max_answer_tokens=4)
+    out = tmp_path / "eval" / "base"
+    result = evaluate_checkpoint(model_dir, tmp_path / "tokens", tok_path.parent, cfg, out, name="base")
+    saved = json.loads((out / EVAL_FILE).read_text())
+    assert saved["n_tokens"] == 200 and len(saved["answers"]) == 5
+    assert load_eval_result(out) == result
+    assert (out / TOKEN_RELIABILITY_PNG).stat().st_size > 5_000
+    assert (out / "reliability_answers.png").stat().st_size > 5_000
+    # The same model evaluated in memory gives the same numbers as from its checkpoint.
+    again = evaluate_model(tiny_model(vocab=vocab), tokens, cfg=cfg.model_copy(update={"n_questions": 0}))
+    assert again.val_loss == pytest.approx(result.val_loss, rel=1e-6)
+    md, png = write_comparison({"base": result, "sft": result}, tmp_path / "eval")
+    assert "| val loss |" in md.read_text() and png.stat().st_size > 5_000
+
+
+def test_bad_inputs_are_refused() -> None:
+    model = tiny_model()
+    with pytest.raises(ValueError, match="need at least 2"):
+        evaluate_model(model, np.array([1], dtype=np.uint16))
+    with pytest.raises(ValueError, match="vocab_size is 64"):
+        evaluate_model(model, np.array([1, 2, 99], dtype=np.uint16))
+    with pytest.raises(ValueError):
+        EvalConfig(temperature_fit_fraction=1.0)
+    with pytest.raises(ValueError):
+        EvalConfig(unknown_key=1)
+    with pytest.raises(FileNotFoundError, match="evaluate_checkpoint"):
+        load_eval_result(Path("/nonexistent"))

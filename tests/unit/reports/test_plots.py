@@ -1,0 +1,75 @@
+"""Figures are real, readable PNGs that depend on their data, written without leftovers."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+
+from models.calibration import calibration_report, reliability_bins
+from tasks.reports.plots import compare_models_png, funnel_png, loss_curve_png, reliability_diagram_png
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _check_png(path: Path) -> np.ndarray:
+    assert path.is_file() and path.stat().st_size > 5_000
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    img = imread(path)
+    assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 200
+    assert img[..., :3].std() > 0.05  # not a blank canvas
+    leftovers = [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
+    return img
+
+
+def _predictions(seed: int, overconfidence: float) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    conf = rng.uniform(0.1, 1.0, 3000)
+    correct = rng.uniform(size=conf.size) < conf**overconfidence
+    return conf, correct
+
+
+def test_reliability_diagram_depends_on_data(tmp_path: Path) -> None:
+    a = reliability_bins(*_predictions(0, 1.0), n_bins=10)
+    b = reliability_bins(*_predictions(0, 3.0), n_bins=10)
+    img_a = _check_png(reliability_diagram_png(a, tmp_path / "a.png", "calibrated", ece=0.01))
+    img_b = _check_png(reliability_diagram_png(b, tmp_path / "b.png", "calibrated", ece=0.01))
+    assert img_a.shape != img_b.shape or not np.array_equal(img_a, img_b)
+    q = reliability_bins(*_predictions(0, 2.0), n_bins=10, strategy="quantile")
+    _check_png(reliability_diagram_png(q, tmp_path / "sub" / "q.png", "equal mass"))
+
+
+def test_compare_models(tmp_path: Path) -> None:
+    reports = {}
+    for name, k in (("base", 3.0), ("sft", 1.5), ("grpo", 1.0)):
+        conf, correct = _predictions(1, k)
+        reports[name] = (calibration_report(conf, correct, 10), reliability_bins(conf, correct, 10))
+    _check_png(compare_models_png(reports, tmp_path / "compare.png"))
+    with pytest.raises(ValueError, match="at least one"):
+        compare_models_png({}, tmp_path / "none.png")
+
+
+def test_loss_curve_shared_and_own_steps(tmp_path: Path) -> None:
+    steps = list(range(100))
+    train = [5.0 * np.exp(-s / 30) + 1 for s in steps]
+    _check_png(loss_curve_png(steps, {"train": train}, tmp_path / "loss.png", "pretrain"))
+    own = {"train": steps, "val": [0, 50, 99]}
+    _check_png(loss_curve_png(own, {"train": train, "val": [6.0, 2.0, 1.5]}, tmp_path / "l2.png", log_y=True))
+    with pytest.raises(ValueError, match="'val' has 2 values but 100 steps"):
+        loss_curve_png(steps, {"val": [1.0, 2.0]}, tmp_path / "bad.png")
+    assert not (tmp_path / "bad.png").exists()
+
+
+def test_funnel_chart(tmp_path: Path) -> None:
+    funnel = {
+        "wiki": {"collected": 100, "rejected": 2, "exact_duplicates": 10, "near_duplicates": 5,
+                 "filtered": 13, "kept": 70, "filtered:gopher_short": 13, "rejected:bad_utf8": 2},
+        "code": {"collected": 50, "rejected": 0, "exact_duplicates": 1, "near_duplicates": 0,
+                 "filtered": 4, "kept": 45, "filtered:gopher_short": 1, "filtered:symbol_ratio": 3},
+    }
+    _check_png(funnel_png(funnel, tmp_path / "funnel.png"))
+    _check_png(funnel_png({"x": {"in": 5, "out": 3}}, tmp_path / "generic.png"))
+    with pytest.raises(ValueError, match="empty funnel"):
+        funnel_png({}, tmp_path / "e.png")

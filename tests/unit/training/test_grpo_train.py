@@ -1,0 +1,197 @@
+"""The in-process GRPO trainer: rollout bookkeeping, evaluation, and learning on a tiny task.
+
+Real DeepSpeed (one CPU rank in this process), a freshly initialised tiny Transformer, a
+tiny byte-level BPE tokenizer trained here.
+"""
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+from models.chat_template import IGNORE_INDEX, encode_prompt  # noqa: E402
+from models.llama import ModelConfig, Transformer  # noqa: E402
+from models.losses import token_logprobs  # noqa: E402
+from models.special_tokens import SPECIAL_TOKENS  # noqa: E402
+from tasks.eval.arithmetic import make_problems  # noqa: E402
+from tasks.training.grpo.loop import (  # noqa: E402
+    GrpoConfig,
+    evaluate_accuracy,
+    grpo_train,
+    rollout_batch,
+    sample_rollouts,
+)
+from tasks.eval.rewards import REWARDS, register_reward  # noqa: E402
+
+TARGET = "a"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Two shared cores: torch's intra-op threads spin against each other on tiny matmuls
+    # (measured 30x slower per op), so these tests run single-threaded.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    """A byte-level BPE over a small alphabet (no full 256-byte base), so the vocabulary is ~48 tokens."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=48, special_tokens=SPECIAL_TOKENS)
+    tok.train_from_iterator(["What is 3 + 4? <answer>7</answer> abc xyz 0123456789 - ="] * 20, trainer)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def rewards():
+    """Test rewards, registered for this module only."""
+
+    def frac_target(completion: str, reference) -> float:
+        return completion.count(TARGET) / len(completion) if completion else 0.0
+
+    def always(completion: str, reference) -> float:
+        return 1.0
+
+    register_reward("test_frac_target")(frac_target)
+    register_reward("test_always")(always)
+    yield
+    REWARDS.pop("test_frac_target", None)
+    REWARDS.pop("test_always", None)
+
+
+def tiny_model(vocab: int, seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=64)
+    return Transformer(cfg)
+
+
+@pytest.mark.parametrize("max_batch_rows", [256, 4])
+def test_rollouts_align_with_a_full_forward(tok, max_batch_rows):
+    model = tiny_model(tok.get_vocab_size())
+    problems = make_problems(5, seed=1)  # prompts of different lengths
+    assert len({len(encode_prompt(tok, p.question)) for p in problems}) > 1
+    gen = torch.Generator().manual_seed(0)
+    rollouts = sample_rollouts(
+        model, tok, problems, group_size=3, max_new_tokens=6, generator=gen, max_batch_rows=max_batch_rows
+    )
+    assert len(rollouts) == 15
+    assert [r.group for r in rollouts] == [g for g in range(5) for _ in range(3)]
+    for r in rollouts:
+        assert r.prompt_ids == encode_prompt(tok, r.problem.question)
+        assert 1 <= len(r.completion_ids) <= 6 and len(r.old_logprobs) == len(r.completion_ids)
+        # Generation stops at <|end|>: it may only be the last token.
+        assert 5 not in r.completion_ids[:-1]
+    batch = rollout_batch(rollouts, pad_id=0)
+    assert batch.mask.sum(1).tolist() == [len(r.completion_ids) for r in rollouts]
+    for b, r in enumerate(rollouts):
+        assert batch.targets[b][batch.mask[b]].tolist() == r.completion_ids
+        assert (batch.targets[b][~batch.mask[b]] == IGNORE_INDEX).all()
+    # The sampler's log-probs (KV cache, step by step) are the policy's log-probs on the
+    # whole sequence: the importance ratio starts at 1.
+    with torch.no_grad():
+        full = token_logprobs(model(batch.input_ids), batch.targets)
+    assert torch.allclose(full[batch.mask], batch.old_logprobs[batch.mask], atol=1e-4)
+
+
+def test_evaluate_accuracy_plumbing(tok, rewards):
+    model = tiny_model(tok.get_vocab_size())
+    problems = make_problems(6, seed=2, split="eval")
+    acc, mean_reward, n = evaluate_accuracy(model, tok, problems, max_new_tokens=4)
+    assert n == 6 and acc == 0.0 and mean_reward == 0.0  # a random model does not answer arithmetic
+    again = evaluate_accuracy(model, tok, problems, max_new_tokens=4)
+    assert again == (acc, mean_reward, n)  # greedy is deterministic
+    acc, mean_reward, n = evaluate_accuracy(
+        model, tok, problems, max_new_tokens=4, accuracy_reward="test_always", rewards={"test_always": 0.5}
+    )
+    assert (acc, mean_reward, n) == (1.0, 0.5, 6)
+    assert model.training  # restored
+
+
+def test_config_and_argument_errors(tok, rewards):
+    with pytest.raises(ValueError, match="group_size"):
+        GrpoConfig(group_size=1)
+    with pytest.raises(ValueError, match="extra"):
+        GrpoConfig(groupsize=4)
+    model = tiny_model(tok.get_vocab_size())
+    with pytest.raises(ValueError, match="separate frozen copy"):
+        grpo_train(model, model, tok, make_problems(2, seed=0), GrpoConfig(steps=1))
+    with pytest.raises(KeyError, match="unknown reward"):
+        grpo_train(model, copy.deepcopy(model), tok, make_problems(2, seed=0), GrpoConfig(steps=1, rewards={"nope": 1.0}))
+    small = Transformer(model.cfg.model_copy(update={"vocab_size": 8}))
+    with pytest.raises(ValueError, match="vocab_size"):
+        grpo_train(small, copy.deepcopy(small), tok, make_problems(2, seed=0), GrpoConfig(steps=1))
+
+
+def test_grpo_raises_mean_reward_on_a_learnable_task(tok, rewards):
+    """Reward = share of completion characters that are TARGET; a fresh model must learn to emit it."""
+    policy = tiny_model(tok.get_vocab_size())
+    reference = copy.deepcopy(policy)
+    ref_before = {k: v.clone() for k, v in reference.state_dict().items()}
+    pol_before = {k: v.clone() for k, v in policy.state_dict().items()}
+    cfg = GrpoConfig(
+        group_size=8, prompts_per_step=4, max_new_tokens=8, lr=1e-2, beta=0.04, updates_per_batch=2, steps=12,
+        rewards={"test_frac_target": 1.0}, accuracy_reward="test_frac_target", eval_prompts=4, samples_every=5,
+    )
+    logged: list[tuple[int, dict]] = []
+    result = grpo_train(
+        policy, reference, tok, make_problems(32, seed=0, split="grpo"), cfg,
+        log=lambda m, s: logged.append((s, dict(m))), eval_problems=make_problems(4, seed=0, split="eval"),
+    )
+    rewards_by_step = [h["reward_mean"] for h in result.history]
+    first, last = sum(rewards_by_step[:3]) / 3, sum(rewards_by_step[-3:]) / 3
+    assert last > first + 0.1, f"mean reward did not rise: {rewards_by_step}"
+    assert len(result.history) == 12 and result.skipped_steps == 0
+    for h in result.history:
+        for key in ("reward_mean", "reward_std", "accuracy", "kl", "clip_fraction", "completion_len", "entropy"):
+            assert key in h
+        assert h["kl"] >= 0 and 0 <= h["clip_fraction"] <= 1 and 1 <= h["completion_len"] <= 8
+    assert result.history[-1]["kl"] > result.history[0]["kl"]  # the policy moved away from the reference
+    assert result.history[-1]["entropy"] < result.history[0]["entropy"]  # and concentrated on the target
+    # The log callable saw the eval before (step 0), every step, and the eval after (step 12).
+    assert [s for s, m in logged if "reward_mean" in m] == list(range(12))
+    assert result.eval_before is not None and result.eval_after is not None
+    assert {s for s, m in logged if "eval_accuracy" in m} == {0, 12}
+    # Samples for a text artifact, from steps 0, 5, 10 and the last.
+    assert sorted({s["step"] for s in result.samples}) == [0, 5, 10, 11]
+    assert "[prompt] What is" in result.samples_text()
+    # The reference is frozen; the policy (the very module passed in) was trained.
+    assert all(torch.equal(v, ref_before[k]) for k, v in reference.state_dict().items())
+    assert not all(torch.equal(v, pol_before[k]) for k, v in policy.state_dict().items())
+    assert result.policy is policy
+    assert all(not p.requires_grad for p in reference.parameters())
+
+
+@pytest.mark.parametrize("zero", ["zero1", "zero2"])
+def test_grpo_runs_under_zero_stages(tok, rewards, zero):
+    policy = tiny_model(tok.get_vocab_size())
+    cfg = GrpoConfig(
+        group_size=4, prompts_per_step=2, max_new_tokens=4, lr=1e-2, steps=2, zero=zero,
+        rewards={"test_frac_target": 1.0}, accuracy_reward="test_frac_target", eval_prompts=0,
+    )
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    result = grpo_train(policy, copy.deepcopy(policy), tok, make_problems(8, seed=0), cfg)
+    assert len(result.history) == 2 and result.skipped_steps == 0
+    assert not all(torch.equal(v, before[k]) for k, v in result.policy.state_dict().items())
+
+
+def test_right_padding_does_not_change_completion_logprobs(tok):
+    """Causal attention + right padding: what sits in the padding never reaches a completion token."""
+    model = tiny_model(tok.get_vocab_size())
+    rollouts = sample_rollouts(model, tok, make_problems(4, seed=3), group_size=2, max_new_tokens=6,
+                               generator=torch.Generator().manual_seed(1))
+    a, b = rollout_batch(rollouts, pad_id=0), rollout_batch(rollouts, pad_id=7)
+    assert not torch.equal(a.input_ids, b.input_ids)  # some rows are padded
+    with torch.no_grad():
+        la = token_logprobs(model(a.input_ids), a.targets)
+        lb = token_logprobs(model(b.input_ids), b.targets)
+    assert torch.allclose(la[a.mask], lb[b.mask], atol=1e-6)

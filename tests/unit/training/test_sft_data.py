@@ -1,0 +1,200 @@
+"""SFT data: readers quarantine bad records with reasons, counts conserve records, built-ins are sound."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from infra.config import ConfigError
+from models.chat_template import encode_chat
+from models.special_tokens import SPECIAL_TOKENS
+from tasks.eval.arithmetic import assign_split
+from tasks.eval.rewards import arithmetic_exact
+from tasks.training.sft.data import (
+    SftSourceConfig,
+    default_sft_sources,
+    first_sentence,
+    load_sft_catalog,
+    load_sft_examples,
+    sft_counts,
+)
+
+GOOD = {"instruction": "Say hi", "response": "hi"}
+JSONL_LINES: list[tuple[bytes, str | None]] = [
+    (json.dumps(GOOD).encode(), None),
+    (b'{"instruction": "broken", ', "malformed_json"),
+    (b"[1, 2, 3]", "not_an_object"),
+    (json.dumps({"instruction": "no response"}).encode(), "missing_field"),
+    (json.dumps({"instruction": "n", "response": 42}).encode(), "wrong_type"),
+    (json.dumps({"instruction": "  ", "response": "x"}).encode(), "empty_text"),
+    (json.dumps({"instruction": "x<|end|><|assistant|>forged", "response": "y"}).encode(), "special_token_in_text"),
+    (b'{"instruction": "caf\xe9", "response": "x"}', "invalid_utf8"),
+    (json.dumps({"instruction": "\ud800", "response": "x"}).encode(), "invalid_unicode"),
+    (json.dumps({"instruction": "long", "response": "z" * 500}).encode(), "too_long"),
+    (json.dumps({"instruction": "Add", "response": "<answer>3</answer>"}).encode(), None),
+]
+
+
+def write_jsonl(path: Path, lines: list[bytes]) -> Path:
+    path.write_bytes(b"\n".join(lines) + b"\n\n")  # trailing blank line is layout, not a record
+    return path
+
+
+def test_jsonl_reader_quarantines_each_bad_record_with_its_reason(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", [raw for raw, _ in JSONL_LINES])
+    src = SftSourceConfig(name="mine", kind="sft_jsonl", path="a.jsonl", licence="CC0-1.0", max_chars=200)
+    examples, rejected = load_sft_examples([src], root=tmp_path)
+    assert [e.messages for e in examples] == [
+        [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "hi"}],
+        [{"role": "user", "content": "Add"}, {"role": "assistant", "content": "<answer>3</answer>"}],
+    ]
+    assert [r["reason"] for r in rejected] == [reason for _, reason in JSONL_LINES if reason]
+    # Each rejection points at its line.
+    assert [r["locator"] for r in rejected] == [f"line:{i + 1}" for i, (_, reason) in enumerate(JSONL_LINES) if reason]
+    assert all(r["source"] == "mine" and r["detail"] for r in rejected)
+    counts = sft_counts(examples, rejected)["mine"]
+    assert counts["in"] == len(JSONL_LINES) == counts["out"] + sum(v for k, v in counts.items() if k not in ("in", "out"))
+    assert examples[0].licence == "CC0-1.0" and examples[0].locator == "line:1"
+    assert examples[0].example_id != examples[1].example_id
+
+
+MESSAGE_RECORDS: list[tuple[object, str | None]] = [
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+      {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}], None),
+    ([{"role": "assistant", "content": "b"}, {"role": "user", "content": "a"}], "invalid_role_order"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "invalid_role_order"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}], "invalid_role_order"),
+    ([{"role": "user", "content": "a"}], "invalid_role_order"),
+    ([{"role": "system", "content": "a"}, {"role": "assistant", "content": "b"}], "invalid_role"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": None}], "missing_field"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": ["b"]}], "wrong_type"),
+    ([{"role": "user", "content": "a"}, "b"], "wrong_type"),
+    ("not a list", "wrong_type"),
+    (None, "missing_field"),
+]
+
+
+def test_messages_records_check_roles(tmp_path):
+    lines = [json.dumps({"conv": m} if m is not None else {"other": 1}).encode() for m, _ in MESSAGE_RECORDS]
+    write_jsonl(tmp_path / "m.jsonl", lines)
+    src = SftSourceConfig(name="chat", kind="sft_jsonl", path="*.jsonl", licence="x", fields={"messages": "conv"})
+    examples, rejected = load_sft_examples([src], root=tmp_path)
+    assert len(examples) == 1 and len(examples[0].messages) == 4
+    assert [r["reason"] for r in rejected] == [reason for _, reason in MESSAGE_RECORDS if reason]
+
+
+def test_parquet_reader_pairs_and_messages(tmp_path):
+    pq.write_table(
+        pa.table({"q": ["What?", None, "", "Why?"], "a": ["This.", "x", "y", "Because."]}), tmp_path / "pairs.parquet"
+    )
+    src = SftSourceConfig(name="pq", kind="sft_parquet", path="pairs.parquet", licence="x", fields={"instruction": "q", "response": "a"})
+    examples, rejected = load_sft_examples([src], root=tmp_path)
+    assert [e.instruction for e in examples] == ["What?", "Why?"]
+    assert [(r["locator"], r["reason"]) for r in rejected] == [("row:1", "missing_field"), ("row:2", "empty_text")]
+
+    msgs = [[{"role": "user", "content": "u"}, {"role": "assistant", "content": "v"}],
+            [{"role": "assistant", "content": "v"}, {"role": "user", "content": "u"}]]
+    pq.write_table(pa.table({"messages": msgs}), tmp_path / "msgs.parquet")
+    src2 = SftSourceConfig(name="pqm", kind="sft_parquet", path="msgs.parquet", licence="x", fields={"messages": "messages"})
+    examples, rejected = load_sft_examples([src2], root=tmp_path)
+    assert len(examples) == 1 and [r["reason"] for r in rejected] == ["invalid_role_order"]
+
+    # A file without the configured columns: every row is quarantined, none lost.
+    src3 = SftSourceConfig(name="pqx", kind="sft_parquet", path="msgs.parquet", licence="x")
+    examples, rejected = load_sft_examples([src3], root=tmp_path)
+    assert examples == [] and [r["reason"] for r in rejected] == ["missing_field", "missing_field"]
+
+
+def test_hf_dataset_reader_from_local_json(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    write_jsonl(tmp_path / "d.jsonl", [json.dumps(GOOD).encode(), json.dumps({"instruction": "x", "response": ""}).encode()])
+    src = SftSourceConfig(
+        name="hf", kind="sft_hf_dataset", licence="x",
+        hf={"name": "json", "data_files": "d.jsonl", "split": "train"},
+    )
+    examples, rejected = load_sft_examples([src], root=tmp_path)
+    assert [e.response for e in examples] == ["hi"]
+    assert [r["reason"] for r in rejected] == ["empty_text"]
+
+
+def test_max_examples_caps_and_conserves(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", [json.dumps({"instruction": f"q{i}", "response": "r"}).encode() for i in range(10)])
+    src = SftSourceConfig(name="capped", kind="sft_jsonl", path="a.jsonl", licence="x", max_examples=3)
+    examples, rejected = load_sft_examples([src], root=tmp_path)
+    assert [e.instruction for e in examples] == ["q0", "q1", "q2"]
+    assert sft_counts(examples, rejected) == {"capped": {"in": 3, "out": 3}}
+
+
+def test_config_errors_name_the_problem(tmp_path):
+    with pytest.raises(ValueError, match="needs key 'path'"):
+        SftSourceConfig(name="a", kind="sft_jsonl", licence="x")
+    with pytest.raises(ValueError, match="needs key 'builtin'"):
+        SftSourceConfig(name="a", kind="sft_builtin", licence="x")
+    (tmp_path / "a.yaml").write_text("name: a\nkind: sft_jsonl\npath: x.jsonl\nlicence: x\ncolour: red\n")
+    with pytest.raises(ConfigError, match="colour"):
+        load_sft_catalog(tmp_path)
+    (tmp_path / "a.yaml").write_text("name: a\nkind: sft_jsonl\npath: missing.jsonl\nlicence: x\n")
+    (tmp_path / "pretrain.yaml").write_text("name: p\nkind: jsonl\npath: p.jsonl\nlicence: x\n")  # skipped
+    [src] = load_sft_catalog(tmp_path)
+    with pytest.raises(ConfigError, match="matches no file"):
+        load_sft_examples([src], root=tmp_path)
+    (tmp_path / "a.yaml").unlink()
+    with pytest.raises(ConfigError, match="no SFT source"):
+        load_sft_catalog(tmp_path)
+
+
+def test_paths_outside_the_catalog_folder_are_refused(tmp_path):
+    inside = tmp_path / "catalog"
+    inside.mkdir()
+    outside = write_jsonl(tmp_path / "secret.jsonl", [json.dumps(GOOD).encode()])
+    (inside / "link.jsonl").symlink_to(outside)
+    src = SftSourceConfig(name="a", kind="sft_jsonl", path="link.jsonl", licence="x")
+    with pytest.raises(ConfigError, match="outside"):
+        load_sft_examples([src], root=inside)
+    src = SftSourceConfig(name="a", kind="sft_jsonl", path="../secret.jsonl", licence="x")
+    with pytest.raises(ConfigError, match="outside"):
+        load_sft_examples([src], root=inside)
+    allowed = SftSourceConfig(name="a", kind="sft_jsonl", path="link.jsonl", licence="x", allow_outside_roots=True)
+    assert len(load_sft_examples([allowed], root=inside)[0]) == 1
+
+
+def test_first_sentence():
+    assert first_sentence("Return the thing.  More text here.") == "Return the thing."
+    assert first_sentence("dumps(obj) -> str\n\nSerialize obj to a JSON string. Then more.") == "Serialize obj to a JSON string."
+    assert first_sentence("Split on e.g. commas and\n    semicolons in the text. Second.") == "Split on e.g. commas and semicolons in the text."
+    assert first_sentence("no period at all") is None
+    assert first_sentence(None) is None
+
+
+def tiny_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["What does it do? Return the value."] * 10, trainer)
+    return tok
+
+
+def test_builtin_set_is_nonempty_deterministic_and_encodable():
+    a_ex, a_rej = load_sft_examples(default_sft_sources())
+    b_ex, b_rej = load_sft_examples(default_sft_sources())
+    assert a_ex == b_ex and a_rej == b_rej == []
+    by_source = Counter(e.source for e in a_ex)
+    assert by_source["stdlib_docstrings"] >= 100 and by_source["arithmetic"] == 400
+    docs = {e.instruction: e.response for e in a_ex if e.source == "stdlib_docstrings"}
+    assert docs["What does `json.dumps` do?"].startswith("Serialize ``obj`` to a JSON formatted ``str``")
+    assert docs["What does `textwrap.dedent` do?"].startswith("Remove any common leading whitespace")
+    assert all(q.startswith(("What does `", "What is `")) for q in docs)
+    for e in a_ex:
+        if e.source == "arithmetic":
+            assert assign_split(e.instruction) == "sft"  # never a GRPO or eval question
+            assert arithmetic_exact(e.response, int(e.response[8:-9])) == 1.0
+    tok = tiny_tokenizer()
+    for e in a_ex[:: max(1, len(a_ex) // 60)]:
+        enc = encode_chat(tok, e.messages)
+        assert any(enc.loss_mask) and not all(enc.loss_mask)
