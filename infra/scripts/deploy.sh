@@ -11,17 +11,7 @@
 # The work pool must exist: start_prefect_worker.sh creates it.
 set -euo pipefail
 
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
-    exit 0
-fi
-
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BIN="${LLMFORGE_VENV:-$ROOT/.venv}/bin"
-cd "$ROOT"  # entrypoints in prefect.yaml are relative to the repository root
-
-WORK="$(mkdir -p "${LLMFORGE_HOME:-$ROOT/work}" && cd "${LLMFORGE_HOME:-$ROOT/work}" && pwd)"
-export PREFECT_HOME="${PREFECT_HOME:-$WORK/prefect}"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 export PREFECT_API_URL="${PREFECT_API_URL:-http://127.0.0.1:${PREFECT_PORT:-4200}/api}"
 # `prefect deploy` would bake an exported LLMFORGE_ROOT into the pull step; left unset,
 # the placeholder stays and each worker fills in its own checkout at run time.

@@ -13,18 +13,7 @@
 #   MLFLOW_WORKERS gunicorn/uvicorn workers (default 2)
 set -euo pipefail
 
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
-    exit 0
-fi
-
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BIN="${LLMFORGE_VENV:-$ROOT/.venv}/bin"
-cd "$ROOT"
-
-# Absolute paths: the experiment's artifact location is stored as given, and a
-# relative one would depend on where the next client happens to run.
-WORK="$(mkdir -p "${LLMFORGE_HOME:-$ROOT/work}" && cd "${LLMFORGE_HOME:-$ROOT/work}" && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 mkdir -p "$WORK/mlartifacts"
 
 echo "MLflow server: http://127.0.0.1:${PORT:-5000}  (store $WORK/mlflow.db)" >&2

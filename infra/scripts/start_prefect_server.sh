@@ -14,17 +14,7 @@
 # (start_prefect_worker.sh and deploy.sh do this for you).
 set -euo pipefail
 
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
-    exit 0
-fi
-
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BIN="${LLMFORGE_VENV:-$ROOT/.venv}/bin"
-cd "$ROOT"  # relative LLMFORGE_HOME/PREFECT_HOME mean the same as for the flows
-
-WORK="$(mkdir -p "${LLMFORGE_HOME:-$ROOT/work}" && cd "${LLMFORGE_HOME:-$ROOT/work}" && pwd)"
-export PREFECT_HOME="${PREFECT_HOME:-$WORK/prefect}"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 mkdir -p "$PREFECT_HOME"
 export PREFECT_SERVER_DATABASE_CONNECTION_URL="${PREFECT_SERVER_DATABASE_CONNECTION_URL:-sqlite+aiosqlite:///$PREFECT_HOME/prefect.db}"
 export PREFECT_SERVER_ANALYTICS_ENABLED="${PREFECT_SERVER_ANALYTICS_ENABLED:-false}"

@@ -16,18 +16,8 @@
 #                    set it (e.g. http://127.0.0.1:5000) to log to an MLflow server
 set -euo pipefail
 
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
-    exit 0
-fi
-
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BIN="${LLMFORGE_VENV:-$ROOT/.venv}/bin"
-cd "$ROOT"
-
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 POOL="${POOL:-llmforge-local}"
-WORK="$(mkdir -p "${LLMFORGE_HOME:-$ROOT/work}" && cd "${LLMFORGE_HOME:-$ROOT/work}" && pwd)"
-export PREFECT_HOME="${PREFECT_HOME:-$WORK/prefect}"
 export PREFECT_API_URL="${PREFECT_API_URL:-http://127.0.0.1:${PREFECT_PORT:-4200}/api}"
 export LLMFORGE_ROOT="${LLMFORGE_ROOT:-$ROOT}"
 export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
