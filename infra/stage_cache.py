@@ -95,7 +95,7 @@ def _module_file(name: str) -> Path | None:
     return Path(spec.origin)
 
 
-def _project_imports(name: str, source: str) -> set[str]:
+def _project_imports(name: str, source: str, packages: tuple[str, ...]) -> set[str]:
     """Project modules that `name`'s source imports (at any depth in the file, lazy imports included)."""
     found: set[str] = set()
     package = name.rpartition(".")[0]
@@ -113,11 +113,11 @@ def _project_imports(name: str, source: str) -> set[str]:
             # A training stage launches its worker by module name: that code is the stage's too.
             if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
                 found.add(node.value.value)
-    return {m for m in found if m.split(".")[0] in PROJECT_PACKAGES and _module_file(m) is not None}
+    return {m for m in found if m.split(".")[0] in packages and _module_file(m) is not None}
 
 
 @functools.lru_cache(maxsize=None)
-def code_version(module: str) -> str:
+def code_version(module: str, packages: tuple[str, ...] = PROJECT_PACKAGES) -> str:
     """sha256 over the module's name and source and those of every project module it reaches."""
     seen: dict[str, str] = {}
     todo = [module]
@@ -128,7 +128,7 @@ def code_version(module: str) -> str:
             continue
         source = path.read_text(encoding="utf-8")
         seen[name] = hashlib.sha256(source.encode("utf-8")).hexdigest()
-        todo.extend(_project_imports(name, source) - seen.keys())
+        todo.extend(_project_imports(name, source, packages) - seen.keys())
     return hashlib.sha256(json.dumps(sorted(seen.items())).encode()).hexdigest()
 
 

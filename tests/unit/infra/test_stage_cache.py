@@ -1,0 +1,70 @@
+"""The stage cache key follows the stage's code: an edited stage (or what it imports, or the
+worker it launches) gets a new key, an unrelated module does not."""
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from infra.stage_cache import code_version
+
+PKG = "cachekeypkg"
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    root = tmp_path / PKG
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    files = {
+        "stage.py": """
+            from cachekeypkg.helper import double
+            WORKER_MODULE = "cachekeypkg.worker"
+            def run(x):
+                return double(x)
+        """,
+        "helper.py": "def double(x):\n    return 2 * x\n",
+        "worker.py": "def main():\n    return 0\n",
+        "unrelated.py": "VALUE = 1\n",
+    }
+    for name, text in files.items():
+        (root / name).write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield root
+    for name in [m for m in sys.modules if m.split(".")[0] == PKG]:
+        del sys.modules[name]
+
+
+def _key() -> str:
+    code_version.cache_clear()
+    return code_version(f"{PKG}.stage", packages=(PKG,))
+
+
+@pytest.mark.parametrize("edited", ["stage.py", "helper.py", "worker.py"])
+def test_editing_the_stage_or_what_it_reaches_changes_the_key(package: Path, edited: str):
+    before = _key()
+    with (package / edited).open("a") as fh:
+        fh.write("\n# edited\nEXTRA = 1\n")
+    assert _key() != before
+
+
+def test_an_unrelated_module_leaves_the_key_alone(package: Path):
+    before = _key()
+    (package / "unrelated.py").write_text("VALUE = 2\n")
+    assert _key() == before
+
+
+def test_a_moved_module_gets_a_new_key(package: Path):
+    """Prefect's cached results pickle module paths: after a move the old records must not match."""
+    before = _key()
+    (package / "stage.py").rename(package / "moved.py")
+    code_version.cache_clear()
+    assert code_version(f"{PKG}.moved", packages=(PKG,)) != before
+
+
+def test_the_real_stages_have_a_code_version():
+    code_version.cache_clear()
+    for module in ("tasks.data.collect", "flows.data_flow"):
+        assert len(code_version(module)) == 64
