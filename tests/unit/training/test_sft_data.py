@@ -198,3 +198,71 @@ def test_builtin_set_is_nonempty_deterministic_and_encodable():
     for e in a_ex[:: max(1, len(a_ex) // 60)]:
         enc = encode_chat(tok, e.messages)
         assert any(enc.loss_mask) and not all(enc.loss_mask)
+
+
+# Pinned before the SFT readers moved onto the shared data catalog: example ids (and so the
+# train/val split, a hash of the id) must not change when the reading code does.
+BUILTIN_IDS_SHA256 = "e6deacb1fd3299a07291a6177d2ddf6706733700334f2356de6de1f64e70e5b1"
+BUILTIN_VAL_IDS_SHA256 = "b2509317f73cee77f5b216ccea670e2aa9e5ee751a6e5782e199331f31319e88"
+
+
+def test_builtin_example_ids_and_split_are_pinned():
+    import hashlib
+
+    from tasks.training.sft.stage import is_val_example
+
+    examples, _ = load_sft_examples(default_sft_sources())
+    ids = [e.example_id for e in examples]
+    assert len(ids) == len(set(ids)) == 808
+    assert ids[:2] == ["stdlib_docstrings-5b796a532289d969", "stdlib_docstrings-334f03d1c4d42bfe"]
+    assert ids[-1] == "arithmetic-bd195aa51169f779"
+    assert hashlib.sha256("\n".join(ids).encode()).hexdigest() == BUILTIN_IDS_SHA256
+    val = [i for i in ids if is_val_example(i, 0.05)]
+    assert len(val) == 41 and val[:2] == ["stdlib_docstrings-9c2a33ca0873aa05", "stdlib_docstrings-68f7b5c01d2a7777"]
+    assert hashlib.sha256("\n".join(val).encode()).hexdigest() == BUILTIN_VAL_IDS_SHA256
+
+
+def _pinned_catalog(cat: Path) -> None:
+    import gzip
+
+    (cat / "data" / "more").mkdir(parents=True)
+    rec = lambda i: json.dumps({"instruction": f"q{i}", "response": f"r{i}"}).encode()  # noqa: E731
+    (cat / "one.jsonl").write_bytes(b"\n".join(rec(i) for i in range(3)) + b"\n")
+    (cat / "data" / "a.jsonl").write_bytes(rec(10) + b"\n" + b"{bad\n" + rec(11) + b"\n")
+    with gzip.open(cat / "data" / "more" / "b.jsonl.gz", "wb") as fh:
+        fh.write(rec(20) + b"\n" + rec(21) + b"\n")
+    pq.write_table(pa.table({"instruction": ["p0", "p1"], "response": ["s0", "s1"]}), cat / "t.parquet")
+    (cat / "one.yaml").write_text("name: one\nkind: sft_jsonl\npath: one.jsonl\nlicence: x\n")
+    (cat / "dir.yaml").write_text("name: dir\nkind: sft_jsonl\npath: data\nlicence: x\n")
+    (cat / "glob.yaml").write_text("name: glob\nkind: sft_jsonl\npath: 'data/**/*.jsonl*'\nlicence: x\n")
+    (cat / "pq.yaml").write_text("name: pq\nkind: sft_parquet\npath: t.parquet\nlicence: x\n")
+
+
+@pytest.mark.parametrize("relative_root", [False, True])
+def test_catalog_example_paths_and_ids_are_pinned(tmp_path, monkeypatch, relative_root):
+    from tasks.data.documents import make_doc_id
+    from tasks.training.sft.stage import is_val_example
+
+    cat = tmp_path / "cat"
+    _pinned_catalog(cat)
+    monkeypatch.chdir(tmp_path)
+    root = Path("cat") if relative_root else cat
+    examples, rejected = load_sft_examples(load_sft_catalog(root), root=root)
+    a, b = f"{cat}/data/a.jsonl", f"{cat}/data/more/b.jsonl.gz"
+    # A glob is matched against the root as given, so a relative root gives relative paths.
+    ga, gb = ("cat/data/a.jsonl", "cat/data/more/b.jsonl.gz") if relative_root else (a, b)
+    assert [(e.source, e.path, e.locator) for e in examples] == [
+        ("dir", a, "line:1"), ("dir", a, "line:3"), ("dir", b, "line:1"), ("dir", b, "line:2"),
+        ("glob", ga, "line:1"), ("glob", ga, "line:3"), ("glob", gb, "line:1"), ("glob", gb, "line:2"),
+        ("one", f"{cat}/one.jsonl", "line:1"), ("one", f"{cat}/one.jsonl", "line:2"), ("one", f"{cat}/one.jsonl", "line:3"),
+        ("pq", f"{cat}/t.parquet", "row:0"), ("pq", f"{cat}/t.parquet", "row:1"),
+    ]
+    assert [(r["source"], r["path"], r["locator"], r["reason"]) for r in rejected] == [
+        ("dir", a, "line:2", "malformed_json"), ("glob", ga, "line:2", "malformed_json"),
+    ]
+    for e in examples:
+        assert e.example_id == make_doc_id(e.source, e.path, e.locator)
+    # The split is a function of the id alone.
+    assert [is_val_example(e.example_id, 0.5) for e in examples] == [
+        is_val_example(make_doc_id(e.source, e.path, e.locator), 0.5) for e in examples
+    ]
