@@ -6,22 +6,40 @@ unchanged is skipped on rerun, so a failed run resumes from the stage that faile
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from prefect import flow
+from pydantic import BaseModel
 
-from flows.data_flow import data_flow
+from flows.config import PipelineConfig, load_pipeline_config
+from flows.data_flow import DataResult, data_flow
 from flows.eval_flow import eval_flow
 from flows.post_training_flows import grpo_flow, sft_flow
-from flows.pretrain_flow import pretrain_flow
+from flows.pretrain_flow import PretrainOutputs, pretrain_flow
 from infra.config import config_hash
 from infra.paths import Workspace
-from flows.config import PipelineConfig, load_pipeline_config
 from infra.tracking import stage_run
-from tasks.reports.pipeline import publish_pipeline_report
+from tasks.eval.evaluate import EvalResult
+from tasks.reports.card import publish_pipeline_report
+from tasks.training.grpo.stage import GrpoStageResult
+from tasks.training.sft.stage import SftResult
+
+
+class PipelineResult(BaseModel):
+    """What one pipeline run made: each stage's result, the report card and the registered model version."""
+
+    mlflow_run_id: str
+    data: DataResult
+    pretrain: PretrainOutputs
+    sft: SftResult
+    grpo: GrpoStageResult
+    evals: dict[str, EvalResult]
+    report: Path
+    registered_version: str
 
 
 @flow(name="pipeline", log_prints=True)
-def pipeline_flow(config: PipelineConfig | None = None, workdir: str = "work", preset: str = "tiny") -> dict:
+def pipeline_flow(config: PipelineConfig | None = None, workdir: str = "work", preset: str = "tiny") -> PipelineResult:
     """Run every stage with `config`, or with `preset` (infra/presets/<name>.yaml) when no config is given."""
     config = config or load_pipeline_config(preset)
     started = time.time()
@@ -36,4 +54,7 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str = "work", p
         evals = eval_flow(config.eval, models, tokens=str(base.tokens), tokenizer=str(base.tokenizer), workdir=root)
         report = publish_pipeline_report(ws, config, data, base, sft, grpo, evals, time.time() - started)
         print(report.markdown)
-        return {"mlflow_run_id": run.info.run_id, "report": str(report.path), "registered_version": report.model_version}
+        return PipelineResult(
+            mlflow_run_id=run.info.run_id, data=data, pretrain=base, sft=sft, grpo=grpo, evals=evals,
+            report=report.path, registered_version=report.model_version,
+        )

@@ -1,4 +1,10 @@
-"""The one MLflow logging helper: tracking URI, experiment, parent/nested runs, safe params."""
+"""The one MLflow logging helper: tracking URI, experiment, nested stage runs, safe params,
+and every kind of logging the stages and reports do (metrics, files, text, tags, dataset
+inputs, registered models).
+
+Everything that logs goes to the active run and calls `active_run()` first, so logging
+outside `stage_run` is a clear error instead of MLflow silently opening a stray run.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -63,6 +69,7 @@ def log_config(cfg: BaseModel | dict[str, Any], prefix: str = "") -> None:
     """Log a (nested) config as flat, redacted MLflow params."""
     import mlflow
 
+    active_run()
     params = {k: redact(k, v)[:6000] for k, v in flatten_params(cfg, prefix).items()}
     items = list(params.items())
     for i in range(0, len(items), 100):  # MLflow caps params per batch
@@ -86,10 +93,7 @@ def stage_run(
 
     experiment_id = configure(ws)
     parent = mlflow.active_run()
-    parent_id = os.environ.get("LLMFORGE_PARENT_RUN_ID")
     all_tags = {"llmforge.stage": stage, **(tags or {})}
-    if parent is None and parent_id and run_id is None:
-        all_tags["mlflow.parentRunId"] = parent_id
     with mlflow.start_run(
         run_id=run_id,
         # Without it a new run lands in MLflow's "Default" experiment, not ours.
@@ -103,7 +107,104 @@ def stage_run(
         yield run
 
 
-def log_artifact_file(path: Path, artifact_path: str | None = None) -> None:
+def active_run() -> Any:
+    """The active MLflow run; a clear error instead of MLflow silently starting a stray run."""
     import mlflow
 
+    run = mlflow.active_run()
+    if run is None:
+        raise RuntimeError("no active MLflow run: log inside `with infra.tracking.stage_run(...)`")
+    return run
+
+
+def log_metrics(metrics: dict[str, float | int | None], step: int | None = None) -> None:
+    """Log the finite values of `metrics` to the active run (None and NaN/inf are left out)."""
+    import math
+
+    import mlflow
+
+    active_run()
+    clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+    if clean:
+        mlflow.log_metrics(clean, step=step)
+
+
+def log_artifact(path: Path | str, artifact_path: str | None = None) -> None:
+    """Copy a file into the active run's artifacts."""
+    import mlflow
+
+    active_run()
     mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+
+def log_artifacts(folder: Path | str, artifact_path: str | None = None) -> None:
+    """Copy every file of `folder` into the active run's artifacts."""
+    import mlflow
+
+    active_run()
+    mlflow.log_artifacts(str(folder), artifact_path=artifact_path)
+
+
+def log_text(text: str, artifact_file: str) -> None:
+    """Write `text` as the artifact `artifact_file` (e.g. "pretrain/token_index.json") of the active run."""
+    import mlflow
+
+    active_run()
+    mlflow.log_text(text, artifact_file)
+
+
+def set_tag(key: str, value: str) -> None:
+    """Tag the active run."""
+    import mlflow
+
+    active_run()
+    mlflow.set_tag(key, value)
+
+
+def log_dataset_input(
+    folder: Path, name: str, digest: str, context: str = "training", tags: dict[str, str] | None = None
+) -> None:
+    """Record the dataset in `folder` (by URI and digest, not its contents) as an input of the active run."""
+    import warnings
+
+    import mlflow
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    active_run()
+    with warnings.catch_warnings():
+        # MLflow registers the local-file source under two schemes and warns that they are ambiguous.
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(Path(folder).resolve().as_uri())
+    mlflow.log_input(MetaDataset(source=source, name=name, digest=digest), context=context, tags=tags)
+
+
+def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
+    """Every (step, value) logged for metric `key` in run `run_id`, by step; empty when never logged."""
+    from mlflow.tracking import MlflowClient
+
+    return [(m.step, m.value) for m in sorted(MlflowClient().get_metric_history(run_id, key), key=lambda m: m.step)]
+
+
+def register_model(
+    model_dir: Path, name: str, tags: dict[str, str], description: str, artifact_path: str = "model"
+) -> str:
+    """Log `model_dir` to the active run under `artifact_path` and register it as a new version of `name`.
+
+    The registered model is created on first use; returns the new version number.
+    """
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    run = active_run()
+    mlflow.log_artifacts(str(model_dir), artifact_path=artifact_path)
+    client = MlflowClient()
+    try:
+        client.create_registered_model(name, description=description)
+    except MlflowException as exc:
+        if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
+            raise
+    source = f"{run.info.artifact_uri}/{artifact_path}"
+    version = client.create_model_version(name, source=source, run_id=run.info.run_id, tags=tags)
+    return str(version.version)

@@ -33,7 +33,7 @@ from models.calibration import (
     top1_from_logits,
 )
 from models.llama import Transformer
-from infra.atomic import atomic_path, commit_atomic
+from infra.atomic import write_text_atomic
 
 EVAL_FILE = "eval.json"
 TOKEN_RELIABILITY_PNG = "reliability_tokens.png"
@@ -284,19 +284,6 @@ def _pick_device(requested: str | None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def write_text_atomic(text: str, path: Path) -> Path:
-    """Write text under a temporary name and rename it into place."""
-    path = Path(path)
-    tmp = atomic_path(path)
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        commit_atomic(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
 def evaluate_checkpoint(
     model_dir: Path,
     tokens_dir: Path,
@@ -323,7 +310,7 @@ def evaluate_checkpoint(
     result = evaluate_model(model, val, tokenizer, problems, cfg)
     out_dir = Path(out_dir)
     label = name or Path(model_dir).name
-    write_text_atomic(result.model_dump_json(indent=2), out_dir / EVAL_FILE)
+    write_text_atomic(out_dir / EVAL_FILE, result.model_dump_json(indent=2))
     reliability_diagram_png(
         result.token_bins, out_dir / TOKEN_RELIABILITY_PNG, f"{label}: next-token", result.token_calibration.ece
     )
@@ -381,7 +368,7 @@ def write_comparison(results: Mapping[str, EvalResult], out_dir: Path) -> tuple[
     from tasks.reports.plots import compare_models_png
 
     out_dir = Path(out_dir)
-    md = write_text_atomic(comparison_table(results) + "\n", out_dir / "comparison.md")
+    md = write_text_atomic(out_dir / "comparison.md", comparison_table(results) + "\n")
     answers = all(r.answer_calibration is not None for r in results.values())
     reports = {
         n: (r.answer_calibration, r.answer_bins) if answers else (r.token_calibration, r.token_bins)

@@ -2,14 +2,17 @@
 artifacts (manifest, funnel table and chart) and the shards as a dataset input."""
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
+from infra.atomic import write_text_atomic
+from infra.tracking import active_run, log_artifact, log_dataset_input, log_metrics, set_tag
 from tasks.data.funnel import funnel_markdown, funnel_totals
 from tasks.data.manifest import load_manifest, sha256_file
+from tasks.reports.plots import funnel_png
 
 
 def data_report_markdown(manifest_path: Path) -> str:
+    """The data report: the funnel, the mix (target vs achieved) and the shards written."""
     m = load_manifest(manifest_path)
     lines = ["# Data funnel", "", funnel_markdown(m.funnel), "", "## Mix (target vs achieved)", ""]
     unit = m.mix.get("unit", "chars")
@@ -32,12 +35,8 @@ def publish_prefect_artifact(markdown: str, key: str = "data-funnel") -> None:
     create_markdown_artifact(markdown=markdown, key=key, description="Where every collected document ended")
 
 
-def log_data_run(manifest_path: Path, out_dir: Path) -> dict[str, float]:
-    """Log funnel metrics, the manifest, the funnel table/chart and the dataset input to the active MLflow run."""
-    import mlflow
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
-    from mlflow.data.meta_dataset import MetaDataset
-
+def funnel_metrics(manifest_path: Path) -> dict[str, float]:
+    """The manifest as flat metrics: funnel counts per source and in total, mix target vs achieved, shard totals."""
     m = load_manifest(manifest_path)
     metrics: dict[str, float] = {}
     for source, row in m.funnel.items():
@@ -50,26 +49,22 @@ def log_data_run(manifest_path: Path, out_dir: Path) -> dict[str, float]:
         metrics[f"mix.{source}.achieved"] = float(r["achieved"])
     metrics["shards.count"] = float(len(m.shards))
     metrics["shards.rows"] = float(m.stats.get("rows", 0))
-    mlflow.log_metrics(metrics)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    md = out_dir / "data_report.md"
-    md.write_text(data_report_markdown(manifest_path))
-    mlflow.log_artifact(str(manifest_path), artifact_path="data")
-    mlflow.log_artifact(str(md), artifact_path="data")
-    try:
-        from tasks.reports.plots import funnel_png
-
-        png = funnel_png(m.funnel, out_dir / "funnel.png")
-        mlflow.log_artifact(str(png), artifact_path="data")
-    except ImportError:
-        pass
-    digest = sha256_file(Path(manifest_path))[:16]
-    with warnings.catch_warnings():
-        # MLflow registers the local-file source under two schemes and warns that they are ambiguous.
-        warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source(Path(manifest_path).parent.resolve().as_uri())
-    dataset = MetaDataset(source=source, name="pretraining-shards", digest=digest)
-    mlflow.log_input(dataset, context="training", tags={"manifest_sha256": digest, "rows": str(m.stats.get("rows", 0))})
-    mlflow.set_tag("llmforge.manifest", str(Path(manifest_path).resolve()))
     return metrics
 
+
+def log_data_run(manifest_path: Path, out_dir: Path) -> dict[str, float]:
+    """Log funnel metrics, the manifest, the funnel table/chart and the dataset input to the active MLflow run."""
+    active_run()
+    manifest_path = Path(manifest_path)
+    m = load_manifest(manifest_path)
+    metrics = funnel_metrics(manifest_path)
+    log_metrics(metrics)
+    md = write_text_atomic(out_dir / "data_report.md", data_report_markdown(manifest_path))
+    png = funnel_png(m.funnel, out_dir / "funnel.png")
+    for path in (manifest_path, md, png):
+        log_artifact(path, artifact_path="data")
+    digest = sha256_file(manifest_path)[:16]
+    rows = str(m.stats.get("rows", 0))
+    log_dataset_input(manifest_path.parent, "pretraining-shards", digest, tags={"manifest_sha256": digest, "rows": rows})
+    set_tag("llmforge.manifest", str(manifest_path.resolve()))
+    return metrics

@@ -13,23 +13,17 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from models.calibration import CalibrationReport, ReliabilityBins
-from infra.atomic import atomic_path, commit_atomic
+from infra.atomic import atomic_write
 
 # Where collected documents ended, in the stacking order of the funnel chart.
 _FUNNEL_FATES = ("kept", "filtered", "near_duplicates", "exact_duplicates", "rejected")
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    path = Path(path)
     FigureCanvasAgg(fig)
-    tmp = atomic_path(path)
-    try:
+    with atomic_write(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-        commit_atomic(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return Path(path)
 
 
 def _bin_arrays(bins: ReliabilityBins) -> tuple[np.ndarray, ...]:

@@ -247,7 +247,7 @@ def test_deployed_data_flow_runs_on_a_process_worker(tmp_path, isolated_env, ser
 @pytest.mark.slow
 def test_mlflow_server_script_shows_workspace_runs_and_artifacts(tmp_path, isolated_env, services):
     from infra.paths import Workspace
-    from infra.tracking import log_artifact_file, stage_run
+    from infra.tracking import log_artifact, stage_run
 
     # A run logged the way the flows log it (no MLFLOW_TRACKING_URI: SQLite in the workspace).
     ws = Workspace(tmp_path / "work")
@@ -256,7 +256,7 @@ def test_mlflow_server_script_shows_workspace_runs_and_artifacts(tmp_path, isola
     saved = os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:
         with stage_run(ws, "data", {"near": {"threshold": 0.7}}) as logged:
-            log_artifact_file(note, "data")
+            log_artifact(note, "data")
     finally:
         if saved is not None:
             os.environ["MLFLOW_TRACKING_URI"] = saved
