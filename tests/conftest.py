@@ -53,3 +53,58 @@ def prose(rng: random.Random, sentences: int = 12) -> str:
 
 
 CLI = [sys.executable, "-m", "flows.cli"]
+
+
+# --- eval/report fixtures ---
+# Shared by the evaluation, calibration and training tests; torch and tokenizers are
+# imported inside so that tests which need neither do not pay for them at collection.
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models run fastest single-threaded; on a busy 2-core box two threads spin-wait (50x slower).
+
+    Use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_model(vocab: int = 64, seed: int = 0, **overrides):
+    """A 2-layer Llama of width 32, seeded; `overrides` change the shape (e.g. max_seq_len=16)."""
+    import torch
+
+    from models.llama import Transformer, model_config
+
+    torch.manual_seed(seed)
+    shape = dict(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=64)
+    return Transformer(model_config("demo", vocab_size=vocab, **{**shape, **overrides}))
+
+
+def tiny_bpe_tokenizer(texts: list[str], vocab_size: int):
+    """A small byte-level BPE trained on `texts`, with the project's special tokens at ids 0..5."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from models.special_tokens import SPECIAL_TOKENS
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 600):
+    """Run `python -m flows.cli ARGS` from the repository root; fail the test with the output's tail unless it exits 0."""
+    import subprocess
+
+    proc = subprocess.run(CLI + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    return proc

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -22,8 +23,10 @@ from tasks.eval.evaluate import EvalResult, comparison_table
 from tasks.reports.data import publish_prefect_artifact
 from tasks.reports.plots import loss_curve_png
 from tasks.reports.register import lineage_tags, register_final_model
-from tasks.training.grpo.stage import GrpoStageResult
-from tasks.training.sft.stage import SftResult
+
+if TYPE_CHECKING:  # only for annotations: the report reads results, it never runs a training stage
+    from tasks.training.grpo.stage import GrpoStageResult
+    from tasks.training.sft.stage import SftResult
 
 
 class PipelineReport(BaseModel):

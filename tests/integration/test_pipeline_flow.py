@@ -1,11 +1,9 @@
 """End to end: the whole pipeline on the built-in corpus (tiny budgets), then a rerun that skips."""
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
-from tests.conftest import CLI, ROOT
+from tests.conftest import run_cli
 
 # The tiny preset with every stage's budget cut to a few steps: this checks the wiring,
 # the tracking and the resume, not the model quality (the README's `make run` does that).
@@ -19,17 +17,11 @@ SMALL = [
 ]
 
 
-def run(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    proc = subprocess.run(CLI + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
-    return proc
-
-
 @pytest.mark.slow
 def test_pipeline_end_to_end_tracked_registered_and_resumable(tmp_path, isolated_env):
     work = tmp_path / "work"
     args = ["run", "--preset", "tiny", "--workdir", str(work)] + [a for kv in SMALL for a in ("--set", kv)]
-    run(args, isolated_env)
+    run_cli(args, isolated_env, timeout=1200)
 
     report = (work / "reports" / "report.md").read_text()
     assert "held-out arithmetic accuracy SFT → GRPO" in report and "## Calibration" in report
@@ -52,7 +44,7 @@ def test_pipeline_end_to_end_tracked_registered_and_resumable(tmp_path, isolated
     assert versions[0].tags["pipeline_run_id"] == parent[0].info.run_id and len(versions[0].tags["manifest_sha256"]) == 64
 
     # Rerun: every stage's inputs and config are unchanged, so no training runs again.
-    second = run(args, isolated_env)
+    second = run_cli(args, isolated_env, timeout=1200)
     log = second.stdout + second.stderr
     for stage in ("train-tokenizer", "tokenize-shards", "pretrain", "sft", "grpo", "evaluate"):
         assert any(f"Task run '{stage}" in line and "Cached" in line for line in log.splitlines()), (stage, log[-3000:])

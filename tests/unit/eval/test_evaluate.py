@@ -8,13 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from models.chat_template import encode_prompt, special_ids
 from models.export import save_model
-from models.llama import Transformer, model_config
+from models.llama import Transformer
 from models.losses import next_token_loss
-from models.special_tokens import SPECIAL_TOKENS
 from tasks.eval.arithmetic import make_problems
 from tasks.eval.evaluate import (
     EVAL_FILE,
@@ -27,24 +25,12 @@ from tasks.eval.evaluate import (
     write_comparison,
 )
 from tasks.tokenizer.tokenize_shards import TokenFile, TokenShards
+from tests.conftest import tiny_bpe_tokenizer, tiny_model
 
 VOCAB = 64
 EOS_ID = 2
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models run fastest single-threaded; on a busy 2-core box two threads spin-wait (50x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def tiny_model(vocab: int = VOCAB, seed: int = 0, **overrides) -> Transformer:
-    torch.manual_seed(seed)
-    shape = dict(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=64)
-    return Transformer(model_config("demo", vocab_size=vocab, **{**shape, **overrides}))
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def markov_tokens(n: int, seed: int, vocab: int = VOCAB, p_rule: float = 0.7) -> np.ndarray:
@@ -135,16 +121,8 @@ def test_temperature_scaling_finds_a_sharpened_model() -> None:
     assert s.ece_after_temperature == pytest.approx(b.ece_after_temperature, abs=0.01)
 
 
-def tiny_tokenizer() -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    texts = [p.question + " " + p.response for p in make_problems(200, 0)]
-    tok.train_from_iterator(texts, trainer)
-    return tok
+def tiny_tokenizer():
+    return tiny_bpe_tokenizer([p.question + " " + p.response for p in make_problems(200, 0)], vocab_size=300)
 
 
 def test_answer_level_confidence_is_the_probability_of_the_response() -> None:

@@ -24,13 +24,7 @@ from models.calibration import (
 )
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small tensors run fastest single-threaded; on a busy 2-core box two threads spin-wait."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("n_bins", [5, 10, 15])

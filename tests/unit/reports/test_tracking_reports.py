@@ -1,0 +1,62 @@
+"""The reports' MLflow logging through infra.tracking: no stray runs, the reward curve from
+a metric's history, and a registered model version carrying its lineage tags."""
+from __future__ import annotations
+
+import pytest
+
+from infra.paths import Workspace
+from infra.tracking import log_artifact, log_metrics, log_text, metric_history, register_model, set_tag, stage_run
+from tasks.reports.card import reward_curve
+from tasks.reports.register import register_final_model
+
+
+@pytest.fixture
+def ws(tmp_path, monkeypatch) -> Workspace:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    return Workspace(tmp_path / "work")
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        lambda tmp: log_metrics({"a": 1.0}),
+        lambda tmp: log_artifact(tmp / "x.txt"),
+        lambda tmp: log_text("x", "x.txt"),
+        lambda tmp: set_tag("k", "v"),
+        lambda tmp: register_final_model(tmp, "m", {}),
+    ],
+    ids=["log_metrics", "log_artifact", "log_text", "set_tag", "register_final_model"],
+)
+def test_logging_outside_a_stage_run_is_a_clear_error(tmp_path, log) -> None:
+    (tmp_path / "x.txt").write_text("x")
+    with pytest.raises(RuntimeError, match="no active MLflow run"):
+        log(tmp_path)
+
+
+def test_reward_curve_reads_the_metric_history_in_step_order(ws, tmp_path) -> None:
+    with stage_run(ws, "grpo") as run:
+        for step, reward in [(2, 0.5), (0, 0.1), (1, 0.3)]:
+            log_metrics({"reward_mean": reward, "accuracy": None}, step=step)
+    assert metric_history(run.info.run_id, "reward_mean") == [(0, 0.1), (1, 0.3), (2, 0.5)]
+    assert metric_history(run.info.run_id, "accuracy") == []
+    png = reward_curve(run.info.run_id, tmp_path / "grpo_reward.png")
+    assert png is not None and png.stat().st_size > 1000
+    with stage_run(ws, "empty") as empty:
+        pass
+    assert reward_curve(empty.info.run_id, tmp_path / "none.png") is None
+
+
+def test_registered_versions_carry_their_lineage_tags(ws, tmp_path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    with stage_run(ws, "pipeline") as run:
+        first = register_model(model_dir, "tiny", tags={"config_hash": "abc"}, description="d", artifact_path="final_model")
+        second = register_model(model_dir, "tiny", tags={"config_hash": "def"}, description="d", artifact_path="final_model")
+    assert (first, second) == ("1", "2")
+    version = MlflowClient().get_model_version("tiny", "1")
+    assert version.tags["config_hash"] == "abc" and version.run_id == run.info.run_id
+    assert version.source.endswith("/final_model")
