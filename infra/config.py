@@ -5,6 +5,9 @@ Every stage defines its own config class (in its module) on top of `StrictModel`
 """
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,20 +35,30 @@ def format_validation_error(err: ValidationError, origin: str) -> str:
     return "\n".join(lines)
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping, with an error naming the file when it is not one."""
+def _read_mapping(path: Path, parse: Callable[[str], Any], errors: tuple[type[Exception], ...], kind: str) -> dict[str, Any]:
+    """Parse `path` with `parse`; a ConfigError naming the file when it is missing, not valid `kind`, or not a mapping."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        data = parse(path.read_text(encoding="utf-8"))
+    except errors as exc:
+        raise ConfigError(f"{path}: not valid {kind}: {exc}") from exc
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping, with an error naming the file when it is not one."""
+    return _read_mapping(path, yaml.safe_load, (yaml.YAMLError,), "YAML")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Read a JSON object, with an error naming the file when it is not one."""
+    return _read_mapping(path, json.loads, (json.JSONDecodeError,), "JSON")
 
 
 def parse_config(cls: type[T], data: dict[str, Any], origin: str) -> T:
@@ -76,8 +89,6 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 def config_hash(cfg: BaseModel) -> str:
     """A stable short hash of a config, used in cache keys and lineage."""
-    import hashlib
-
     return hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()[:16]
 
 
