@@ -14,6 +14,7 @@ from tasks.reports.eval import log_comparison
 
 @flow(name="evaluate", log_prints=True)
 def eval_flow(config: EvalConfig, models: dict[str, str], tokens: str, tokenizer: str, workdir: str = "work") -> dict[str, EvalResult]:
+    """Evaluate each named model (cached per model) and log their comparison; results by name."""
     ws = Workspace.locate(workdir).ensure_writable()
     with stage_run(ws, "evaluate", config):
         results = {

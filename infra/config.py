@@ -28,6 +28,7 @@ class StrictModel(BaseModel):
 
 
 def format_validation_error(err: ValidationError, origin: str) -> str:
+    """Pydantic's error as lines naming `origin` and each wrong key."""
     lines = [f"{origin}: invalid configuration"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
@@ -78,6 +79,7 @@ def load_config(cls: type[T], path: Path, overrides: dict[str, Any] | None = Non
 
 
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `data["a"]["b"] = value` for `dotted` "a.b", creating sections on the way."""
     node = data
     parts = dotted.split(".")
     for part in parts[:-1]:

@@ -21,6 +21,8 @@ SPLIT_FRACTIONS: Mapping[str, float] = MappingProxyType({"sft": 0.6, "grpo": 0.2
 
 @dataclass(frozen=True)
 class ArithmeticProblem:
+    """One question `a op b` and its integer answer."""
+
     question: str
     answer: int
 
@@ -35,6 +37,7 @@ class ArithmeticProblem:
 
 
 def format_answer(n: int) -> str:
+    """The response that states `n` as the answer."""
     return f"<answer>{n}</answer>"
 
 

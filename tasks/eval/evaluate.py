@@ -41,6 +41,8 @@ ANSWER_RELIABILITY_PNG = "reliability_answers.png"
 
 
 class EvalConfig(StrictModel):
+    """How much to evaluate and how: bins, token budget, temperature study, arithmetic questions."""
+
     n_bins: int = Field(default=15, ge=1)
     max_tokens: int = Field(default=16384, ge=1)  # next-token predictions evaluated, from the start of val
     seq_len: int | None = Field(default=None, ge=1)  # window length; None: the model's max_seq_len

@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # only for annotations: the report reads results, it never ru
 
 
 class PipelineReport(BaseModel):
+    """The written report card, its Markdown, and the model version registered with it."""
+
     path: Path
     markdown: str
     model_version: str
