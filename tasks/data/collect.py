@@ -7,108 +7,49 @@ or non-string text field, empty text, binary file, over-long line); the run goes
 from __future__ import annotations
 
 import glob as globlib
-import gzip
-import json
-from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from prefect import task
 
 from tasks.data import builtin_corpus
 from tasks.data.catalog import Catalog, SourceConfig, source_files
 from tasks.data.documents import (
-    DOCUMENT_SCHEMA,
-    REMOVED_SCHEMA,
     Document,
     Removed,
-    TableWriter,
     documents_table,
+    iter_batches,
     make_doc_id,
     removed_table,
 )
-from tasks.data.step import StageResult, build_counts
+from tasks.data.readers import Rejection, check_string, decode_utf8, hf_dataset, jsonl_lines, parse_json_line, parquet_columns, parquet_records
+from tasks.data.step import DataStep, StageResult
 
 STAGE = "collect"
 BATCH = 2048
-
-
-class Rejection(Exception):
-    """A record that cannot become a document; `reason` is a short machine-readable name."""
-
-    def __init__(self, reason: str, detail: str = "", raw: bytes | None = None, text: str = ""):
-        super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail, self.raw, self.text = reason, detail, raw, text
 
 
 def check_text(value: Any, field: str) -> str:
     """Return the value as document text, or raise Rejection saying what is wrong."""
     if value is None:
         raise Rejection("missing_field", f"no '{field}' field")
-    if not isinstance(value, str):
-        raise Rejection("wrong_type", f"'{field}' is {type(value).__name__}, expected a string", text=repr(value)[:1000])
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:  # lone surrogates from JSON escapes
-        raise Rejection("invalid_unicode", str(exc), text=value.encode("utf-8", "replace").decode()) from None
-    if not value.strip():
-        raise Rejection("empty_text", f"'{field}' is empty or whitespace")
-    return value
-
-
-def decode_utf8(raw: bytes) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise Rejection("invalid_utf8", f"byte {exc.start}: {exc.reason}", raw=raw, text=raw.decode("utf-8", "replace")) from None
-
-
-def _open_lines(path: Path):
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rb")
-    return open(path, "rb")
+    return check_string(value, f"'{field}'")
 
 
 def read_jsonl(path: Path, source: SourceConfig) -> Iterator[tuple[str, Any]]:
     """Yield (locator, text-or-Rejection) for each line of a JSONL(.gz) file."""
-    with _open_lines(path) as fh:
-        lineno = 0
-        while True:
-            try:
-                raw = fh.readline(source.max_line_bytes + 1)
-            except (EOFError, gzip.BadGzipFile, OSError) as exc:
-                yield f"line:{lineno + 1}", Rejection("corrupt_file", f"{type(exc).__name__}: {exc}")
-                return
-            if not raw:
-                return
-            lineno += 1
-            locator = f"line:{lineno}"
-            if len(raw) > source.max_line_bytes:
-                # Skip the rest of the over-long line without holding it in memory.
-                size = len(raw)
-                while raw and not raw.endswith(b"\n"):
-                    raw = fh.readline(1 << 20)
-                    size += len(raw)
-                yield locator, Rejection("line_too_long", f"{size} bytes > max_line_bytes={source.max_line_bytes}")
-                continue
-            if not raw.strip():
-                continue  # blank lines are layout, not records
-            yield locator, _parse_json_record(raw, source)
+    for locator, raw in jsonl_lines(path, source.max_line_bytes):
+        yield locator, raw if isinstance(raw, Rejection) else _json_text(raw, source)
 
 
-def _parse_json_record(raw: bytes, source: SourceConfig) -> Any:
-    try:
-        line = decode_utf8(raw)
-    except Rejection as rej:
-        return rej
-    try:
-        obj = json.loads(line)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        return Rejection("malformed_json", str(exc)[:200], raw=raw, text=line[:100_000])
+def _json_text(raw: bytes, source: SourceConfig) -> Any:
+    """A JSONL line's text or (id, text), or the Rejection saying why not."""
+    obj, line = parse_json_line(raw)
+    if isinstance(obj, Rejection):
+        return obj
     if not isinstance(obj, dict):
         return Rejection("not_an_object", f"JSON {type(obj).__name__}, expected an object", text=line[:100_000])
     try:
@@ -122,23 +63,22 @@ def _parse_json_record(raw: bytes, source: SourceConfig) -> Any:
 
 
 def read_parquet(path: Path, source: SourceConfig) -> Iterator[tuple[str, Any]]:
-    pf = pq.ParquetFile(path)
-    if source.text_field not in pf.schema_arrow.names:
-        yield "file", Rejection("missing_field", f"no column '{source.text_field}' (columns: {pf.schema_arrow.names})")
+    columns = parquet_columns(path)
+    if source.text_field not in columns:
+        yield "file", Rejection("missing_field", f"no column '{source.text_field}' (columns: {columns})")
         return
-    columns = [source.text_field] + ([source.id_field] if source.id_field and source.id_field in pf.schema_arrow.names else [])
-    row = 0
-    for batch in pf.iter_batches(batch_size=BATCH, columns=columns):
-        texts = batch.column(0).to_pylist()
-        ids = batch.column(1).to_pylist() if batch.num_columns > 1 else [None] * len(texts)
-        for value, rid in zip(texts, ids):
-            locator = f"row:{row}"
-            row += 1
-            try:
-                text = check_text(value, source.text_field)
-                yield locator, ((str(rid), text) if rid is not None else text)
-            except Rejection as rej:
-                yield locator, rej
+    yield from _column_texts(parquet_records(path, [source.text_field, source.id_field or source.text_field]), source)
+
+
+def _column_texts(records: Iterable[tuple[str, dict]], source: SourceConfig) -> Iterator[tuple[str, Any]]:
+    """(locator, text | (id, text) | Rejection) of tabular records (Parquet rows, dataset rows)."""
+    for locator, rec in records:
+        try:
+            text = check_text(rec.get(source.text_field), source.text_field)
+            rid = rec.get(source.id_field) if source.id_field else None
+            yield locator, ((str(rid), text) if rid is not None else text)
+        except Rejection as rej:
+            yield locator, rej
 
 
 def read_text_file(path: Path) -> Any:
@@ -152,25 +92,12 @@ def read_text_file(path: Path) -> Any:
 
 
 def read_hf_dataset(catalog: Catalog, source: SourceConfig) -> Iterator[tuple[str, Any]]:
-    import datasets
-
-    opts = source.hf
-    assert opts is not None
-    data_files = opts.data_files
-    if data_files is not None:
-        files = [data_files] if isinstance(data_files, str) else data_files
-        data_files = [str((catalog.root / f).resolve()) for f in files]
-    ds = datasets.load_dataset(opts.name, opts.config, data_files=data_files, split=opts.split, revision=opts.revision)
+    assert source.hf is not None
+    ds = hf_dataset(source.hf, catalog.root)
     if source.text_field not in ds.column_names:
         yield "dataset", Rejection("missing_field", f"no column '{source.text_field}' (columns: {ds.column_names})")
         return
-    for i, rec in enumerate(ds):
-        try:
-            text = check_text(rec.get(source.text_field), source.text_field)
-            rid = rec.get(source.id_field) if source.id_field else None
-            yield f"row:{i}", ((str(rid), text) if rid is not None else text)
-        except Rejection as rej:
-            yield f"row:{i}", rej
+    yield from _column_texts(((f"row:{i}", rec) for i, rec in enumerate(ds)), source)
 
 
 def iter_records(catalog: Catalog, source: SourceConfig, files: list[Path]) -> Iterator[tuple[str, str, Any]]:
@@ -225,74 +152,62 @@ def collect_source(
     """Read one source into `out_dir/<name>.parquet`; rejects into `<name>.removed.parquet`."""
     files = input_files if input_files is not None else source_inputs(catalog, source)
     out_dir.mkdir(parents=True, exist_ok=True)
-    out_path = out_dir / f"{source.name}.parquet"
-    removed_path = out_dir / f"{source.name}.removed.parquet"
-    docs: list[Document] = []
-    rejects: list[Removed] = []
-    reasons: Counter = Counter()
-    n_in = n_out = 0
     try:
-        with TableWriter(out_path, DOCUMENT_SCHEMA) as kept_w, TableWriter(removed_path, REMOVED_SCHEMA) as rej_w:
-            for path, locator, rec in iter_records(catalog, source, files):
-                if source.max_documents is not None and n_out >= source.max_documents:
-                    break
-                n_in += 1
-                if isinstance(rec, tuple):
-                    rid, rec = rec
-                    locator = f"{locator}#id={rid}"
-                doc_id = make_doc_id(source.name, path, locator)
-                if isinstance(rec, Rejection):
-                    reasons[rec.reason] += 1
-                    rejects.append(
-                        Removed(
-                            doc_id=doc_id, source=source.name, text=rec.text or "", stage=STAGE, reason=rec.reason,
-                            licence=source.licence, path=path, locator=locator, detail=rec.detail[:1000], raw=rec.raw,
-                        )
-                    )
-                else:
-                    n_out += 1
-                    docs.append(Document(doc_id, source.name, rec, source.licence, path, locator))
-                if len(docs) >= BATCH:
-                    kept_w.write(documents_table(docs))
-                    docs.clear()
-                if len(rejects) >= BATCH:
-                    rej_w.write(removed_table(rejects))
-                    rejects.clear()
-            kept_w.write(documents_table(docs))
-            rej_w.write(removed_table(rejects))
+        with DataStep(STAGE, out_dir / f"{source.name}.parquet", out_dir / f"{source.name}.removed.parquet") as step:
+            n_in = _collect_records(step, catalog, source, files)
     except OSError as exc:
         # Still an OSError of the same errno subclass, so the task retries it, but naming the source.
         if exc.errno is None:  # e.g. pyarrow's I/O errors
             raise OSError(f"source '{source.name}': {exc}") from exc
         raise OSError(exc.errno, f"source '{source.name}': {exc.strerror or exc}", exc.filename) from exc
-    stats: dict[str, float | int | str] = {}
-    if n_in == 0:
-        stats["warning"] = f"source '{source.name}' produced no records"
-    result = StageResult(
-        stage=STAGE,
-        output=out_path,
-        removed=removed_path,
-        counts=build_counts(Counter({source.name: n_in}), Counter({source.name: n_out}), {source.name: reasons}),
-        stats=stats,
-    )
-    result.check_conservation()
-    return result
+    step.read_count(source.name, n_in)
+    return step.result({"warning": f"source '{source.name}' produced no records"} if n_in == 0 else {})
+
+
+def _collect_records(step: DataStep, catalog: Catalog, source: SourceConfig, files: list[Path]) -> int:
+    """Turn every record of `source` into a kept document or a quarantined row; return how many were read."""
+    docs: list[Document] = []
+    rejects: list[Removed] = []
+    n_in = n_out = 0
+    for path, locator, rec in iter_records(catalog, source, files):
+        if source.max_documents is not None and n_out >= source.max_documents:
+            break
+        n_in += 1
+        if isinstance(rec, tuple):
+            rid, rec = rec
+            locator = f"{locator}#id={rid}"
+        doc_id = make_doc_id(source.name, path, locator)
+        if isinstance(rec, Rejection):
+            rejects.append(rec.removed(doc_id, source, path, locator, STAGE))
+        else:
+            n_out += 1
+            docs.append(Document(doc_id, source.name, rec, source.licence, path, locator))
+        if len(docs) >= BATCH:
+            step.keep(documents_table(docs))
+            docs.clear()
+        if len(rejects) >= BATCH:
+            step.remove(removed_table(rejects))
+            rejects.clear()
+    step.keep(documents_table(docs))
+    step.remove(removed_table(rejects))
+    return n_in
 
 
 def merge_results(results: list[StageResult], out_path: Path, removed_path: Path, stage: str = STAGE) -> StageResult:
     """Concatenate per-source outputs (in catalog order) into one documents and one removed file."""
-    counts: dict[str, dict[str, int]] = {}
-    stats: dict[str, float | int | str] = {}
-    with TableWriter(out_path, DOCUMENT_SCHEMA) as kept_w, TableWriter(removed_path, REMOVED_SCHEMA) as rej_w:
+    with DataStep(stage, out_path, removed_path) as step:
         for r in results:
-            for batch in pq.ParquetFile(r.output).iter_batches(batch_size=BATCH):
-                kept_w.write(batch)
+            for batch in iter_batches(r.output, batch_size=BATCH):
+                step.keep(batch)
             if r.removed is not None:
-                for batch in pq.ParquetFile(r.removed).iter_batches(batch_size=BATCH):
-                    rej_w.write(batch)
-            counts.update(r.counts)
-            stats.update({f"{k}:{src}": v for k, v in r.stats.items() for src in r.counts})
-    return StageResult(stage=stage, output=out_path, removed=removed_path, counts=counts, stats=stats)
+                for batch in iter_batches(r.removed, batch_size=BATCH):
+                    step.remove(pa.Table.from_batches([batch]))
+    # Sources keep their catalog order (the funnel's order), not the step's sorted one.
+    counts = {source: c for r in results for source, c in r.counts.items()}
+    stats = {f"{k}:{src}": v for r in results for k, v in r.stats.items() for src in r.counts}
+    result = StageResult(stage=stage, output=out_path, removed=removed_path, counts=counts, stats=stats, seconds=round(step.elapsed, 3))
+    result.check_conservation()
+    return result
 
 
 def _retry_on_io_error(task_obj, task_run, state) -> bool:

@@ -51,6 +51,8 @@ def make_doc_id(source: str, path: str, locator: str) -> str:
 
 @dataclass
 class Document:
+    """One document of DOCUMENT_SCHEMA."""
+
     doc_id: str
     source: str
     text: str
@@ -59,16 +61,12 @@ class Document:
     locator: str | None = None
 
 
-@dataclass
-class Removed:
-    doc_id: str
-    source: str
-    text: str
+@dataclass(kw_only=True)
+class Removed(Document):
+    """A document a stage dropped (or a record it could not read), and why."""
+
     stage: str
     reason: str
-    licence: str | None = None
-    path: str | None = None
-    locator: str | None = None
     detail: str | None = None
     duplicate_of: str | None = None
     similarity: float | None = None
@@ -82,18 +80,23 @@ def write_table_atomic(table: pa.Table, final: Path, compression: str = "zstd") 
     return Path(final)
 
 
+def _rows_table(rows: Iterable, row_type: type, schema: pa.Schema) -> pa.Table:
+    dicts = [asdict(r) if isinstance(r, row_type) else r for r in rows]
+    return pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in dicts], schema=schema)
+
+
 def documents_table(docs: Iterable[Document | dict]) -> pa.Table:
-    rows = [asdict(d) if isinstance(d, Document) else d for d in docs]
-    return pa.Table.from_pylist(
-        [{k: r.get(k) for k in DOCUMENT_SCHEMA.names} for r in rows], schema=DOCUMENT_SCHEMA
-    )
+    return _rows_table(docs, Document, DOCUMENT_SCHEMA)
 
 
 def removed_table(rows: Iterable[Removed | dict]) -> pa.Table:
-    dicts = [asdict(r) if isinstance(r, Removed) else r for r in rows]
-    return pa.Table.from_pylist(
-        [{k: r.get(k) for k in REMOVED_SCHEMA.names} for r in dicts], schema=REMOVED_SCHEMA
-    )
+    return _rows_table(rows, Removed, REMOVED_SCHEMA)
+
+
+def as_documents(batch: pa.RecordBatch | pa.Table) -> pa.Table:
+    """A batch read from a documents file, as a table of exactly DOCUMENT_SCHEMA."""
+    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+    return table.select(DOCUMENT_SCHEMA.names).cast(DOCUMENT_SCHEMA)
 
 
 def removed_from_documents(

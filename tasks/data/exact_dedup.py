@@ -8,15 +8,14 @@ Streams record batches; memory grows only with the set of 32-byte digests seen.
 from __future__ import annotations
 
 import hashlib
-from collections import Counter, defaultdict
 from pathlib import Path
 
 import pyarrow as pa
 from prefect import task
 
 from infra.config import StrictModel
-from tasks.data.documents import DOCUMENT_SCHEMA, REMOVED_SCHEMA, TableWriter, iter_batches, removed_from_documents
-from tasks.data.step import StageResult, build_counts, count_by_source
+from tasks.data.documents import DOCUMENT_SCHEMA, as_documents, iter_batches, removed_from_documents
+from tasks.data.step import DataStep, StageResult
 from tasks.data.text_normalize import normalize_text
 
 STAGE = "exact_dedup"
@@ -30,65 +29,55 @@ class ExactDedupConfig(StrictModel):
 
 def exact_dedup(in_path: Path, out_path: Path, removed_path: Path, cfg: ExactDedupConfig) -> StageResult:
     """Remove empty and exactly repeated documents from `in_path`; write kept and removed files."""
-    in_path, out_path, removed_path = Path(in_path), Path(out_path), Path(removed_path)
+    in_path = Path(in_path)
     if not in_path.is_file():
         raise FileNotFoundError(f"exact_dedup: input {in_path} does not exist; run the collect stage first")
     first_id: dict[bytes, str] = {}  # sha256 of normalised text -> doc_id of its first copy
-    inputs: Counter = Counter()
-    kept: Counter = Counter()
-    removed: dict[str, Counter] = defaultdict(Counter)
-    with TableWriter(out_path, DOCUMENT_SCHEMA) as out_w, TableWriter(removed_path, REMOVED_SCHEMA) as rem_w:
+    with DataStep(STAGE, out_path, removed_path) as step:
         for batch in iter_batches(in_path):
-            table = pa.Table.from_batches([batch]).select(DOCUMENT_SCHEMA.names).cast(DOCUMENT_SCHEMA)
-            inputs.update(count_by_source(table))
-            texts = table.column("text").to_pylist()
-            ids = table.column("doc_id").to_pylist()
-            if cfg.normalize:
-                texts = [normalize_text(t) for t in texts]
-            keep_rows: list[int] = []
-            drop_rows: list[int] = []
-            reasons: list[str] = []
-            dup_of: list[str | None] = []
-            for i, text in enumerate(texts):
-                if not text.strip():
-                    drop_rows.append(i)
-                    reasons.append(EMPTY)
-                    dup_of.append(None)
-                    continue
-                digest = hashlib.sha256(text.encode("utf-8")).digest()
-                original = first_id.get(digest)
-                if original is None:
-                    first_id[digest] = ids[i]
-                    keep_rows.append(i)
-                else:
-                    drop_rows.append(i)
-                    reasons.append(DUPLICATE)
-                    dup_of.append(original)
-            if keep_rows:
-                keep_idx = pa.array(keep_rows, pa.int64())
-                out = table.take(keep_idx)
-                if cfg.normalize:
-                    out = out.set_column(
-                        out.schema.get_field_index("text"), DOCUMENT_SCHEMA.field("text"),
-                        pa.array([texts[i] for i in keep_rows], pa.string()),
-                    )
-                out_w.write(out)
-                kept.update(count_by_source(out))
-            if drop_rows:
-                gone = table.take(pa.array(drop_rows, pa.int64()))
-                # Removed rows keep the original text: that is what was collected and dropped.
-                rem_w.write(removed_from_documents(gone, STAGE, reasons, duplicate_of=dup_of))
-                for source, reason in zip(gone.column("source").to_pylist(), reasons):
-                    removed[source][reason] += 1
-    result = StageResult(
-        stage=STAGE,
-        output=out_path,
-        removed=removed_path,
-        counts=build_counts(inputs, kept, removed),
-        stats={"unique_texts": len(first_id)},
-    )
-    result.check_conservation()
-    return result
+            table = as_documents(batch)
+            step.read(table)
+            _dedup_batch(step, table, first_id, cfg.normalize)
+    return step.result({"unique_texts": len(first_id)})
+
+
+def _dedup_batch(step: DataStep, table: pa.Table, first_id: dict[bytes, str], normalize: bool) -> None:
+    """Keep the first copy of each text of `table` (updating `first_id`), remove the others."""
+    texts = table.column("text").to_pylist()
+    ids = table.column("doc_id").to_pylist()
+    if normalize:
+        texts = [normalize_text(t) for t in texts]
+    keep_rows: list[int] = []
+    drop_rows: list[int] = []
+    reasons: list[str] = []
+    dup_of: list[str | None] = []
+    for i, text in enumerate(texts):
+        if not text.strip():
+            drop_rows.append(i)
+            reasons.append(EMPTY)
+            dup_of.append(None)
+            continue
+        digest = hashlib.sha256(text.encode("utf-8")).digest()
+        original = first_id.get(digest)
+        if original is None:
+            first_id[digest] = ids[i]
+            keep_rows.append(i)
+        else:
+            drop_rows.append(i)
+            reasons.append(DUPLICATE)
+            dup_of.append(original)
+    if keep_rows:
+        out = table.take(pa.array(keep_rows, pa.int64()))
+        if normalize:
+            out = out.set_column(
+                out.schema.get_field_index("text"), DOCUMENT_SCHEMA.field("text"),
+                pa.array([texts[i] for i in keep_rows], pa.string()),
+            )
+        step.keep(out)
+    if drop_rows:
+        gone = table.take(pa.array(drop_rows, pa.int64()))
+        # Removed rows keep the original text: that is what was collected and dropped.
+        step.remove(removed_from_documents(gone, STAGE, reasons, duplicate_of=dup_of))
 
 
 exact_dedup_task = task(exact_dedup, name="exact_dedup")

@@ -13,20 +13,17 @@ otherwise it is kept and indexed. Documents with no words are kept and never
 indexed: the Jaccard similarity of empty sets is undefined, and exact dedup has
 already dropped empty texts in the pipeline.
 
-Worker processes are spawned (not forked: the caller may hold threads), so a script
-that calls this on a large input needs the usual `if __name__ == "__main__":` guard.
+Signatures are computed in the data stages' one process pool (tasks/data/parallel.py),
+whose spawned workers need the usual `if __name__ == "__main__":` guard in a script.
 """
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
-import os
 import time
-from collections import Counter, defaultdict, deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -37,8 +34,11 @@ from pydantic import Field, model_validator
 from tqdm.auto import tqdm
 
 from infra.config import StrictModel
-from tasks.data.documents import DOCUMENT_SCHEMA, REMOVED_SCHEMA, TableWriter, iter_batches, removed_from_documents
-from tasks.data.step import StageResult, build_counts, count_by_source
+from tasks.data import parallel
+from tasks.data.documents import as_documents, iter_batches, removed_from_documents
+from tasks.data.step import DataStep, StageResult
+
+T = TypeVar("T")
 
 STAGE = "near_dedup"
 REASON = "near_duplicate"
@@ -173,57 +173,22 @@ def plan_workers(cfg: NearDedupConfig, n_docs: int) -> int:
     An explicit `workers` is used whenever there is more than one batch. With
     workers=0 (auto) every usable core is used, but only from _AUTO_PARALLEL_MIN_DOCS
     documents: a spawned worker first spends seconds importing this module."""
-    batches = -(-n_docs // cfg.batch_size)
-    if cfg.workers > 0:
-        return max(1, min(cfg.workers, batches))
-    if n_docs < _AUTO_PARALLEL_MIN_DOCS:
-        return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, batches))
+    return parallel.plan_workers(n_docs, cfg.batch_size, cfg.workers, parallel_from=_AUTO_PARALLEL_MIN_DOCS)
 
 
-def _pool(workers: int) -> ProcessPoolExecutor:
-    # spawn, not fork: the parent may hold threads (Prefect, pyarrow) whose locks a fork would copy held.
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
-
-
-def _ordered_signatures(
-    batches: Iterator, cfg: NearDedupConfig, pool: Executor | None, workers: int
-) -> Iterator[tuple[object, np.ndarray, np.ndarray, float]]:
-    """Yield (batch, signatures, shingle counts, seconds) in input order.
-
-    At most two jobs per worker are in flight, so memory stays bounded however long the input."""
+def _signature_jobs(tagged_texts: Iterable[tuple[T, Sequence[str] | pa.Array]], cfg: NearDedupConfig) -> Iterator[tuple[T, tuple]]:
     perms = permutations(cfg)
-    if pool is None:
-        for batch, texts in batches:
-            yield batch, *_signature_job(texts, cfg.ngram, perms, cfg.scheme)
-        return
-    window: deque[tuple[object, Future]] = deque()
-    limit = 2 * workers
-    for batch, texts in batches:
-        window.append((batch, pool.submit(_signature_job, texts, cfg.ngram, perms, cfg.scheme)))
-        if len(window) >= limit:
-            done_batch, fut = window.popleft()
-            yield done_batch, *fut.result()
-    while window:
-        done_batch, fut = window.popleft()
-        yield done_batch, *fut.result()
+    for tag, texts in tagged_texts:
+        yield tag, (texts, cfg.ngram, perms, cfg.scheme)
 
 
 def compute_signatures(texts: list[str], cfg: NearDedupConfig) -> np.ndarray:
     """MinHash signatures of `texts`, shape [n, num_perm], dtype as datasketch stores the
     scheme (uint32 for affine32, uint64 otherwise); a text with no words gets the empty
     sketch (all maximum hash). Uses `cfg.workers` processes for more than one batch."""
-    batches = [(None, texts[i : i + cfg.batch_size]) for i in range(0, len(texts), cfg.batch_size)]
-    workers = plan_workers(cfg, len(texts))
-    if workers > 1:
-        with _pool(workers) as pool:
-            parts = [sigs for _, sigs, _, _ in _ordered_signatures(iter(batches), cfg, pool, workers)]
-    else:
-        parts = [sigs for _, sigs, _, _ in _ordered_signatures(iter(batches), cfg, None, 1)]
+    batches = ((None, texts[i : i + cfg.batch_size]) for i in range(0, len(texts), cfg.batch_size))
+    jobs = _signature_jobs(batches, cfg)
+    parts = [sigs for _, (sigs, _, _) in parallel.ordered_map(_signature_job, jobs, plan_workers(cfg, len(texts)))]
     if not parts:
         return np.empty((0, cfg.num_perm), dtype=_DTYPE[cfg.scheme])
     return np.concatenate(parts)
@@ -264,94 +229,87 @@ class _KeptIndex:
         self.lsh.insert(key, sketch, check_duplication=False)
 
 
+@dataclass
+class _Tally:
+    """What near dedup measures besides the counts: removals, similarities, seconds."""
+
+    dup_targets: set[str] = field(default_factory=set)
+    similarities: list[float] = field(default_factory=list)
+    unindexed: int = 0
+    sig_seconds: float = 0.0
+    lsh_seconds: float = 0.0
+    lsh_cpu: float = 0.0
+
+
 def near_dedup(in_path: Path, out_path: Path, removed_path: Path, cfg: NearDedupConfig) -> StageResult:
     """Remove near-duplicate documents of `in_path` (see module docstring); write kept and removed files."""
-    in_path, out_path, removed_path = Path(in_path), Path(out_path), Path(removed_path)
+    in_path = Path(in_path)
     if not in_path.is_file():
         raise FileNotFoundError(f"near_dedup: input {in_path} does not exist; run the exact_dedup stage first")
     total_rows = pq.ParquetFile(in_path).metadata.num_rows
     workers = plan_workers(cfg, total_rows)
     index = _KeptIndex(cfg)
-    inputs: Counter = Counter()
-    kept: Counter = Counter()
-    removed: dict[str, Counter] = defaultdict(Counter)
-    dup_targets: set[str] = set()
-    similarities: list[float] = []
-    unindexed = 0
-    sig_seconds = lsh_seconds = lsh_cpu = 0.0
-    started = time.perf_counter()
+    tally = _Tally()
+    tables = (as_documents(b) for b in iter_batches(in_path, batch_size=cfg.batch_size))
+    jobs = _signature_jobs(((t, t.column("text")) for t in tables), cfg)
+    with DataStep(STAGE, out_path, removed_path) as step, tqdm(total=total_rows, unit="doc", desc=STAGE, disable=None) as progress:
+        for table, (sigs, n_shingles, secs) in parallel.ordered_map(_signature_job, jobs, workers):
+            tally.sig_seconds += secs
+            _dedup_batch(step, table, sigs, n_shingles, index, tally)
+            progress.update(table.num_rows)
+    return step.result(_stats(tally, index, workers, step.elapsed))
 
-    def batches() -> Iterator[tuple[pa.Table, pa.ChunkedArray]]:
-        for batch in iter_batches(in_path, batch_size=cfg.batch_size):
-            table = pa.Table.from_batches([batch]).select(DOCUMENT_SCHEMA.names).cast(DOCUMENT_SCHEMA)
-            yield table, table.column("text")
 
-    pool = _pool(workers) if workers > 1 else None
-    try:
-        with TableWriter(out_path, DOCUMENT_SCHEMA) as out_w, TableWriter(removed_path, REMOVED_SCHEMA) as rem_w, tqdm(
-            total=total_rows, unit="doc", desc=STAGE, disable=None
-        ) as progress:
-            for table, sigs, n_shingles, secs in _ordered_signatures(batches(), cfg, pool, workers):
-                sig_seconds += secs
-                t0, c0 = time.perf_counter(), time.thread_time()
-                ids = table.column("doc_id").to_pylist()
-                keep_rows: list[int] = []
-                drop_rows: list[int] = []
-                dup_of: list[str] = []
-                sims: list[float] = []
-                for i, doc_id in enumerate(ids):
-                    if n_shingles[i] == 0:
-                        unindexed += 1
-                        keep_rows.append(i)
-                        continue
-                    sketch = LeanMinHash(seed=cfg.seed, hashvalues=sigs[i], scheme=cfg.scheme)
-                    match = index.best_match(sketch)
-                    if match is not None and match[1] >= cfg.threshold:
-                        drop_rows.append(i)
-                        dup_of.append(index.ids[match[0]])
-                        sims.append(match[1])
-                    else:
-                        keep_rows.append(i)
-                        index.add(doc_id, sketch)
-                lsh_seconds += time.perf_counter() - t0
-                lsh_cpu += time.thread_time() - c0
-                if keep_rows:
-                    out = table.take(pa.array(keep_rows, pa.int64()))
-                    out_w.write(out)
-                    kept.update(count_by_source(out))
-                if drop_rows:
-                    gone = table.take(pa.array(drop_rows, pa.int64()))
-                    rem_w.write(removed_from_documents(gone, STAGE, [REASON] * len(drop_rows), duplicate_of=dup_of, similarity=sims))
-                    for source, n in count_by_source(gone).items():
-                        removed[source][REASON] += n
-                    dup_targets.update(dup_of)
-                    similarities.extend(sims)
-                inputs.update(count_by_source(table))
-                progress.update(table.num_rows)
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-    result = StageResult(
-        stage=STAGE,
-        output=out_path,
-        removed=removed_path,
-        counts=build_counts(inputs, kept, removed),
-        stats={
-            "clusters_with_removals": len(dup_targets),
-            "mean_similarity_removed": round(float(np.mean(similarities)), 6) if similarities else 0.0,
-            # CPU seconds stay comparable on a busy machine; these are summed over worker processes.
-            "cpu_seconds_signatures": round(sig_seconds, 3),
-            "seconds_lsh": round(lsh_seconds, 3),  # wall seconds of query + insert, in this process
-            "cpu_seconds_lsh": round(lsh_cpu, 3),
-            "seconds_total": round(time.perf_counter() - started, 3),
-            "lsh_bands": index.lsh.b,
-            "lsh_rows": index.lsh.r,
-            "workers": workers,
-            "unindexed_empty": unindexed,
-        },
-    )
-    result.check_conservation()
-    return result
+def _dedup_batch(
+    step: DataStep, table: pa.Table, sigs: np.ndarray, n_shingles: np.ndarray, index: _KeptIndex, tally: _Tally
+) -> None:
+    """Keep or remove each document of one batch, in order, against the kept index."""
+    cfg = index.cfg
+    t0, c0 = time.perf_counter(), time.thread_time()
+    keep_rows: list[int] = []
+    drop_rows: list[int] = []
+    dup_of: list[str] = []
+    sims: list[float] = []
+    for i, doc_id in enumerate(table.column("doc_id").to_pylist()):
+        if n_shingles[i] == 0:
+            tally.unindexed += 1
+            keep_rows.append(i)
+            continue
+        sketch = LeanMinHash(seed=cfg.seed, hashvalues=sigs[i], scheme=cfg.scheme)
+        match = index.best_match(sketch)
+        if match is not None and match[1] >= cfg.threshold:
+            drop_rows.append(i)
+            dup_of.append(index.ids[match[0]])
+            sims.append(match[1])
+        else:
+            keep_rows.append(i)
+            index.add(doc_id, sketch)
+    tally.lsh_seconds += time.perf_counter() - t0
+    tally.lsh_cpu += time.thread_time() - c0
+    if keep_rows:
+        step.keep(table.take(pa.array(keep_rows, pa.int64())))
+    if drop_rows:
+        gone = table.take(pa.array(drop_rows, pa.int64()))
+        step.remove(removed_from_documents(gone, STAGE, [REASON] * len(drop_rows), duplicate_of=dup_of, similarity=sims))
+        tally.dup_targets.update(dup_of)
+        tally.similarities.extend(sims)
+    step.read(table)
+
+
+def _stats(tally: _Tally, index: _KeptIndex, workers: int, seconds: float) -> dict[str, float | int]:
+    return {
+        "clusters_with_removals": len(tally.dup_targets),
+        "mean_similarity_removed": round(float(np.mean(tally.similarities)), 6) if tally.similarities else 0.0,
+        # CPU seconds stay comparable on a busy machine; these are summed over worker processes.
+        "cpu_seconds_signatures": round(tally.sig_seconds, 3),
+        "seconds_lsh": round(tally.lsh_seconds, 3),  # wall seconds of query + insert, in this process
+        "cpu_seconds_lsh": round(tally.lsh_cpu, 3),
+        "seconds_total": round(seconds, 3),
+        "lsh_bands": index.lsh.b,
+        "lsh_rows": index.lsh.r,
+        "workers": workers,
+        "unindexed_empty": tally.unindexed,
+    }
 
 
 near_dedup_task = task(near_dedup, name="near_dedup")

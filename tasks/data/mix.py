@@ -7,7 +7,6 @@ up-sampled by whole repeats plus a seeded sample. Deterministic for a seed.
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from pathlib import Path
 from typing import Literal
 
@@ -19,8 +18,8 @@ from prefect import task
 from pydantic import Field
 
 from infra.config import StrictModel
-from tasks.data.documents import DOCUMENT_SCHEMA, REMOVED_SCHEMA, TableWriter, removed_from_documents
-from tasks.data.step import StageResult, build_counts, count_by_source
+from tasks.data.documents import DOCUMENT_SCHEMA, removed_from_documents
+from tasks.data.step import DataStep, StageResult, count_by_source
 
 STAGE = "mix"
 REPEAT_COLUMN = "repeat"  # 0 for the first copy of a document, 1.. for up-sampled copies
@@ -130,23 +129,13 @@ def rebalance_mix(
     rep_no = np.arange(len(picked)) - starts
     out = table.take(pa.array(picked, pa.int64())).append_column(REPEAT_COLUMN, pa.array(rep_no, pa.int32()))
     schema = DOCUMENT_SCHEMA.append(pa.field(REPEAT_COLUMN, pa.int32()))
-    with TableWriter(out_path, schema) as w:
-        w.write(out)
-    dropped = table.filter(pa.array(counts_all == 0))
-    with TableWriter(removed_path, REMOVED_SCHEMA) as w:
-        w.write(removed_from_documents(dropped, STAGE, ["downsampled"] * dropped.num_rows))
-    kept_docs = count_by_source(table.filter(pa.array(counts_all > 0)))
+    with DataStep(STAGE, out_path, removed_path, schema=schema) as step:
+        step.read(table)
+        step.keep(out, counted=table.filter(pa.array(counts_all > 0)))
+        dropped = table.filter(pa.array(counts_all == 0))
+        step.remove(removed_from_documents(dropped, STAGE, ["downsampled"] * dropped.num_rows))
     rows = count_by_source(out)
-    result = StageResult(
-        stage=STAGE,
-        output=out_path,
-        removed=removed_path,
-        counts=build_counts(count_by_source(table), kept_docs, {s: Counter({"downsampled": c}) for s, c in count_by_source(dropped).items()}),
-        stats={f"rows:{s}": int(rows.get(s, 0)) for s in names},
-        report=report,
-    )
-    result.check_conservation()
-    return result
+    return step.result({f"rows:{s}": int(rows.get(s, 0)) for s in names}, report=report)
 
 
 rebalance_mix_task = task(rebalance_mix, name="mix")

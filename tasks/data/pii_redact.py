@@ -20,8 +20,8 @@ from prefect import task
 from pydantic import Field
 
 from infra.config import StrictModel
-from tasks.data.documents import DOCUMENT_SCHEMA, TableWriter
-from tasks.data.step import StageResult, build_counts
+from tasks.data.documents import DOCUMENT_SCHEMA
+from tasks.data.step import DataStep, StageResult
 
 STAGE = "pii"
 BATCH_ROWS = 2048
@@ -158,37 +158,28 @@ def redact_text(text: str, cfg: PiiConfig) -> tuple[str, dict[str, int]]:
 
 def pii_redact(in_path: Path, out_path: Path, cfg: PiiConfig) -> StageResult:
     """Redact every document of `in_path` into `out_path`; counts in == out, redactions in stats."""
-    inputs: Counter = Counter()
-    per_kind: Counter = Counter()
-    changed = 0
+    stats: Counter = Counter({"redacted_email": 0, "redacted_ip_address": 0, "docs_redacted": 0})
     pf = pq.ParquetFile(in_path)
-    with TableWriter(out_path, DOCUMENT_SCHEMA) as writer:
+    with DataStep(STAGE, out_path) as step:
         for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=DOCUMENT_SCHEMA.names):
             batch = batch.cast(DOCUMENT_SCHEMA)
-            sources = batch.column("source").to_pylist()
-            inputs.update(sources)
-            texts = batch.column("text").to_pylist()
-            new_texts = []
-            for source, text in zip(sources, texts):
-                new, counts = redact_text(text, cfg)
-                if counts:
-                    changed += 1
-                    for kind, n in counts.items():
-                        per_kind[f"redacted_{kind}"] += n
-                        per_kind[f"redacted_{kind}:{source}"] += n
-                new_texts.append(new)
+            step.read(batch)
+            new_texts = [_redact_counted(text, source, cfg, stats) for source, text in zip(
+                batch.column("source").to_pylist(), batch.column("text").to_pylist())]
             idx = DOCUMENT_SCHEMA.get_field_index("text")
-            writer.write(batch.set_column(idx, DOCUMENT_SCHEMA.field("text"), pa.array(new_texts, pa.string())))
-    stats: dict[str, int] = {"redacted_email": 0, "redacted_ip_address": 0, "docs_redacted": changed}
-    stats.update(per_kind)
-    result = StageResult(
-        stage=STAGE,
-        output=out_path,
-        counts=build_counts(inputs, inputs, {}),
-        stats=dict(sorted(stats.items())),
-    )
-    result.check_conservation()
-    return result
+            step.keep(batch.set_column(idx, DOCUMENT_SCHEMA.field("text"), pa.array(new_texts, pa.string())))
+    return step.result(dict(sorted(stats.items())))
+
+
+def _redact_counted(text: str, source: str, cfg: PiiConfig, stats: Counter) -> str:
+    """`text` redacted, with its redactions added to `stats` (in total and per source)."""
+    new, counts = redact_text(text, cfg)
+    if counts:
+        stats["docs_redacted"] += 1
+        for kind, n in counts.items():
+            stats[f"redacted_{kind}"] += n
+            stats[f"redacted_{kind}:{source}"] += n
+    return new
 
 
 pii_redact_task = task(pii_redact, name="pii")
