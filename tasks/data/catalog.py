@@ -29,22 +29,29 @@ class HfDatasetOptions(StrictModel):
     revision: str | None = None
 
 
-class SourceConfig(StrictModel):
+class SourceBase(StrictModel):
+    """What every catalog source has, pretraining (`SourceConfig`) or SFT (`sft_*` kinds)."""
+
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-    kind: SourceKind
     path: str | None = None  # file, folder or glob, relative to the catalog folder
+    licence: str
+    hf: HfDatasetOptions | None = None  # kind *hf_dataset: what to load
+    allow_outside_roots: bool = False  # files must lie under the data roots unless this is set
+
+
+class SourceConfig(SourceBase):
+    """One pretraining source of the catalog."""
+
+    kind: SourceKind
     glob: str = "**/*.txt"  # text_dir: which files are documents
     text_field: str = "text"
     id_field: str | None = None  # use the record's own id in the locator when present
     weight: float = 1.0  # target share of the mix (normalised over sources)
-    licence: str
     max_documents: int | None = Field(default=None, gt=0)
     max_epochs: float = Field(default=4.0, gt=0)  # cap on up-sampling repeats
     filters: dict[str, Any] = Field(default_factory=dict)  # a tasks.data.quality_rules.FilterSpec
     builtin: Literal["python_docs", "python_stdlib"] | None = None
-    hf: HfDatasetOptions | None = None
     max_line_bytes: int = Field(default=8 << 20, gt=0)  # longer JSONL lines are quarantined
-    allow_outside_roots: bool = False
 
     @field_validator("weight")
     @classmethod
@@ -88,21 +95,35 @@ class Catalog(StrictModel):
         return {s.name: FilterSpec.model_validate(s.filters) for s in self.sources}
 
 
-def _is_within(path: Path, roots: list[Path]) -> bool:
+def is_within(path: Path, roots: list[Path]) -> bool:
     return any(path == r or r in path.parents for r in roots)
+
+
+def has_glob(pattern: str | None) -> bool:
+    return any(ch in (pattern or "") for ch in "*?[")
+
+
+def match_files(root: Path, pattern: str, folder_glob: str) -> list[Path]:
+    """The files `pattern` names under `root`, sorted so every run sees the same order: a glob
+    (matched against `root` as given), every `folder_glob` file of a folder, else the path itself."""
+    if has_glob(pattern):
+        return sorted(Path(p) for p in globlib.glob(str(root / pattern), recursive=True) if Path(p).is_file())
+    base = (root / pattern).resolve()
+    if base.is_dir():
+        return sorted(p for p in base.glob(folder_glob) if p.is_file())
+    return [base]
+
+
+def folder_glob(kind: str) -> str:
+    """Which files of a folder a file-based source of `kind` reads."""
+    return "**/*.parquet" if kind.endswith("parquet") else "**/*.jsonl*"
 
 
 def source_files(catalog: Catalog, source: SourceConfig) -> list[Path]:
     """The files a file-based source reads, sorted so every run sees the same order."""
-    base = catalog.resolve(source)
     if source.kind == "text_dir":
-        return sorted(p for p in base.glob(source.glob) if p.is_file())
-    if any(ch in (source.path or "") for ch in "*?["):
-        return sorted(Path(p) for p in globlib.glob(str(catalog.root / source.path), recursive=True) if Path(p).is_file())
-    if base.is_dir():
-        pattern = "**/*.parquet" if source.kind == "parquet" else "**/*.jsonl*"
-        return sorted(p for p in base.glob(pattern) if p.is_file())
-    return [base]
+        return sorted(p for p in catalog.resolve(source).glob(source.glob) if p.is_file())
+    return match_files(catalog.root, source.path or "", folder_glob(source.kind))
 
 
 def _check_paths(catalog: Catalog, source: SourceConfig, origin: str, roots: list[Path]) -> None:
@@ -113,22 +134,22 @@ def _check_paths(catalog: Catalog, source: SourceConfig, origin: str, roots: lis
                 p = (catalog.root / f).resolve()
                 if not globlib.glob(str(p)):
                     raise ConfigError(f"{origin}: key 'hf.data_files': {f} matches no file (looked in {catalog.root})")
-                if not source.allow_outside_roots and not _is_within(p, roots):
+                if not source.allow_outside_roots and not is_within(p, roots):
                     raise ConfigError(f"{origin}: key 'hf.data_files': {f} is outside the data roots; set allow_outside_roots: true to allow it")
         return
     base = catalog.resolve(source)
-    has_glob = any(ch in (source.path or "") for ch in "*?[")
-    if not has_glob and not base.exists():
+    globbed = has_glob(source.path)
+    if not globbed and not base.exists():
         raise ConfigError(f"{origin}: key 'path': {source.path} does not exist (resolved to {base})")
     if source.kind == "text_dir" and not base.is_dir():
         raise ConfigError(f"{origin}: key 'path': {source.path} must be a folder for kind 'text_dir'")
     files = source_files(catalog, source)
-    if has_glob and not files:
+    if globbed and not files:
         raise ConfigError(f"{origin}: key 'path': glob {source.path} matches no file")
     if not source.allow_outside_roots:
         # Links are resolved, so a symlink pointing outside the roots is caught too.
-        for p in [base, *files] if not has_glob else files:
-            if not _is_within(p.resolve(), roots):
+        for p in [base, *files] if not globbed else files:
+            if not is_within(p.resolve(), roots):
                 raise ConfigError(
                     f"{origin}: key 'path': {p} resolves outside the data roots ({', '.join(map(str, roots))}); "
                     "set allow_outside_roots: true in this source to allow it"

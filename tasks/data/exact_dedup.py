@@ -38,7 +38,7 @@ def exact_dedup(in_path: Path, out_path: Path, removed_path: Path, cfg: ExactDed
             table = as_documents(batch)
             step.read(table)
             _dedup_batch(step, table, first_id, cfg.normalize)
-    return step.result({"unique_texts": len(first_id)})
+    return step.result({"unique_texts": len(first_id)}, duplicate_reason=DUPLICATE)
 
 
 def _dedup_batch(step: DataStep, table: pa.Table, first_id: dict[bytes, str], normalize: bool) -> None:

@@ -1,49 +1,47 @@
 """The data funnel: where every collected document ended, per source.
 
 collected = kept + rejected + exact_duplicates + near_duplicates + filtered (each rule),
-checked here so a lost or double-counted document fails the run.
+checked here so a lost or double-counted document fails the run. The columns and reasons
+come from the stage results, so a new rule or stage reason shows up without an edit here.
 """
 from __future__ import annotations
 
-from tasks.data.step import StageResult
-
-FIXED = ("collected", "rejected", "exact_duplicates", "near_duplicates", "filtered", "kept", "sampled_docs", "sampled_rows")
+from tasks.data.step import StageResult, check_conservation
 
 
 def build_funnel(
     collect: StageResult, exact: StageResult, near: StageResult, quality: StageResult, mix: StageResult
 ) -> dict[str, dict[str, int]]:
-    """Per-source funnel counts from the stage results, with per-rule filter counts."""
+    """Per-source funnel counts from the stage results, with per-reason counts.
+
+    The columns come from what the stages report: collect's removals are "rejected", a dedup
+    stage's duplicate reason gets its own column ("exact_duplicates", ...), and every
+    other removal of the dedup and filter stages is "filtered", with one "filtered:<reason>"
+    column per reason."""
     funnel: dict[str, dict[str, int]] = {}
     for source, c in collect.counts.items():
-        e, n, q, m = (r.counts.get(source, {}) for r in (exact, near, quality, mix))
-        row = {
-            "collected": c.get("in", 0),
-            "rejected": collect.removed_total(source),
-            "exact_duplicates": e.get("exact_duplicate", 0),
-            "near_duplicates": n.get("near_duplicate", 0),
-        }
-        # Anything else a dedup stage removed (e.g. empty after normalisation) is a filter.
-        rules = {k: v for k, v in e.items() if k not in ("in", "out", "exact_duplicate")}
-        rules.update({k: v for k, v in n.items() if k not in ("in", "out", "near_duplicate")})
-        rules.update({k: v for k, v in q.items() if k not in ("in", "out")})
+        row = {"collected": c.get("in", 0), "rejected": collect.removed_total(source)}
+        rules: dict[str, int] = {}
+        for stage in (exact, near, quality):
+            reasons = stage.reasons(source)
+            if stage.duplicate_reason is not None:
+                row[f"{stage.duplicate_reason}s"] = reasons.pop(stage.duplicate_reason, 0)
+            rules.update(reasons)
         row["filtered"] = sum(rules.values())
-        row["kept"] = q.get("out", 0)
-        row["sampled_docs"] = m.get("out", 0)
+        row["kept"] = quality.counts.get(source, {}).get("out", 0)
+        row["sampled_docs"] = mix.counts.get(source, {}).get("out", 0)
         row["sampled_rows"] = int(mix.stats.get(f"rows:{source}", 0))
         row.update({f"filtered:{k}": v for k, v in sorted(rules.items())})
-        for name, rej in sorted(collect.counts[source].items()):
-            if name not in ("in", "out"):
-                row[f"rejected:{name}"] = rej
-        check_conservation(source, row)
+        row.update({f"rejected:{k}": v for k, v in sorted(collect.reasons(source).items())})
+        ended = [v for k, v in row.items() if ":" not in k and k not in ("collected", "sampled_docs", "sampled_rows")]
+        check_conservation(f"source {source}", row["collected"], ended, row)
         funnel[source] = row
     return funnel
 
 
-def check_conservation(source: str, row: dict[str, int]) -> None:
-    ended = row["kept"] + row["rejected"] + row["exact_duplicates"] + row["near_duplicates"] + row["filtered"]
-    if ended != row["collected"]:
-        raise AssertionError(f"source {source}: {row['collected']} collected but {ended} accounted for: {row}")
+def funnel_columns(funnel: dict[str, dict[str, int]]) -> list[str]:
+    """The funnel's summary columns (not the per-reason detail), in order."""
+    return list(dict.fromkeys(k for row in funnel.values() for k in row if ":" not in k))
 
 
 def funnel_totals(funnel: dict[str, dict[str, int]]) -> dict[str, int]:
@@ -56,7 +54,7 @@ def funnel_totals(funnel: dict[str, dict[str, int]]) -> dict[str, int]:
 
 def funnel_markdown(funnel: dict[str, dict[str, int]]) -> str:
     """The funnel as a Markdown table (one row per source plus a total), then per-rule counts."""
-    cols = list(FIXED)
+    cols = funnel_columns(funnel)
     lines = ["| source | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     rows = dict(funnel)
     rows["**total**"] = funnel_totals(funnel)

@@ -257,7 +257,7 @@ def near_dedup(in_path: Path, out_path: Path, removed_path: Path, cfg: NearDedup
             tally.sig_seconds += secs
             _dedup_batch(step, table, sigs, n_shingles, index, tally)
             progress.update(table.num_rows)
-    return step.result(_stats(tally, index, workers, step.elapsed))
+    return step.result(_stats(tally, index, workers, step.elapsed), duplicate_reason=REASON)
 
 
 def _dedup_batch(

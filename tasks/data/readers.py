@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ def jsonl_lines(path: Path, max_line_bytes: int) -> Iterator[tuple[str, bytes | 
         while True:
             try:
                 raw = fh.readline(max_line_bytes + 1)
-            except (EOFError, gzip.BadGzipFile, OSError) as exc:
+            except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
                 yield f"line:{lineno + 1}", Rejection("corrupt_file", f"{type(exc).__name__}: {exc}")
                 return
             if not raw:

@@ -40,6 +40,9 @@ class StageResult(BaseModel):
     stats: dict[str, float | int | str] = Field(default_factory=dict)
     report: dict[str, Any] = Field(default_factory=dict)  # structured stage report (e.g. the mix)
     seconds: float = 0.0  # wall time of the stage
+    # The reason under which a dedup stage removes duplicates: the funnel gives it a column
+    # of its own ("<reason>s"); every other reason of a dedup or filter stage is a filter.
+    duplicate_reason: str | None = None
 
     def reasons(self, source: str) -> dict[str, int]:
         """Removal counts of `source` by reason."""
@@ -51,8 +54,13 @@ class StageResult(BaseModel):
     def check_conservation(self) -> None:
         """Raise if any document went missing or was counted twice in this stage."""
         for source, c in self.counts.items():
-            if c.get(IN, 0) != c.get(OUT, 0) + self.removed_total(source):
-                raise AssertionError(f"stage {self.stage}: source {source} does not conserve documents: {c}")
+            check_conservation(f"stage {self.stage}: source {source}", c.get(IN, 0), [c.get(OUT, 0), self.removed_total(source)], c)
+
+
+def check_conservation(what: str, n_in: int, ended: list[int], counts: dict[str, int]) -> None:
+    """Raise naming `what` unless the `n_in` documents it read all ended in one of `ended`."""
+    if n_in != sum(ended):
+        raise AssertionError(f"{what}: {n_in} documents in but {sum(ended)} accounted for: {counts}")
 
 
 def count_by_source(table: pa.Table | pa.RecordBatch) -> Counter:
@@ -139,7 +147,9 @@ class DataStep:
         for source, reasons in count_removed(rows).items():
             self.removed[source].update(reasons)
 
-    def result(self, stats: dict[str, Any] | None = None, report: dict[str, Any] | None = None) -> StageResult:
+    def result(
+        self, stats: dict[str, Any] | None = None, report: dict[str, Any] | None = None, duplicate_reason: str | None = None
+    ) -> StageResult:
         """The StageResult of the finished stage, conservation checked."""
         result = StageResult(
             stage=self.stage,
@@ -149,6 +159,7 @@ class DataStep:
             stats=stats or {},
             report=report or {},
             seconds=round(self.elapsed, 3),
+            duplicate_reason=duplicate_reason,
         )
         result.check_conservation()
         return result

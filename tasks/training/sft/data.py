@@ -20,11 +20,8 @@ from a folder (e.g. `data_catalog/sft/`) and skips any pretraining definitions t
 """
 from __future__ import annotations
 
-import glob as globlib
-import gzip
 import importlib
 import inspect
-import json
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -32,14 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
 from infra.config import ConfigError, StrictModel, parse_config, read_yaml
 from models.special_tokens import SPECIAL_TOKENS
 from tasks.eval.arithmetic import make_problems
-from tasks.data.catalog import HfDatasetOptions
+from tasks.data.catalog import SourceBase, folder_glob, is_within, match_files
 from tasks.data.documents import make_doc_id
+from tasks.data.readers import Rejection, check_string, hf_dataset, jsonl_records, parquet_records
 
 SftKind = Literal["sft_jsonl", "sft_parquet", "sft_hf_dataset", "sft_builtin"]
 SftBuiltin = Literal["stdlib_docstrings", "arithmetic"]
@@ -70,21 +67,16 @@ class ArithmeticSftOptions(StrictModel):
     ops: str = "+-"
 
 
-class SftSourceConfig(StrictModel):
+class SftSourceConfig(SourceBase):
     """One SFT source of the catalog."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     kind: SftKind
-    path: str | None = None  # file, folder or glob, relative to the catalog folder
     fields: SftFields = Field(default_factory=SftFields)
-    licence: str
     max_examples: int | None = Field(default=None, gt=0)
     builtin: SftBuiltin | None = None
     arithmetic: ArithmeticSftOptions = Field(default_factory=ArithmeticSftOptions)
-    hf: HfDatasetOptions | None = None
     max_chars: int = Field(default=20_000, gt=0)  # longer conversations are quarantined
     max_line_bytes: int = Field(default=1 << 20, gt=0)
-    allow_outside_roots: bool = False  # files must lie under the catalog folder unless this is set
 
     @model_validator(mode="after")
     def _kind_fields(self) -> "SftSourceConfig":
@@ -118,14 +110,6 @@ class SftExample:
     @property
     def response(self) -> str:
         return self.messages[-1]["content"]
-
-
-class Rejection(Exception):
-    """A record that cannot become an example; `reason` is a short machine-readable name."""
-
-    def __init__(self, reason: str, detail: str = ""):
-        super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail = reason, detail
 
 
 def default_sft_sources() -> list[SftSourceConfig]:
@@ -166,16 +150,7 @@ def load_sft_catalog(folder: Path) -> list[SftSourceConfig]:
 
 
 def _check_content(value: Any, what: str) -> str:
-    if value is None:
-        raise Rejection("missing_field", f"no {what}")
-    if not isinstance(value, str):
-        raise Rejection("wrong_type", f"{what} is {type(value).__name__}, expected a string")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:  # lone surrogates from JSON escapes
-        raise Rejection("invalid_unicode", f"{what}: {exc}") from None
-    if not value.strip():
-        raise Rejection("empty_text", f"{what} is empty or whitespace")
+    value = check_string(value, what)
     for token in SPECIAL_TOKENS:
         if token in value:
             # Would forge a turn boundary in the chat template.
@@ -229,22 +204,13 @@ def record_messages(record: Any, fields: SftFields, max_chars: int) -> list[dict
 def source_files(source: SftSourceConfig, root: Path) -> list[Path]:
     """The files of a file-based source, sorted; an error names the source when none match."""
     pattern = source.path or ""
-    if any(ch in pattern for ch in "*?["):
-        files = sorted(Path(p) for p in globlib.glob(str(root / pattern), recursive=True) if Path(p).is_file())
-    else:
-        base = (root / pattern).resolve()
-        if base.is_dir():
-            suffix = "**/*.parquet" if source.kind == "sft_parquet" else "**/*.jsonl*"
-            files = sorted(p for p in base.glob(suffix) if p.is_file())
-        else:
-            files = [base] if base.is_file() else []
+    files = [f for f in match_files(root, pattern, folder_glob(source.kind)) if f.is_file()]
     if not files:
         raise ConfigError(f"SFT source '{source.name}': key 'path': {pattern} matches no file (looked in {root})")
     if not source.allow_outside_roots:
         base = root.resolve()
         for f in files:
-            real = f.resolve()  # resolves links, so a symlink out of the folder is caught too
-            if real != base and base not in real.parents:
+            if not is_within(f.resolve(), [base]):  # resolves links, so a symlink out of the folder is caught too
                 raise ConfigError(
                     f"SFT source '{source.name}': key 'path': {f} resolves outside {base}; "
                     "set allow_outside_roots: true in this source to allow it"
@@ -252,57 +218,12 @@ def source_files(source: SftSourceConfig, root: Path) -> list[Path]:
     return files
 
 
-def _read_jsonl(path: Path, max_line_bytes: int) -> Iterator[tuple[str, Any]]:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rb") as fh:
-        lineno = 0
-        while True:
-            raw = fh.readline(max_line_bytes + 1)
-            if not raw:
-                return
-            lineno += 1
-            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-                while raw and not raw.endswith(b"\n"):  # skip the rest without holding it
-                    raw = fh.readline(1 << 20)
-                yield f"line:{lineno}", Rejection("line_too_long", f"> max_line_bytes={max_line_bytes}")
-                continue
-            if not raw.strip():
-                continue  # blank lines are layout, not records
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield f"line:{lineno}", Rejection("invalid_utf8", f"byte {exc.start}: {exc.reason}")
-                continue
-            try:
-                yield f"line:{lineno}", json.loads(text)
-            except (json.JSONDecodeError, RecursionError) as exc:
-                yield f"line:{lineno}", Rejection("malformed_json", str(exc)[:200])
-
-
-def _read_parquet(path: Path, fields: SftFields) -> Iterator[tuple[str, Any]]:
-    pf = pq.ParquetFile(path)
-    wanted = [fields.messages] if fields.messages else [fields.instruction, fields.response]
-    present = [c for c in wanted if c in pf.schema_arrow.names]
-    row = 0
-    for batch in pf.iter_batches(batch_size=1024, columns=present or None):
-        # Missing columns are left out of the record, so each row is rejected as missing_field.
-        for rec in batch.select(present).to_pylist() if present else [{}] * batch.num_rows:
-            yield f"row:{row}", rec
-            row += 1
-
-
-def _read_hf(source: SftSourceConfig, root: Path) -> Iterator[tuple[str, Any]]:
-    import datasets
-
-    opts = source.hf
-    assert opts is not None
-    data_files = opts.data_files
-    if data_files is not None:
-        files = [data_files] if isinstance(data_files, str) else data_files
-        data_files = [str((root / f).resolve()) for f in files]
-    ds = datasets.load_dataset(opts.name, opts.config, data_files=data_files, split=opts.split, revision=opts.revision)
-    for i, rec in enumerate(ds):
-        yield f"row:{i}", rec
+def _read_file(path: Path, source: SftSourceConfig) -> Iterator[tuple[str, Any]]:
+    if source.kind == "sft_jsonl":
+        return jsonl_records(path, source.max_line_bytes)
+    fields = source.fields
+    # Missing columns are left out of the record, so each row is rejected as missing_field.
+    return parquet_records(path, [fields.messages] if fields.messages else [fields.instruction, fields.response])
 
 
 _SIGNATURE = re.compile(r"^[\w.]+\(.*\)")
@@ -365,12 +286,12 @@ def iter_source_records(source: SftSourceConfig, root: Path) -> Iterator[tuple[s
             yield from _arithmetic_examples(source.arithmetic)
         return
     if source.kind == "sft_hf_dataset":
-        for locator, rec in _read_hf(source, root):
-            yield f"hf:{source.hf.name}", locator, rec
+        assert source.hf is not None
+        for i, rec in enumerate(hf_dataset(source.hf, root)):
+            yield f"hf:{source.hf.name}", f"row:{i}", rec
         return
     for path in source_files(source, root):
-        reader = _read_jsonl(path, source.max_line_bytes) if source.kind == "sft_jsonl" else _read_parquet(path, source.fields)
-        for locator, rec in reader:
+        for locator, rec in _read_file(path, source):
             yield str(path), locator, rec
 
 

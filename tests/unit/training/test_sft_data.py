@@ -266,3 +266,17 @@ def test_catalog_example_paths_and_ids_are_pinned(tmp_path, monkeypatch, relativ
     assert [is_val_example(e.example_id, 0.5) for e in examples] == [
         is_val_example(make_doc_id(e.source, e.path, e.locator), 0.5) for e in examples
     ]
+
+
+def test_corrupt_jsonl_gz_is_quarantined_not_a_crash(tmp_path):
+    import gzip
+
+    whole = gzip.compress(b"\n".join(json.dumps({"instruction": f"q{i}", "response": "r"}).encode() for i in range(200)) + b"\n")
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])  # truncated mid-stream
+    (tmp_path / "junk.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00" + b"not gzip at all" * 10)
+    src = SftSourceConfig(name="gz", kind="sft_jsonl", path="*.jsonl.gz", licence="x")
+    examples, rejected = load_sft_examples([src], root=tmp_path)
+    assert [(Path(r["path"]).name, r["reason"]) for r in rejected] == [("cut.jsonl.gz", "corrupt_file"), ("junk.jsonl.gz", "corrupt_file")]
+    assert examples and all(Path(e.path).name == "cut.jsonl.gz" for e in examples)
+    counts = sft_counts(examples, rejected)["gz"]
+    assert counts["in"] == counts["out"] + counts["corrupt_file"]
