@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from infra.config import StrictModel
-from tasks.data.quality_rules.rule import Rule, TextView, fraction
+from tasks.data.quality_rules.rule import Rule, TextView, over, under
 
 TERMINAL_PUNCTUATION = (".", "?", "!", '"', "'")
 POLICY_PHRASES = ["terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies"]
@@ -75,9 +75,7 @@ class C4MinSentences(Rule):
                 n += len(_SENTENCE_END.findall(unit.strip()))
                 if n >= self.params.min_sentences:
                     return None
-        if n < self.params.min_sentences:
-            return f"sentences={n} < min_sentences={self.params.min_sentences}"
-        return None
+        return under("sentences", n, self.params, "min_sentences")
 
 
 class C4LoremIpsum(Rule):
@@ -106,9 +104,7 @@ class C4Javascript(Rule):
         if "javascript" not in view.lower:
             return None
         n = sum(1 for ln in view.lower_lines if "javascript" in ln)
-        if n > self.params.max_lines:
-            return f"javascript_lines={n} > max_lines={self.params.max_lines}"
-        return None
+        return over("javascript_lines", n, self.params, "max_lines")
 
 
 class C4CurlyBrace(Rule):
@@ -121,9 +117,7 @@ class C4CurlyBrace(Rule):
 
     def check_view(self, view: TextView) -> str | None:
         n = view.text.count("{") + view.text.count("}")
-        if n > self.params.max_count:
-            return f"curly_braces={n} > max_count={self.params.max_count}"
-        return None
+        return over("curly_braces", n, self.params, "max_count")
 
 
 class C4Policy(Rule):
@@ -140,9 +134,7 @@ class C4Policy(Rule):
         if not any(p in view.lower for p in phrases):
             return None
         n = sum(1 for ln in view.lower_lines if any(p in ln for p in phrases))
-        if n > self.params.max_lines:
-            return f"policy_lines={n} > max_lines={self.params.max_lines}"
-        return None
+        return over("policy_lines", n, self.params, "max_lines")
 
 
 C4: list[type[Rule]] = [C4TerminalPunct, C4MinSentences, C4LoremIpsum, C4Javascript, C4CurlyBrace, C4Policy]

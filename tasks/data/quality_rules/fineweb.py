@@ -4,7 +4,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from infra.config import StrictModel
-from tasks.data.quality_rules.rule import Rule, TextView, find_duplicates, fraction
+from tasks.data.quality_rules.rule import Rule, TextView, find_duplicates, fraction, over
 
 # The original FineWeb stop characters, plus the CJK, Arabic and Devanagari sentence ends.
 STOP_CHARS = [".", "'", '"', "!", "?", "。", "！", "？", "؟", "।"]
@@ -45,9 +45,7 @@ class FineWebShortLines(Rule):
         if not lines:
             return None
         ratio = sum(1 for ln in lines if len(ln) <= self.params.short_line_length) / len(lines)
-        if ratio > self.params.max_ratio:
-            return f"short_lines={ratio:.3f} > max_ratio={self.params.max_ratio}"
-        return None
+        return over("short_lines", ratio, self.params, "max_ratio", ".3f")
 
 
 class FineWebDupLineChars(Rule):
@@ -61,9 +59,7 @@ class FineWebDupLineChars(Rule):
     def check_view(self, view: TextView) -> str | None:
         dup_chars = find_duplicates(view.lines)[1]
         frac = fraction(dup_chars, len(view.text) - view.text.count("\n"))
-        if frac > self.params.max_fraction:
-            return f"dup_line_chars={frac:.3f} > max_fraction={self.params.max_fraction}"
-        return None
+        return over("dup_line_chars", frac, self.params, "max_fraction", ".3f")
 
 
 class FineWebListRatio(Rule):

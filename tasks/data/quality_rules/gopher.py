@@ -18,7 +18,9 @@ from tasks.data.quality_rules.rule import (
     duplicated_ngram_chars,
     find_duplicates,
     fraction,
+    over,
     top_ngram_chars,
+    under,
 )
 
 _LETTER = re.compile(r"[^\W\d_]")  # any Unicode letter
@@ -40,11 +42,7 @@ class GopherWordCount(Rule):
 
     def check_view(self, view: TextView) -> str | None:
         n = len(view.content_words)
-        if n < self.params.min_words:
-            return f"words={n} < min_words={self.params.min_words}"
-        if n > self.params.max_words:
-            return f"words={n} > max_words={self.params.max_words}"
-        return None
+        return under("words", n, self.params, "min_words") or over("words", n, self.params, "max_words")
 
 
 class GopherMeanWordLength(Rule):
@@ -61,11 +59,9 @@ class GopherMeanWordLength(Rule):
         if not words:
             return None
         mean = sum(map(len, words)) / len(words)
-        if mean < self.params.min_mean:
-            return f"mean_word_length={mean:.2f} < min_mean={self.params.min_mean}"
-        if mean > self.params.max_mean:
-            return f"mean_word_length={mean:.2f} > max_mean={self.params.max_mean}"
-        return None
+        return under("mean_word_length", mean, self.params, "min_mean", ".2f") or over(
+            "mean_word_length", mean, self.params, "max_mean", ".2f"
+        )
 
 
 class GopherSymbolWordRatio(Rule):
@@ -84,9 +80,7 @@ class GopherSymbolWordRatio(Rule):
         if hashes > self.params.max_ratio:
             return f"hash_per_word={hashes:.3f} > max_ratio={self.params.max_ratio}"
         ellipses = fraction(sum(view.text.count(e) for e in ELLIPSES), n)
-        if ellipses > self.params.max_ratio:
-            return f"ellipsis_per_word={ellipses:.3f} > max_ratio={self.params.max_ratio}"
-        return None
+        return over("ellipsis_per_word", ellipses, self.params, "max_ratio", ".3f")
 
 
 class GopherBulletLines(Rule):
@@ -101,9 +95,7 @@ class GopherBulletLines(Rule):
         lines = view.lines
         bullets = sum(1 for ln in lines if ln.lstrip().startswith(BULLETS))
         frac = fraction(bullets, len(lines))
-        if frac > self.params.max_fraction:
-            return f"bullet_lines={frac:.3f} > max_fraction={self.params.max_fraction}"
-        return None
+        return over("bullet_lines", frac, self.params, "max_fraction", ".3f")
 
 
 class GopherEllipsisLines(Rule):
@@ -118,9 +110,7 @@ class GopherEllipsisLines(Rule):
         lines = view.lines
         ends = sum(1 for ln in lines if ln.rstrip().endswith(ELLIPSES))
         frac = fraction(ends, len(lines))
-        if frac > self.params.max_fraction:
-            return f"ellipsis_lines={frac:.3f} > max_fraction={self.params.max_fraction}"
-        return None
+        return over("ellipsis_lines", frac, self.params, "max_fraction", ".3f")
 
 
 class GopherAlphaWords(Rule):
@@ -136,9 +126,7 @@ class GopherAlphaWords(Rule):
         if not words:
             return None
         frac = sum(1 for w in words if _LETTER.search(w)) / len(words)
-        if frac < self.params.min_fraction:
-            return f"alpha_words={frac:.3f} < min_fraction={self.params.min_fraction}"
-        return None
+        return under("alpha_words", frac, self.params, "min_fraction", ".3f")
 
 
 class GopherStopWords(Rule):
@@ -156,9 +144,7 @@ class GopherStopWords(Rule):
 
     def check_view(self, view: TextView) -> str | None:
         found = sum(1 for w in view.content_words if w.lower() in self._stop)
-        if found < self.params.min_stop_words:
-            return f"stop_words={found} < min_stop_words={self.params.min_stop_words}"
-        return None
+        return under("stop_words", found, self.params, "min_stop_words")
 
 
 GOPHER_QUALITY: list[type[Rule]] = [
@@ -174,66 +160,54 @@ GOPHER_QUALITY: list[type[Rule]] = [
 # ---------------------------------------------------------------- gopher_repetition
 
 
-class GopherDupParagraphFrac(Rule):
+class _DupUnits(Rule):
+    """Many of the document's lines or paragraphs (by count, or by characters) repeat an earlier one."""
+
+    unit: ClassVar[str]  # "line" or "paragraph"
+    by_chars: ClassVar[bool]
+
+    def check_view(self, view: TextView) -> str | None:
+        units = view.lines if self.unit == "line" else view.paragraphs
+        dup_items, dup_chars = find_duplicates(units)
+        frac = fraction(dup_chars, len(view.text)) if self.by_chars else fraction(dup_items, len(units))
+        label = f"dup_{self.unit}_chars" if self.by_chars else f"dup_{self.unit}s"
+        return over(label, frac, self.params, "max_fraction", ".3f")
+
+
+class GopherDupParagraphFrac(_DupUnits):
     """Many paragraphs repeat an earlier paragraph of the same document (boilerplate)."""
 
-    name = "gopher_dup_para_frac"
+    name, unit, by_chars = "gopher_dup_para_frac", "paragraph", False
 
     class Params(StrictModel):
         max_fraction: float = Field(default=0.3, ge=0, le=1)
 
-    def check_view(self, view: TextView) -> str | None:
-        paras = view.paragraphs
-        frac = fraction(find_duplicates(paras)[0], len(paras))
-        if frac > self.params.max_fraction:
-            return f"dup_paragraphs={frac:.3f} > max_fraction={self.params.max_fraction}"
-        return None
 
-
-class GopherDupParagraphCharFrac(Rule):
+class GopherDupParagraphCharFrac(_DupUnits):
     """Many characters sit in repeated paragraphs."""
 
-    name = "gopher_dup_para_char_frac"
+    name, unit, by_chars = "gopher_dup_para_char_frac", "paragraph", True
 
     class Params(StrictModel):
         max_fraction: float = Field(default=0.2, ge=0, le=1)
 
-    def check_view(self, view: TextView) -> str | None:
-        frac = fraction(find_duplicates(view.paragraphs)[1], len(view.text))
-        if frac > self.params.max_fraction:
-            return f"dup_paragraph_chars={frac:.3f} > max_fraction={self.params.max_fraction}"
-        return None
 
-
-class GopherDupLineFrac(Rule):
+class GopherDupLineFrac(_DupUnits):
     """Many lines repeat an earlier line (navigation, repeated headers)."""
 
-    name = "gopher_dup_line_frac"
+    name, unit, by_chars = "gopher_dup_line_frac", "line", False
 
     class Params(StrictModel):
         max_fraction: float = Field(default=0.3, ge=0, le=1)
 
-    def check_view(self, view: TextView) -> str | None:
-        lines = view.lines
-        frac = fraction(find_duplicates(lines)[0], len(lines))
-        if frac > self.params.max_fraction:
-            return f"dup_lines={frac:.3f} > max_fraction={self.params.max_fraction}"
-        return None
 
-
-class GopherDupLineCharFrac(Rule):
+class GopherDupLineCharFrac(_DupUnits):
     """Many characters sit in repeated lines."""
 
-    name = "gopher_dup_line_char_frac"
+    name, unit, by_chars = "gopher_dup_line_char_frac", "line", True
 
     class Params(StrictModel):
         max_fraction: float = Field(default=0.2, ge=0, le=1)
-
-    def check_view(self, view: TextView) -> str | None:
-        frac = fraction(find_duplicates(view.lines)[1], len(view.text))
-        if frac > self.params.max_fraction:
-            return f"dup_line_chars={frac:.3f} > max_fraction={self.params.max_fraction}"
-        return None
 
 
 class _TopNgram(Rule):
@@ -243,9 +217,7 @@ class _TopNgram(Rule):
 
     def check_view(self, view: TextView) -> str | None:
         frac = fraction(top_ngram_chars(view, self.n), len(view.text))
-        if frac > self.params.max_fraction:
-            return f"top_{self.n}gram_chars={frac:.3f} > max_fraction={self.params.max_fraction}"
-        return None
+        return over(f"top_{self.n}gram_chars", frac, self.params, "max_fraction", ".3f")
 
 
 class GopherTop2Gram(_TopNgram):
@@ -276,9 +248,7 @@ class _DupNgram(Rule):
 
     def check_view(self, view: TextView) -> str | None:
         frac = fraction(duplicated_ngram_chars(view, self.n), len(view.text))
-        if frac > self.params.max_fraction:
-            return f"dup_{self.n}gram_chars={frac:.3f} > max_fraction={self.params.max_fraction}"
-        return None
+        return over(f"dup_{self.n}gram_chars", frac, self.params, "max_fraction", ".3f")
 
 
 class GopherDup5Gram(_DupNgram):

@@ -186,3 +186,15 @@ def duplicated_ngram_chars(view: TextView, n: int) -> int:
 def fraction(part: float, whole: float) -> float:
     """part / whole, and 0 for an empty whole (an empty document has nothing to be too much of)."""
     return part / whole if whole else 0.0
+
+
+def over(measure: str, value: float, params: StrictModel, limit: str, fmt: str = "") -> str | None:
+    """The detail "measure=value > limit=bound" when `value` exceeds the parameter `limit`, else None."""
+    bound = getattr(params, limit)
+    return f"{measure}={value:{fmt}} > {limit}={bound}" if value > bound else None
+
+
+def under(measure: str, value: float, params: StrictModel, limit: str, fmt: str = "") -> str | None:
+    """The detail "measure=value < limit=bound" when `value` is below the parameter `limit`, else None."""
+    bound = getattr(params, limit)
+    return f"{measure}={value:{fmt}} < {limit}={bound}" if value < bound else None
