@@ -28,6 +28,17 @@ STOP_WORDS = ["the", "be", "to", "of", "and", "that", "have", "with"]
 BULLETS = ("•", "-", "*", "‣", "◦", "·")
 ELLIPSES = ("...", "…")
 
+
+
+def max_fraction_params(default: float) -> type[StrictModel]:
+    """The Params of a rule whose one parameter is `max_fraction`, defaulting to `default`."""
+
+    class Params(StrictModel):
+        max_fraction: float = Field(default=default, ge=0, le=1)
+
+    return Params
+
+
 # ---------------------------------------------------------------- gopher_quality
 
 
@@ -87,9 +98,7 @@ class GopherBulletLines(Rule):
     """Nearly every line is a bullet point: a menu or a list of links, not prose."""
 
     name = "gopher_bullet_lines"
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.9, ge=0, le=1)
+    Params = max_fraction_params(0.9)
 
     def check_view(self, view: TextView) -> str | None:
         lines = view.lines
@@ -102,9 +111,7 @@ class GopherEllipsisLines(Rule):
     """Many lines end in an ellipsis: truncated snippets (search results, feeds)."""
 
     name = "gopher_ellipsis_lines"
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.3, ge=0, le=1)
+    Params = max_fraction_params(0.3)
 
     def check_view(self, view: TextView) -> str | None:
         lines = view.lines
@@ -178,36 +185,28 @@ class GopherDupParagraphFrac(_DupUnits):
     """Many paragraphs repeat an earlier paragraph of the same document (boilerplate)."""
 
     name, unit, by_chars = "gopher_dup_para_frac", "paragraph", False
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.3, ge=0, le=1)
+    Params = max_fraction_params(0.3)
 
 
 class GopherDupParagraphCharFrac(_DupUnits):
     """Many characters sit in repeated paragraphs."""
 
     name, unit, by_chars = "gopher_dup_para_char_frac", "paragraph", True
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.2, ge=0, le=1)
+    Params = max_fraction_params(0.2)
 
 
 class GopherDupLineFrac(_DupUnits):
     """Many lines repeat an earlier line (navigation, repeated headers)."""
 
     name, unit, by_chars = "gopher_dup_line_frac", "line", False
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.3, ge=0, le=1)
+    Params = max_fraction_params(0.3)
 
 
 class GopherDupLineCharFrac(_DupUnits):
     """Many characters sit in repeated lines."""
 
     name, unit, by_chars = "gopher_dup_line_char_frac", "line", True
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.2, ge=0, le=1)
+    Params = max_fraction_params(0.2)
 
 
 class _TopNgram(Rule):
@@ -222,23 +221,17 @@ class _TopNgram(Rule):
 
 class GopherTop2Gram(_TopNgram):
     name, n = "gopher_top_2gram", 2
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.20, ge=0, le=1)
+    Params = max_fraction_params(0.20)
 
 
 class GopherTop3Gram(_TopNgram):
     name, n = "gopher_top_3gram", 3
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.18, ge=0, le=1)
+    Params = max_fraction_params(0.18)
 
 
 class GopherTop4Gram(_TopNgram):
     name, n = "gopher_top_4gram", 4
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.16, ge=0, le=1)
+    Params = max_fraction_params(0.16)
 
 
 class _DupNgram(Rule):
@@ -253,44 +246,32 @@ class _DupNgram(Rule):
 
 class GopherDup5Gram(_DupNgram):
     name, n = "gopher_dup_5gram", 5
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.15, ge=0, le=1)
+    Params = max_fraction_params(0.15)
 
 
 class GopherDup6Gram(_DupNgram):
     name, n = "gopher_dup_6gram", 6
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.14, ge=0, le=1)
+    Params = max_fraction_params(0.14)
 
 
 class GopherDup7Gram(_DupNgram):
     name, n = "gopher_dup_7gram", 7
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.13, ge=0, le=1)
+    Params = max_fraction_params(0.13)
 
 
 class GopherDup8Gram(_DupNgram):
     name, n = "gopher_dup_8gram", 8
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.12, ge=0, le=1)
+    Params = max_fraction_params(0.12)
 
 
 class GopherDup9Gram(_DupNgram):
     name, n = "gopher_dup_9gram", 9
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.11, ge=0, le=1)
+    Params = max_fraction_params(0.11)
 
 
 class GopherDup10Gram(_DupNgram):
     name, n = "gopher_dup_10gram", 10
-
-    class Params(StrictModel):
-        max_fraction: float = Field(default=0.10, ge=0, le=1)
+    Params = max_fraction_params(0.10)
 
 
 GOPHER_REPETITION: list[type[Rule]] = [
