@@ -74,7 +74,7 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-def tiny_model(vocab: int = 64, seed: int = 0, **overrides):
+def tiny_llama(vocab: int = 64, seed: int = 0, **overrides):
     """A 2-layer Llama of width 32, seeded; `overrides` change the shape (e.g. max_seq_len=16)."""
     import torch
 
@@ -85,7 +85,7 @@ def tiny_model(vocab: int = 64, seed: int = 0, **overrides):
     return Transformer(model_config("demo", vocab_size=vocab, **{**shape, **overrides}))
 
 
-def tiny_bpe_tokenizer(texts: list[str], vocab_size: int):
+def bpe_tokenizer_on(texts: list[str], vocab_size: int):
     """A small byte-level BPE trained on `texts`, with the project's special tokens at ids 0..5."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 

@@ -25,7 +25,7 @@ from tasks.eval.evaluate import (
     write_comparison,
 )
 from tasks.tokenizer.tokenize_shards import TokenFile, TokenShards
-from tests.conftest import tiny_bpe_tokenizer, tiny_model
+from tests.conftest import bpe_tokenizer_on, tiny_llama
 
 VOCAB = 64
 EOS_ID = 2
@@ -49,8 +49,8 @@ def markov_tokens(n: int, seed: int, vocab: int = VOCAB, p_rule: float = 0.7) ->
     return out
 
 
-def trained_tiny_model(tokens: np.ndarray, steps: int = 80) -> Transformer:
-    model = tiny_model(tie_embeddings=False)
+def trained_tiny_llama(tokens: np.ndarray, steps: int = 80) -> Transformer:
+    model = tiny_llama(tie_embeddings=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = torch.from_numpy(tokens.astype(np.int64))
     gen = torch.Generator().manual_seed(0)
@@ -65,7 +65,7 @@ def trained_tiny_model(tokens: np.ndarray, steps: int = 80) -> Transformer:
 
 
 def test_token_metrics_are_consistent_and_match_the_training_loss() -> None:
-    model = tiny_model()
+    model = tiny_llama()
     tokens = np.random.default_rng(0).integers(0, VOCAB, 500).astype(np.uint16)
     cfg = EvalConfig(max_tokens=300, seq_len=16, batch_size=4, temperature_tokens=200, n_questions=0)
     r = evaluate_model(model, tokens, cfg=cfg)
@@ -104,7 +104,7 @@ def test_token_metrics_are_consistent_and_match_the_training_loss() -> None:
 
 def test_temperature_scaling_finds_a_sharpened_model() -> None:
     tokens = markov_tokens(4000, seed=1)
-    model = trained_tiny_model(tokens[:3000], steps=60)
+    model = trained_tiny_llama(tokens[:3000], steps=60)
     val = tokens[3000:]
     cfg = EvalConfig(max_tokens=960, seq_len=32, batch_size=8, temperature_tokens=960, n_questions=0, n_bins=10)
     base = evaluate_model(model, val, cfg=cfg)
@@ -122,13 +122,13 @@ def test_temperature_scaling_finds_a_sharpened_model() -> None:
 
 
 def tiny_tokenizer():
-    return tiny_bpe_tokenizer([p.question + " " + p.response for p in make_problems(200, 0)], vocab_size=300)
+    return bpe_tokenizer_on([p.question + " " + p.response for p in make_problems(200, 0)], vocab_size=300)
 
 
 def test_answer_level_confidence_is_the_probability_of_the_response() -> None:
     tok = tiny_tokenizer()
     vocab = tok.get_vocab_size()
-    model = tiny_model(vocab=vocab, seed=3)
+    model = tiny_llama(vocab=vocab, seed=3)
     problems = make_problems(8, seed=5, split="eval")
     tokens = np.random.default_rng(0).integers(0, vocab, 200).astype(np.uint16)
     cfg = EvalConfig(max_tokens=100, seq_len=32, batch_size=4, temperature_tokens=50, max_answer_tokens=6)
@@ -183,7 +183,7 @@ def test_evaluate_checkpoint_writes_json_and_figures(tmp_path: Path) -> None:
     tok_path.parent.mkdir()
     tok.save(str(tok_path))
     vocab = tok.get_vocab_size()
-    model_dir = save_model(tiny_model(vocab=vocab), tmp_path / "models" / "base")
+    model_dir = save_model(tiny_llama(vocab=vocab), tmp_path / "models" / "base")
     tokens = np.random.default_rng(1).integers(0, vocab, 400).astype(np.uint16)
     _write_val_split(tmp_path / "tokens", tokens, vocab)
     cfg = EvalConfig(max_tokens=200, seq_len=32, temperature_tokens=100, n_questions=5, max_answer_tokens=4)
@@ -195,14 +195,14 @@ def test_evaluate_checkpoint_writes_json_and_figures(tmp_path: Path) -> None:
     assert (out / TOKEN_RELIABILITY_PNG).stat().st_size > 5_000
     assert (out / "reliability_answers.png").stat().st_size > 5_000
     # The same model evaluated in memory gives the same numbers as from its checkpoint.
-    again = evaluate_model(tiny_model(vocab=vocab), tokens, cfg=cfg.model_copy(update={"n_questions": 0}))
+    again = evaluate_model(tiny_llama(vocab=vocab), tokens, cfg=cfg.model_copy(update={"n_questions": 0}))
     assert again.val_loss == pytest.approx(result.val_loss, rel=1e-6)
     md, png = write_comparison({"base": result, "sft": result}, tmp_path / "eval")
     assert "| val loss |" in md.read_text() and png.stat().st_size > 5_000
 
 
 def test_bad_inputs_are_refused() -> None:
-    model = tiny_model()
+    model = tiny_llama()
     with pytest.raises(ValueError, match="need at least 2"):
         evaluate_model(model, np.array([1], dtype=np.uint16))
     with pytest.raises(ValueError, match="vocab_size is 64"):
