@@ -23,7 +23,7 @@ from tasks.data.shards import ShardConfig
 from tasks.tokenizer.tokenize_shards import TokenizeConfig
 from tasks.tokenizer.train import TokenizerConfig
 
-PRESETS_DIR = Path(__file__).parent / "presets"
+PRESETS_DIR = Path(__file__).resolve().parents[1] / "infra" / "presets"
 
 
 class DataConfig(StrictModel):
