@@ -27,11 +27,13 @@ import torch
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else "cuda")
 
-from models.flops import flops_per_token, num_params  # noqa: E402
+from models.flops import flops_per_token, mfu, num_params  # noqa: E402
 from models.llama import Transformer, model_config  # noqa: E402
 from models.optim import build_adamw, build_scheduler  # noqa: E402
 from tasks.training.pretrain.stage import lm_loss, token_window_batches  # noqa: E402
-from tasks.training.loop import ListSink, TrainConfig, init_distributed, measure_peak_flops, train  # noqa: E402
+from tasks.training.engine import init_distributed  # noqa: E402
+from tasks.training.loop import TrainConfig, train  # noqa: E402
+from tasks.training.metrics import ListSink, measure_peak_flops  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -130,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         "flops_per_token": fpt,
         "peak_flops": peak,
         "model_flops_deepspeed": fpt * best_ds,
-        "mfu_deepspeed": fpt * best_ds / peak,
-        "mfu_plain": fpt * best_plain / peak,
+        "mfu_deepspeed": mfu(best_ds, fpt, peak),
+        "mfu_plain": mfu(best_plain, fpt, peak),
         "load_average_1m": os.getloadavg()[0],
     }
     print(

@@ -17,7 +17,9 @@ from tasks.tokenizer.tokenize_shards import tokenize_shards_task
 from tasks.tokenizer.train import train_tokenizer_task
 
 
-class PretrainOutputs(BaseModel):
+class PretrainFlowOutput(BaseModel):
+    """What the pretraining flow hands on: tokenizer, token shards, the trained model and its perplexities."""
+
     tokenizer: Path
     tokens: Path
     model_dir: Path
@@ -28,7 +30,7 @@ class PretrainOutputs(BaseModel):
 
 
 @flow(name="pretrain", log_prints=True)
-def pretrain_flow(config: PretrainStageConfig, manifest: str, workdir: str = "work") -> PretrainOutputs:
+def pretrain_flow(config: PretrainStageConfig, manifest: str, workdir: str = "work") -> PretrainFlowOutput:
     ws = Workspace.locate(workdir).ensure_writable()
     with stage_run(ws, "pretrain", config) as run:
         tokenizer = run_cached(train_tokenizer_task, ws, Path(manifest), ws.tokenizer_dir, config.tokenizer, outputs=lambda p: [p])
@@ -40,9 +42,13 @@ def pretrain_flow(config: PretrainStageConfig, manifest: str, workdir: str = "wo
             pretrain_task, ws, ws.tokens, tokenizer, ws.checkpoints("pretrain"), config.train, str(ws.root),
             mlflow_run_id=run.info.run_id, outputs=lambda r: [r.model_dir],
         )
-        summary = log_pretrain_summary(tokenizer, ws.tokens, result, ws.reports)
-        print(summary.markdown)
-        return PretrainOutputs(
+        report = log_pretrain_summary(tokenizer, ws.tokens, result, ws.reports)
+        print(report.markdown)
+        return PretrainFlowOutput(
             tokenizer=tokenizer, tokens=ws.tokens, model_dir=result.model_dir, loss_curve=result.loss_curve, val_ppl=result.val_ppl,
-            unigram_ppl=summary.unigram_ppl, mlflow_run_id=run.info.run_id,
+            unigram_ppl=report.unigram_ppl, mlflow_run_id=run.info.run_id,
         )
+
+
+# flows/pipeline_flow.py (owned elsewhere) still imports the old name; drop this once it imports PretrainFlowOutput.
+PretrainOutputs = PretrainFlowOutput

@@ -210,29 +210,3 @@ def launch(
             f"deepspeed launch of '{module}' with {num_procs} process(es) failed with exit code {rc}; "
             f"last {len(tail)} lines of its output:\n{joined}"
         )
-
-
-JOB_FILE = "job.json"  # what a stage's worker ranks read
-RESULT_FILE = "result.json"  # what its rank 0 writes last
-
-
-def launch_job(
-    module: str,
-    job: Any,
-    out_dir: Path,
-    result_type: Any,
-    stage: str,
-    num_procs: int = 1,
-    hostfile: Path | None = None,
-    log: Callable[[str], Any] = print,
-) -> Any:
-    """Write `job` (a pydantic model) to out_dir/job.json, launch `module --job job.json`
-    through DeepSpeed, and read back the out_dir/result.json that its rank 0 writes."""
-    result_path = out_dir / RESULT_FILE
-    result_path.unlink(missing_ok=True)  # a stale result must never pass for this run's
-    job_path = out_dir / JOB_FILE
-    job_path.write_text(job.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    launch(module, ["--job", str(job_path.resolve())], num_procs=num_procs, hostfile=hostfile, log=log)
-    if not result_path.is_file():
-        raise RuntimeError(f"the {stage} workers exited cleanly but wrote no {result_path}; see the log above")
-    return result_type.model_validate_json(result_path.read_text(encoding="utf-8"))

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
+from models.losses import IGNORE_INDEX
 from models.special_tokens import ASSISTANT, BOS, END_TURN, EOS, PAD, SPECIAL_TOKENS, USER
 
-IGNORE_INDEX = -100  # target value that next_token_loss / cross_entropy skip
 ROLES = ("user", "assistant")
 
 

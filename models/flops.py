@@ -46,11 +46,11 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     return 6.0 * matmul_params + 12.0 * cfg.n_layers * cfg.dim * seq_len
 
 
-def mfu(tokens_per_s: float, cfg: ModelConfig, seq_len: int, peak_flops: float) -> float:
-    """Model FLOPs utilisation: achieved training FLOP/s over the hardware's peak FLOP/s."""
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation: achieved training FLOP/s (tokens/s x FLOPs per token) over the peak FLOP/s."""
     if peak_flops <= 0:
         raise ValueError(f"peak_flops={peak_flops} must be positive (FLOP/s of the hardware, e.g. 989e12 for H100 bf16)")
-    return tokens_per_s * flops_per_token(cfg, seq_len) / peak_flops
+    return tokens_per_s * flops_per_token / peak_flops
 
 
 @dataclass(frozen=True)

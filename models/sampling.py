@@ -5,6 +5,7 @@ their log-probs under the temperature-1 policy, and a mask of the tokens that co
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,18 @@ class Generation:
     new_tokens: torch.Tensor  # [B, new]
     logprobs: torch.Tensor  # [B, new] fp32 log pi(token) at temperature 1; 0 where mask is False
     mask: torch.Tensor  # [B, new] bool, True up to and including the first EOS
+
+
+def equal_length_batches(prompts: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
+    """Indices of `prompts`, shortest first, in batches of at most batch_size prompts of one length.
+
+    generate() has no padding mask, so only prompts of equal length can share a batch.
+    """
+    by_length: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_length.setdefault(len(p), []).append(i)
+    return [items[start : start + batch_size] for _, items in sorted(by_length.items())
+            for start in range(0, len(items), batch_size)]
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:

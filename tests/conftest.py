@@ -108,3 +108,97 @@ def run_cli(args: list[str], env: dict[str, str], timeout: float = 600):
     proc = subprocess.run(CLI + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     return proc
+
+
+# --- training fixtures ---
+
+
+def small_alphabet_bpe(vocab_size: int = 64):
+    """A byte-level BPE over only the characters of an arithmetic prompt (unlike bpe_tokenizer_on, no
+    256-byte base alphabet), so its vocabulary can be as small as ~48 tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from models.special_tokens import SPECIAL_TOKENS
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS)
+    tok.train_from_iterator(["What is 3 + 4? <answer>7</answer> abc xyz 0123456789 - ="] * 20, trainer)
+    return tok
+
+
+def write_word_tokenizer(path: Path, vocab_size: int) -> Path:
+    """A word-level tokenizer.json: the special tokens, then w<i> for every other id."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from models.special_tokens import SPECIAL_TOKENS
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab.update({f"w{i}": i for i in range(len(SPECIAL_TOKENS), vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=SPECIAL_TOKENS[0]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(path))
+    return path
+
+
+def write_token_shards(out_dir: Path, vocab_size: int) -> Path:
+    """train.bin / val.bin of short patterned documents and their index.json, as tokenize_shards writes them."""
+    import hashlib
+
+    import numpy as np
+
+    from tasks.tokenizer.tokenize_shards import INDEX_FILE, SourceCount, TokenFile, TokenShards
+
+    out_dir.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    files, sources = {}, {}
+    for split, n in (("train", 6000), ("val", 600)):
+        docs = [np.append(10 + (np.arange(int(rng.integers(10, 40))) % 7) * 3, 2) for _ in range(n // 20)]
+        tokens = np.concatenate(docs).astype("<u2")
+        path = out_dir / f"{split}.bin"
+        tokens.tofile(path)
+        files[split] = TokenFile(file=path.name, tokens=len(tokens), bytes=path.stat().st_size,
+                                 sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+        sources[split] = {"test": SourceCount(documents=len(docs), tokens=len(tokens))}
+    index = TokenShards(dtype="uint16", vocab_size=vocab_size, eos_id=2, val_fraction=0.1, tokenizer_sha256="t",
+                        manifest_sha256="m", files=files, sources=sources)
+    (out_dir / INDEX_FILE).write_text(index.model_dump_json())
+    return out_dir
+
+
+def tiny_pretrain_config(**overrides):
+    """A PretrainConfig of a 2-layer, 32-wide model on 16-token windows, with `overrides`."""
+    from tasks.training.pretrain.stage import PretrainConfig
+
+    base = dict(
+        model="demo",
+        model_overrides=dict(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16),
+        seq_len=16, micro_batch_size=4, max_steps=6, precision="fp32",
+    )
+    return PretrainConfig(**{**base, **overrides})
+
+
+TINY_VOCAB = 64
+TINY_SEQ = 16
+
+
+def loop_model(seed: int = 0):
+    """tiny_llama over TINY_VOCAB tokens and TINY_SEQ positions: what the training-loop tests train."""
+    return tiny_llama(TINY_VOCAB, seed, max_seq_len=TINY_SEQ)
+
+
+def random_tokens(n: int = 8_000):
+    """Uniform random token ids (6..TINY_VOCAB-1), seeded."""
+    import numpy as np
+
+    return np.random.default_rng(1).integers(6, TINY_VOCAB, n).astype(np.uint16)
+
+
+def train_config_for(**overrides):
+    """A fast fp32 ZeRO-0 TrainConfig for TINY_SEQ windows, with `overrides`."""
+    from tasks.training.loop import TrainConfig
+
+    base = dict(seq_len=TINY_SEQ, micro_batch_size=4, grad_accum=1, lr=3e-3, warmup_steps=2, max_steps=8,
+                log_every=1, precision="fp32", zero="zero0", peak_flops=1e11, eval_batches=2, seed=0)
+    return TrainConfig(**{**base, **overrides})

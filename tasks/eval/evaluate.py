@@ -209,52 +209,23 @@ def token_metrics(model: Transformer, val_tokens: np.ndarray, cfg: EvalConfig) -
 
 def answer_records(model: Transformer, tokenizer, problems: Sequence, cfg: EvalConfig) -> list[AnswerRecord]:
     """Greedy response to each problem via the chat template, scored by `cfg.reward`."""
-    from models.chat_template import decode_completion, encode_prompt, special_ids
-    from models.sampling import generate
+    from tasks.eval.answers import greedy_answers
     from tasks.eval.rewards import get_reward
 
     reward = get_reward(cfg.reward)
-    sp = special_ids(tokenizer)
-    device = next(model.parameters()).device
-    # generate() has no padding mask, so only prompts of equal length share a batch.
-    by_length: dict[int, list[tuple[int, list[int]]]] = {}
-    for i, p in enumerate(problems):
-        ids = encode_prompt(tokenizer, p.question)
-        by_length.setdefault(len(ids), []).append((i, ids))
-    records: list[AnswerRecord | None] = [None] * len(problems)
-    was_training = model.training
-    model.eval()
-    try:
-        for length, items in sorted(by_length.items()):
-            max_new = min(cfg.max_answer_tokens, model.cfg.max_seq_len - length)
-            if max_new < 1:
-                raise ValueError(
-                    f"prompt of {length} tokens leaves no room to answer within max_seq_len={model.cfg.max_seq_len}; "
-                    "use shorter questions or a model with a longer context"
-                )
-            for start in range(0, len(items), cfg.batch_size):
-                chunk = items[start : start + cfg.batch_size]
-                prompt = torch.tensor([ids for _, ids in chunk], dtype=torch.long, device=device)
-                gen = generate(model, prompt, max_new, temperature=0.0, eos_id=sp.end_turn, pad_id=sp.pad)
-                logprob = (gen.logprobs * gen.mask).sum(dim=1).double().cpu()
-                n_tok = gen.mask.sum(dim=1).cpu()
-                for row, (i, _) in enumerate(chunk):
-                    new = gen.new_tokens[row].tolist()
-                    text = decode_completion(tokenizer, new)
-                    n = int(n_tok[row])
-                    records[i] = AnswerRecord(
-                        question=problems[i].question,
-                        expected=int(problems[i].answer),
-                        response=text,
-                        correct=reward(text, problems[i]) >= 1.0,
-                        confidence=float(math.exp(logprob[row])),
-                        mean_token_prob=float(math.exp(logprob[row] / max(n, 1))),
-                        n_tokens=n,
-                        finished=sp.end_turn in new[:n],
-                    )
-    finally:
-        model.train(was_training)
-    return [r for r in records if r is not None]
+    return [
+        AnswerRecord(
+            question=a.problem.question,
+            expected=int(a.problem.answer),
+            response=a.text,
+            correct=reward(a.text, a.problem) >= 1.0,
+            confidence=float(math.exp(a.logprob)),
+            mean_token_prob=float(math.exp(a.logprob / max(a.n_tokens, 1))),
+            n_tokens=a.n_tokens,
+            finished=a.finished,
+        )
+        for a in greedy_answers(model, tokenizer, problems, cfg.max_answer_tokens, cfg.batch_size)
+    ]
 
 
 # ----------------------------------------------------------------------------- stage

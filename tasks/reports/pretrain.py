@@ -11,14 +11,16 @@ from tasks.training.pretrain.stage import CONFIG_FILE, DS_CONFIG_FILE, PretrainR
 from tasks.tokenizer.tokenize_shards import load_token_index, unigram_perplexity
 
 
-class PretrainSummary(BaseModel):
+class PretrainReport(BaseModel):
+    """Pretraining's evaluation: validation perplexity beside the unigram baseline, the Chinchilla view, markdown."""
+
     unigram_ppl: float
     val_ppl: float | None
     chinchilla: str
     markdown: str
 
 
-def log_pretrain_summary(tokenizer: Path, tokens_dir: Path, result: PretrainResult, out_dir: Path) -> PretrainSummary:
+def log_pretrain_summary(tokenizer: Path, tokens_dir: Path, result: PretrainResult, out_dir: Path) -> PretrainReport:
     """Compute the baseline, log the comparison and artifacts to the active MLflow run."""
     import mlflow
 
@@ -64,4 +66,4 @@ def log_pretrain_summary(tokenizer: Path, tokens_dir: Path, result: PretrainResu
     mlflow.log_artifacts(str(result.model_dir), artifact_path="model")  # safetensors + config.json
     if report.warning:
         mlflow.set_tag("chinchilla.warning", report.warning)
-    return PretrainSummary(unigram_ppl=unigram, val_ppl=result.val_ppl, chinchilla=report.summary(), markdown=markdown)
+    return PretrainReport(unigram_ppl=unigram, val_ppl=result.val_ppl, chinchilla=report.summary(), markdown=markdown)

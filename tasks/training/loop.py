@@ -1,10 +1,10 @@
 """The generic DeepSpeed training loop shared by pretraining and SFT.
 
-    engine = deepspeed.initialize(model, our AdamW groups, our LambdaLR, JSON for the ZeRO stage)
+    engine = build_engine(model, our AdamW groups, our LambdaLR, JSON for the ZeRO stage)
     for step in range(resumed_step, max_steps):
         for each micro-batch: loss = loss_fn(engine, train_batches(micro, rank, world)); backward; step
         one all-reduce: mean loss + "was any loss non-finite?"  -> skipped/failed steps agree on all ranks
-        log / eval / checkpoint on their schedules
+        log / validate / checkpoint on their schedules
 
 Data order is a pure function of (micro-batch index, rank, world), so resuming needs only the
 step count; the checkpoint also carries each rank's RNG states so anything random in the
@@ -12,35 +12,26 @@ model (dropout) or the loss continues exactly as in an uninterrupted run.
 """
 from __future__ import annotations
 
-import contextlib
-
-import json
-import math
-import os
-import random
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from pydantic import Field
 
 from infra.config import StrictModel
-from infra.deepspeed_launch import build_ds_config, free_port, resolve_precision
-from models.optim import GuardedAdamW, build_adamw, build_scheduler
-from infra.atomic import atomic_path
-from tasks.data.manifest import ChecksumError, sha256_file
+from infra.deepspeed_launch import resolve_precision
+from tasks.training.checkpoint import load_latest, save_checkpoint, seed_all, tag_of
+from tasks.training.engine import EngineSpec, build_engine, init_distributed
+from tasks.training.metrics import MetricsSink, Throughput, measure_peak_flops, model_flops_per_token, perplexity
 
 Batch = Any  # whatever train_batches returns and loss_fn understands; tensors inside are moved to the device
 BatchFn = Callable[[int, int, int], Batch]  # (micro-batch index, rank, world size) -> batch
 LossFn = Callable[[torch.nn.Module, Batch], torch.Tensor]
-
-CKPT_TAG_PREFIX = "step"
-CKPT_SUMS_FILE = "SHA256SUMS.json"  # per checkpoint folder: DeepSpeed itself records no checksums
+Echo = Callable[[str], Any]
 
 
 class TrainConfig(StrictModel):
@@ -70,43 +61,27 @@ class TrainConfig(StrictModel):
     def tokens_per_step(self, world: int) -> int:
         return self.micro_batch_size * self.seq_len * self.grad_accum * world
 
-
-class MetricsSink(Protocol):
-    """Where rank 0 sends metrics."""
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+    def train_config(self) -> "TrainConfig":
+        """Only the loop's fields (a stage's config adds its own)."""
+        return TrainConfig(**self.model_dump(include=set(TrainConfig.model_fields)))
 
 
-class ListSink:
-    """Keeps every logged (step, metrics) pair in memory (tests, plots)."""
+def epoch_orders(n: int, seed: int) -> Callable[[int], np.ndarray]:
+    """epoch -> the order in which that epoch visits n samples, drawn from (seed, epoch).
 
-    def __init__(self) -> None:
-        self.records: list[tuple[int, dict[str, float]]] = []
+    At most two epochs are kept: a batch can straddle one boundary.
+    """
+    orders: dict[int, np.ndarray] = {}
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.records.append((step, dict(metrics)))
+    def order(epoch: int) -> np.ndarray:
+        if epoch not in orders:
+            if len(orders) >= 2:
+                orders.pop(min(orders))
+            orders[epoch] = np.random.default_rng([seed, epoch]).permutation(n)
+        return orders[epoch]
 
-    def series(self, name: str) -> tuple[list[int], list[float]]:
-        """Steps and values of one metric, in logging order."""
-        pairs = [(s, m[name]) for s, m in self.records if name in m]
-        return [s for s, _ in pairs], [v for _, v in pairs]
+    return order
 
-
-class MlflowSink:
-    """Logs to the active MLflow run (opened with infra.tracking.stage_run); only rank 0 writes."""
-
-    def __init__(self, rank: int = 0) -> None:
-        self.rank = rank
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        if self.rank != 0:
-            return
-        import mlflow
-
-        # MLflow rejects NaN/inf metric values on some stores; a skipped step's loss is reported as such.
-        clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
-        if clean:
-            mlflow.log_metrics(clean, step=step)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -124,54 +99,62 @@ class TrainResult:
     tokens_seen: int
     tokens_per_s: float | None  # training throughput of this session, eval and checkpoints excluded
     skipped_steps: int
-    resumed_from: int | None
+    resumed_from: int | None  # the checkpoint step this session started from; None for a fresh run
     world_size: int
     checkpoint: Path | None
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-# ----------------------------------------------------------------------------- distributed setup
+@dataclass
+class _Progress:
+    """The loop's counters: what a checkpoint carries besides the engine and the RNG states."""
+
+    step: int = 0
+    tokens_seen: int = 0
+    skipped: int = 0
+    bad_run: int = 0  # consecutive non-finite steps
+    last_loss: float | None = None
+    last_val: float | None = None
+    # Carried in the checkpoint so a resumed run's loss curve starts at step 1, not at the resume.
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    @classmethod
+    def resumed(cls, client: dict[str, Any], tokens_per_step: int) -> "_Progress":
+        if not client:
+            return cls()
+        step = int(client["step"])
+        return cls(
+            step=step,
+            tokens_seen=int(client.get("tokens_seen", step * tokens_per_step)),
+            skipped=int(client.get("skipped_steps", 0)),
+            bad_run=int(client.get("consecutive_bad", 0)),
+            last_loss=client.get("last_loss"),
+            last_val=client.get("last_val_loss"),
+            history=list(client.get("history") or []),
+        )
+
+    def client_state(self, world: int) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "world_size": world,
+            "tokens_seen": self.tokens_seen,
+            "skipped_steps": self.skipped,
+            "consecutive_bad": self.bad_run,
+            "last_loss": self.last_loss,
+            "last_val_loss": self.last_val,
+            "history": self.history,
+        }
 
 
-def init_distributed() -> tuple[int, int]:
-    """Join the process group the launcher described, or make a one-rank group in this process.
+@dataclass
+class _StepStats:
+    """One optimizer step, agreed on by every rank."""
 
-    Returns (rank, world size). DeepSpeed's engine reads LOCAL_RANK etc. from the environment,
-    so the single-process case sets them (only if absent) before initialising.
-    """
-    import deepspeed
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            for key, value in {
-                "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-            }.items():
-                os.environ.setdefault(key, value)
-        deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
-    return dist.get_rank(), dist.get_world_size()
-
-
-def measure_peak_flops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                       n: int | None = None, min_seconds: float = 1.0) -> float:
-    """FLOP/s of square matmuls (torch.mm) on `device`: the practical peak that MFU is quoted against."""
-    device = torch.device(device)
-    n = n or (8192 if device.type == "cuda" else 2048)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    torch.mm(a, b)  # warm-up: thread pools, kernel selection
-    sync()
-    reps, start = 0, time.perf_counter()
-    while True:
-        torch.mm(a, b)
-        reps += 1
-        sync()
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_seconds and reps >= 3:
-            break
-    return 2.0 * n**3 * reps / elapsed
+    lr: float  # the lr this step used
+    loss: float | None  # mean over micro-batches and ranks; None when the step was skipped
+    n_nonfinite: int  # micro-batches (all ranks) with a non-finite loss
+    tokens: int  # fed by all ranks
+    seconds: float
 
 
 def _to_device(batch: Batch, device: torch.device) -> Batch:
@@ -184,164 +167,7 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
     return batch
 
 
-# ----------------------------------------------------------------------------- RNG and checkpoints
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def checkpoint_tags(ckpt_dir: Path) -> list[str]:
-    """Checkpoint folders written by `train`, oldest first."""
-    if not Path(ckpt_dir).is_dir():
-        return []
-    return sorted(p.name for p in Path(ckpt_dir).iterdir() if p.is_dir() and p.name.startswith(CKPT_TAG_PREFIX))
-
-
-def latest_checkpoint_step(ckpt_dir: Path) -> int | None:
-    """The step of the checkpoint a resume would load (DeepSpeed's `latest` file), or None."""
-    latest = Path(ckpt_dir) / "latest"
-    if not latest.is_file():
-        return None
-    return int(latest.read_text().strip().removeprefix(CKPT_TAG_PREFIX))
-
-
-def write_checkpoint_sums(tag_dir: Path) -> Path:
-    """Record the sha256 of every file of a finished checkpoint folder in its SHA256SUMS.json."""
-    tag_dir = Path(tag_dir)
-    sums = {
-        p.relative_to(tag_dir).as_posix(): sha256_file(p)
-        for p in sorted(tag_dir.rglob("*"))
-        if p.is_file() and p.name != CKPT_SUMS_FILE
-    }
-    path = tag_dir / CKPT_SUMS_FILE
-    tmp = atomic_path(path)
-    tmp.write_text(json.dumps(sums, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)  # written last and atomically: its presence means the save completed
-    return path
-
-
-def verify_checkpoint(tag_dir: Path) -> None:
-    """Raise ChecksumError naming the first missing, changed or unlisted-truncated file of a checkpoint."""
-    tag_dir = Path(tag_dir)
-    sums_path = tag_dir / CKPT_SUMS_FILE
-    if not sums_path.is_file():
-        raise ChecksumError(f"{sums_path}: missing, so {tag_dir} may be incomplete; delete that folder "
-                            "(and fix 'latest') to resume from an earlier checkpoint, or delete the "
-                            "checkpoints folder to start over")
-    for rel, expected in json.loads(sums_path.read_text(encoding="utf-8")).items():
-        path = tag_dir / rel
-        if not path.is_file():
-            raise ChecksumError(f"{path}: listed in {sums_path} but missing; the checkpoint is damaged")
-        actual = sha256_file(path)
-        if actual != expected:
-            raise ChecksumError(f"{path}: sha256 {actual[:12]}… != {expected[:12]}… in {sums_path}; "
-                                "the checkpoint file is corrupted or truncated")
-
-
-def resume_tag(ckpt_dir: Path) -> str | None:
-    """The checkpoint folder a resume loads: the one 'latest' names, or None if there is none.
-
-    A run killed after DeepSpeed wrote 'latest' but before SHA256SUMS.json leaves a newest
-    folder without sums; the resume then falls back to the newest older folder that has them.
-    A folder whose sums do not match raises ChecksumError (never silently skipped).
-    """
-    ckpt_dir = Path(ckpt_dir)
-    step = latest_checkpoint_step(ckpt_dir)
-    if step is None:
-        return None
-    tag = f"{CKPT_TAG_PREFIX}{step:08d}"
-    if not (ckpt_dir / tag / CKPT_SUMS_FILE).is_file():
-        older = [t for t in checkpoint_tags(ckpt_dir) if t < tag and (ckpt_dir / t / CKPT_SUMS_FILE).is_file()]
-        if older:
-            tag = older[-1]
-    verify_checkpoint(ckpt_dir / tag)
-    return tag
-
-
-def _all_gather(obj: Any, world: int) -> list[Any]:
-    import torch.distributed as dist
-
-    if world == 1:
-        return [obj]
-    out: list[Any] = [None] * world
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _save_checkpoint(engine, ckpt_dir: Path, step: int, client_state: dict[str, Any], rank: int, world: int,
-                     keep: int) -> Path:
-    import torch.distributed as dist
-
-    # Every rank's RNG goes into the one client_state file that rank 0 writes.
-    state = dict(client_state, rng=_all_gather(_rng_state(), world))
-    tag = f"{CKPT_TAG_PREFIX}{step:08d}"
-    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=state)
-    dist.barrier()
-    if rank == 0:
-        write_checkpoint_sums(Path(ckpt_dir) / tag)
-        for old in checkpoint_tags(ckpt_dir)[:-keep]:
-            shutil.rmtree(Path(ckpt_dir) / old, ignore_errors=True)
-    dist.barrier()
-    return Path(ckpt_dir) / tag
-
-
-# ----------------------------------------------------------------------------- the loop
-
-
-def _make_engine(model: torch.nn.Module, cfg: TrainConfig):
-    import deepspeed
-
-    ds_config = build_ds_config(cfg.zero, cfg)
-    plain = cfg.zero == "zero0" and resolve_precision(cfg.precision) == "fp32"
-    if plain:
-        # Without a ZeRO/bf16 wrapper DeepSpeed steps our optimizer even on NaN gradients and
-        # does not report the grad norm; GuardedAdamW clips, reports and skips instead.
-        optimizer = GuardedAdamW(
-            model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, max_grad_norm=cfg.grad_clip
-        )
-        ds_config["gradient_clipping"] = 0.0
-    else:
-        optimizer = build_adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
-    scheduler = build_scheduler(optimizer, cfg)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
-    return engine
-
-
-def _default_flops_per_token(model: torch.nn.Module, seq_len: int) -> float | None:
-    mcfg = getattr(model, "cfg", None)
-    if mcfg is None:
-        return None
-    try:
-        from models.flops import flops_per_token
-
-        return flops_per_token(mcfg, seq_len)
-    except (ImportError, AttributeError, TypeError):
-        return 6.0 * sum(p.numel() for p in model.parameters())
-
-
-def evaluate(engine, eval_batches: BatchFn, loss_fn: LossFn, n_batches: int, rank: int, world: int) -> float:
+def validation_loss(engine, eval_batches: BatchFn, loss_fn: LossFn, n_batches: int, rank: int, world: int) -> float:
     """Mean loss over n_batches per rank, averaged over ranks; the model is left in train mode."""
     import torch.distributed as dist
 
@@ -356,6 +182,112 @@ def evaluate(engine, eval_batches: BatchFn, loss_fn: LossFn, n_batches: int, ran
     return float(total) / (n_batches * world)
 
 
+# ----------------------------------------------------------------------------- one step and its reports
+
+
+def _optimizer_step(engine, cfg: TrainConfig, train_batches: BatchFn, loss_fn: LossFn,
+                    batch_tokens: Callable[[Batch], int] | None, step: int, rank: int, world: int) -> _StepStats:
+    """grad_accum micro-batches through forward, backward and the engine step; one all-reduce of the stats."""
+    import torch.distributed as dist
+
+    device = engine.device
+    t0 = time.perf_counter()
+    lr = float(engine.get_lr()[0])
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    nonfinite = torch.zeros((), dtype=torch.float64, device=device)
+    fed = torch.zeros((), dtype=torch.float64, device=device)
+    for k in range(cfg.grad_accum):
+        batch = _to_device(train_batches(step * cfg.grad_accum + k, rank, world), device)
+        fed += batch_tokens(batch) if batch_tokens else cfg.micro_batch_size * cfg.seq_len
+        loss = loss_fn(engine, batch)
+        if not loss.requires_grad:
+            raise TypeError("loss_fn must return a scalar tensor attached to the model's graph (requires_grad)")
+        detached = loss.detach().double()
+        loss_sum += torch.nan_to_num(detached, nan=0.0, posinf=0.0, neginf=0.0)
+        nonfinite += (~torch.isfinite(detached)).double()
+        # A non-finite loss still goes through backward: its NaN gradients make DeepSpeed's
+        # overflow check (or GuardedAdamW) skip the update on every rank, with no special path.
+        engine.backward(loss)
+        engine.step()
+    stats = torch.stack([loss_sum, nonfinite, fed])
+    if world > 1:
+        dist.all_reduce(stats)
+    n_nonfinite = int(stats[1].item())
+    tokens = int(stats[2].item())  # summed over ranks by the same all_reduce
+    bad = n_nonfinite > 0 or not engine.was_step_applied()
+    loss_mean = None if bad else float(stats[0].item()) / (cfg.grad_accum * world)
+    return _StepStats(lr, loss_mean, n_nonfinite, tokens, time.perf_counter() - t0)
+
+
+def _count_bad_step(progress: _Progress, stats: _StepStats, cfg: TrainConfig, rank: int, log: MetricsSink,
+                    echo: Echo | None, ckpt_dir: Path) -> None:
+    """Count a skipped step; fail after cfg.max_bad_steps of them in a row."""
+    progress.skipped += 1
+    progress.bad_run += 1
+    done = progress.step
+    if rank == 0:
+        log.log_metrics({"skipped_step": 1.0, "nonfinite_losses": float(stats.n_nonfinite)}, done)
+        if echo:
+            echo(f"step {done}: non-finite loss on {stats.n_nonfinite} micro-batch(es); update skipped "
+                 f"({progress.bad_run}/{cfg.max_bad_steps} in a row)")
+    if progress.bad_run >= cfg.max_bad_steps:
+        raise NonFiniteLossError(
+            f"{progress.bad_run} consecutive steps (up to step {done}) had a non-finite loss or gradient; "
+            "lower lr, raise warmup_steps or check the data; the last good checkpoint is in "
+            f"{ckpt_dir}"
+        )
+
+
+def _log_window(engine, progress: _Progress, clock: Throughput, stats: _StepStats, cfg: TrainConfig, world: int,
+                log: MetricsSink, echo: Echo | None) -> None:
+    """Rank 0: mean loss, lr, throughput, grad norm and MFU of the steps since the last log."""
+    done = progress.step
+    window = clock.window_metrics(world)
+    grad_norm = engine.get_global_grad_norm()
+    metrics = {"loss": window["loss"], "lr": stats.lr, "tokens_per_s": window["tokens_per_s"],
+               "tokens_seen": float(progress.tokens_seen)}
+    if grad_norm is not None and stats.loss is not None:
+        metrics["grad_norm"] = float(grad_norm)
+    if "mfu" in window:
+        metrics["mfu"] = window["mfu"]
+    log.log_metrics(metrics, done)
+    progress.history.append({"step": float(done), **metrics})
+    if echo:
+        echo(f"step {done}/{cfg.max_steps} loss {metrics['loss']:.4f} lr {stats.lr:.2e} "
+             f"{metrics['tokens_per_s']:,.0f} tok/s" + (f" mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""))
+
+
+def _validate(engine, progress: _Progress, eval_batches: BatchFn, loss_fn: LossFn, cfg: TrainConfig, rank: int,
+              world: int, log: MetricsSink, echo: Echo | None) -> None:
+    """Validation loss on every rank; rank 0 logs it with its perplexity."""
+    done = progress.step
+    progress.last_val = validation_loss(engine, eval_batches, loss_fn, cfg.eval_batches, rank, world)
+    if rank == 0:
+        val_metrics = {"val_loss": progress.last_val, "val_ppl": perplexity(progress.last_val)}
+        log.log_metrics(val_metrics, done)
+        progress.history.append({"step": float(done), **val_metrics})
+        if echo:
+            echo(f"step {done}: val_loss {progress.last_val:.4f} val_ppl {val_metrics['val_ppl']:.2f}")
+
+
+def _on_schedule(done: int, every: int, last: int) -> bool:
+    """Whether step `done` is a multiple of `every` (0: never) or the last step."""
+    return done == last or bool(every and done % every == 0)
+
+
+def _throughput(model: torch.nn.Module, cfg: TrainConfig, device, rank: int,
+                flops_per_token: float | None) -> Throughput:
+    """FLOPs per token and (rank 0, when not configured) the measured peak FLOP/s that MFU divides by."""
+    fpt = flops_per_token if flops_per_token is not None else model_flops_per_token(model, cfg.seq_len)
+    peak = cfg.peak_flops
+    if peak is None and rank == 0 and fpt is not None:
+        peak = measure_peak_flops(device, torch.bfloat16 if resolve_precision(cfg.precision) == "bf16" else torch.float32)
+    return Throughput(flops_per_token=fpt, peak_flops=peak)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
 def train(
     model: torch.nn.Module,
     cfg: TrainConfig,
@@ -367,7 +299,7 @@ def train(
     *,
     flops_per_token: float | None = None,
     batch_tokens: Callable[[Batch], int] | None = None,
-    echo: Callable[[str], Any] | None = None,
+    echo: Echo | None = None,
 ) -> TrainResult:
     """Train `model` with DeepSpeed until cfg.max_steps, resuming from ckpt_dir's latest checkpoint if any.
 
@@ -378,186 +310,48 @@ def train(
     micro-batch really feeds the model, for tokens/s and MFU when batches are padded per batch
     and shorter than seq_len (SFT); without it every micro-batch counts micro_batch_size * seq_len.
     """
-    import torch.distributed as dist
-
     rank, world = init_distributed()
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    _seed_all(cfg.seed + rank)
-    engine = _make_engine(model, cfg)
-    device = engine.device
-
-    start, client = 0, {}
-    tag = resume_tag(ckpt_dir)  # every rank checks the sums, so a bad checkpoint fails all ranks alike
-    if tag is not None:
-        load_path, client = engine.load_checkpoint(str(ckpt_dir), tag=tag)
-        if load_path is None:
-            raise RuntimeError(f"{ckpt_dir}: 'latest' names a checkpoint DeepSpeed could not load; delete it to start over")
-        client = client or {}
-        start = int(client["step"])
-        if client.get("world_size", world) != world and rank == 0 and echo:
-            echo(f"resuming a {client['world_size']}-rank checkpoint with {world} ranks: the data order changes")
-        rngs = client.get("rng") or []
-        if rank < len(rngs):
-            _set_rng_state(rngs[rank])
-
-    fpt = flops_per_token if flops_per_token is not None else _default_flops_per_token(model, cfg.seq_len)
-    peak = cfg.peak_flops
-    if peak is None and rank == 0 and fpt is not None:
-        peak = measure_peak_flops(device, torch.bfloat16 if resolve_precision(cfg.precision) == "bf16" else torch.float32)
-
-    tokens_per_step = cfg.tokens_per_step(world)
-    tokens_seen = int(client.get("tokens_seen", start * tokens_per_step))
-    skipped = int(client.get("skipped_steps", 0))
-    bad_run = int(client.get("consecutive_bad", 0))
-    last_loss: float | None = client.get("last_loss")
-    last_val: float | None = client.get("last_val_loss")
-    # Carried in the checkpoint so a resumed run's loss curve starts at step 1, not at the resume.
-    history: list[dict[str, float]] = list(client.get("history") or [])
-    train_time, train_tokens = 0.0, 0
-    window_losses: list[float] = []
-    window_time, window_tokens = 0.0, 0
-    checkpoint: Path | None = ckpt_dir / f"{CKPT_TAG_PREFIX}{start:08d}" if start else None
+    seed_all(cfg.seed + rank)
+    engine = build_engine(model, EngineSpec.of(cfg), schedule=cfg)
+    progress = _Progress.resumed(load_latest(engine, ckpt_dir, rank, world, echo), cfg.tokens_per_step(world))
+    start = progress.step
+    # After the resume: measuring the peak draws random matrices, as it always has at this point.
+    clock = _throughput(model, cfg, engine.device, rank, flops_per_token)
+    checkpoint: Path | None = ckpt_dir / tag_of(start) if start else None
 
     engine.train()
     for step in range(start, cfg.max_steps):
-        t0 = time.perf_counter()
-        lr = float(engine.get_lr()[0])
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        nonfinite = torch.zeros((), dtype=torch.float64, device=device)
-        fed = torch.zeros((), dtype=torch.float64, device=device)
-        for k in range(cfg.grad_accum):
-            batch = _to_device(train_batches(step * cfg.grad_accum + k, rank, world), device)
-            fed += batch_tokens(batch) if batch_tokens else cfg.micro_batch_size * cfg.seq_len
-            loss = loss_fn(engine, batch)
-            if not loss.requires_grad:
-                raise TypeError("loss_fn must return a scalar tensor attached to the model's graph (requires_grad)")
-            detached = loss.detach().double()
-            loss_sum += torch.nan_to_num(detached, nan=0.0, posinf=0.0, neginf=0.0)
-            nonfinite += (~torch.isfinite(detached)).double()
-            # A non-finite loss still goes through backward: its NaN gradients make DeepSpeed's
-            # overflow check (or GuardedAdamW) skip the update on every rank, with no special path.
-            engine.backward(loss)
-            engine.step()
-        stats = torch.stack([loss_sum, nonfinite, fed])
-        if world > 1:
-            dist.all_reduce(stats)
-        n_nonfinite = int(stats[1].item())
-        step_tokens = int(stats[2].item())  # summed over ranks by the same all_reduce
-        bad = n_nonfinite > 0 or not engine.was_step_applied()
-        done = step + 1
-        elapsed = time.perf_counter() - t0
-        train_time += elapsed
-        train_tokens += step_tokens
-        window_time += elapsed
-        window_tokens += step_tokens
-        tokens_seen += step_tokens
-
-        if bad:
-            skipped += 1
-            bad_run += 1
-            if rank == 0:
-                log.log_metrics({"skipped_step": 1.0, "nonfinite_losses": float(n_nonfinite)}, done)
-                if echo:
-                    echo(f"step {done}: non-finite loss on {n_nonfinite} micro-batch(es); update skipped "
-                         f"({bad_run}/{cfg.max_bad_steps} in a row)")
-            if bad_run >= cfg.max_bad_steps:
-                raise NonFiniteLossError(
-                    f"{bad_run} consecutive steps (up to step {done}) had a non-finite loss or gradient; "
-                    "lower lr, raise warmup_steps or check the data; the last good checkpoint is in "
-                    f"{ckpt_dir}"
-                )
+        stats = _optimizer_step(engine, cfg, train_batches, loss_fn, batch_tokens, step, rank, world)
+        progress.step = done = step + 1
+        progress.tokens_seen += stats.tokens
+        clock.add(stats.seconds, stats.tokens, stats.loss)
+        if stats.loss is None:
+            _count_bad_step(progress, stats, cfg, rank, log, echo, ckpt_dir)
         else:
-            bad_run = 0
-            last_loss = float(stats[0].item()) / (cfg.grad_accum * world)
-            window_losses.append(last_loss)
-
-        if done % cfg.log_every == 0 or done == cfg.max_steps:
-            if rank == 0 and window_losses:
-                tps = window_tokens / window_time if window_time > 0 else 0.0
-                grad_norm = engine.get_global_grad_norm()
-                metrics = {
-                    "loss": sum(window_losses) / len(window_losses),
-                    "lr": lr,
-                    "tokens_per_s": tps,
-                    "tokens_seen": float(tokens_seen),
-                }
-                if grad_norm is not None and not bad:
-                    metrics["grad_norm"] = float(grad_norm)
-                if fpt is not None and peak:
-                    metrics["mfu"] = fpt * tps / (peak * world)
-                log.log_metrics(metrics, done)
-                history.append({"step": float(done), **metrics})
-                if echo:
-                    echo(f"step {done}/{cfg.max_steps} loss {metrics['loss']:.4f} lr {lr:.2e} "
-                         f"{tps:,.0f} tok/s" + (f" mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""))
-            window_losses, window_time, window_tokens = [], 0.0, 0
-
-        is_eval = done == cfg.max_steps or (cfg.eval_every and done % cfg.eval_every == 0)
-        if is_eval and eval_batches is not None and cfg.eval_batches > 0:
-            last_val = evaluate(engine, eval_batches, loss_fn, cfg.eval_batches, rank, world)
-            if rank == 0:
-                val_metrics = {"val_loss": last_val, "val_ppl": _ppl(last_val)}
-                log.log_metrics(val_metrics, done)
-                history.append({"step": float(done), **val_metrics})
-                if echo:
-                    echo(f"step {done}: val_loss {last_val:.4f} val_ppl {val_metrics['val_ppl']:.2f}")
-
-        if done == cfg.max_steps or (cfg.ckpt_every and done % cfg.ckpt_every == 0):
-            client_state = {
-                "step": done,
-                "data_position": done * cfg.grad_accum,  # next micro-batch index
-                "world_size": world,
-                "tokens_seen": tokens_seen,
-                "skipped_steps": skipped,
-                "consecutive_bad": bad_run,
-                "last_loss": last_loss,
-                "last_val_loss": last_val,
-                "history": history,
-            }
-            checkpoint = _save_checkpoint(engine, ckpt_dir, done, client_state, rank, world, cfg.keep_checkpoints)
+            progress.bad_run = 0
+            progress.last_loss = stats.loss
+        if _on_schedule(done, cfg.log_every, cfg.max_steps):
+            if rank == 0 and clock.window_losses:
+                _log_window(engine, progress, clock, stats, cfg, world, log, echo)
+            clock.reset_window()
+        if _on_schedule(done, cfg.eval_every, cfg.max_steps) and eval_batches is not None and cfg.eval_batches > 0:
+            _validate(engine, progress, eval_batches, loss_fn, cfg, rank, world, log, echo)
+        if _on_schedule(done, cfg.ckpt_every, cfg.max_steps):
+            checkpoint = save_checkpoint(engine, ckpt_dir, done, progress.client_state(world), rank, world,
+                                         cfg.keep_checkpoints)
 
     return TrainResult(
         steps=max(start, cfg.max_steps),
-        final_loss=last_loss,
-        final_val_loss=last_val,
-        final_val_ppl=_ppl(last_val) if last_val is not None else None,
-        tokens_seen=tokens_seen,
-        tokens_per_s=train_tokens / train_time if train_time > 0 else None,
-        skipped_steps=skipped,
+        final_loss=progress.last_loss,
+        final_val_loss=progress.last_val,
+        final_val_ppl=perplexity(progress.last_val) if progress.last_val is not None else None,
+        tokens_seen=progress.tokens_seen,
+        tokens_per_s=clock.tokens_per_s(),
+        skipped_steps=progress.skipped,
         resumed_from=start or None,
         world_size=world,
         checkpoint=checkpoint,
-        history=history,
-    )
-
-
-def _ppl(loss: float) -> float:
-    # exp overflows past ~709; an untrained model's perplexity is the vocab size, far below.
-    return math.exp(min(loss, 700.0))
-
-
-def full_parameters(model: torch.nn.Module, zero: str):
-    """Context in which every rank sees whole parameters (ZeRO-3 keeps only a shard per rank)."""
-    if zero != "zero3":
-        return contextlib.nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
-
-
-def loss_curve(result: "TrainResult", path: Path, title: str) -> Path | None:
-    """Plot the train and validation losses of a finished run; None when nothing was logged."""
-    from tasks.reports.plots import loss_curve_png
-
-    train = [(h["step"], h["loss"]) for h in result.history if "loss" in h]
-    val = [(h["step"], h["val_loss"]) for h in result.history if "val_loss" in h]
-    series = {name: pts for name, pts in (("train loss", train), ("val loss", val)) if pts}
-    if not series:
-        return None
-    return loss_curve_png(
-        {name: [s for s, _ in pts] for name, pts in series.items()},
-        {name: [v for _, v in pts] for name, pts in series.items()},
-        path,
-        title=title,
+        history=progress.history,
     )

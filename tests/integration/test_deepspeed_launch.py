@@ -1,7 +1,6 @@
 """DeepSpeed JSON configs, the launcher command, and real multi-rank runs through the `deepspeed` launcher."""
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from infra.deepspeed_launch import (
     resolve_precision,
 )
 from tasks.training.loop import TrainConfig
+from tests.conftest import tiny_pretrain_config, write_token_shards, write_word_tokenizer
 
 
 @pytest.mark.parametrize("zero", ZERO_STAGES)
@@ -100,39 +100,6 @@ def test_launch_streams_output_and_reports_failure():
 # ----------------------------------------------------------------------------- 2-rank pretraining
 
 
-def _write_tokenizer(path: Path, vocab_size: int) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    from models.special_tokens import SPECIAL_TOKENS
-
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    vocab.update({f"w{i}": i for i in range(len(SPECIAL_TOKENS), vocab_size)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=SPECIAL_TOKENS[0]))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(path))
-    return path
-
-
-def _write_tokens(out_dir: Path, vocab_size: int) -> Path:
-    from tasks.tokenizer.tokenize_shards import INDEX_FILE, SourceCount, TokenFile, TokenShards
-
-    out_dir.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    files, sources = {}, {}
-    for split, n in (("train", 6000), ("val", 600)):
-        docs = [np.append(10 + (np.arange(int(rng.integers(10, 40))) % 7) * 3, 2) for _ in range(n // 20)]
-        tokens = np.concatenate(docs).astype("<u2")
-        path = out_dir / f"{split}.bin"
-        tokens.tofile(path)
-        files[split] = TokenFile(file=path.name, tokens=len(tokens), bytes=path.stat().st_size,
-                                 sha256=hashlib.sha256(path.read_bytes()).hexdigest())
-        sources[split] = {"test": SourceCount(documents=len(docs), tokens=len(tokens))}
-    index = TokenShards(dtype="uint16", vocab_size=vocab_size, eos_id=2, val_fraction=0.1, tokenizer_sha256="t",
-                        manifest_sha256="m", files=files, sources=sources)
-    (out_dir / INDEX_FILE).write_text(index.model_dump_json())
-    return out_dir
-
-
 @pytest.mark.slow
 def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, monkeypatch):
     import mlflow
@@ -140,18 +107,14 @@ def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, monkeypatch):
     from infra.paths import Workspace
     from infra.tracking import tracking_uri
     from models.export import load_model
-    from tasks.training.pretrain.stage import PretrainConfig, run_pretrain
+    from tasks.training.pretrain.stage import run_pretrain
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     vocab = 120
-    tokenizer = _write_tokenizer(tmp_path / "tokenizer.json", vocab)
-    tokens = _write_tokens(tmp_path / "tokens", vocab)
-    cfg = PretrainConfig(
-        model="demo",
-        model_overrides=dict(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16),
-        seq_len=16, micro_batch_size=4, max_steps=6, warmup_steps=1, lr=3e-3, ckpt_every=3, log_every=2,
-        eval_batches=2, zero="zero2", precision="fp32", num_procs=2, peak_flops=1e11,
-    )
+    tokenizer = write_word_tokenizer(tmp_path / "tokenizer.json", vocab)
+    tokens = write_token_shards(tmp_path / "tokens", vocab)
+    cfg = tiny_pretrain_config(warmup_steps=1, lr=3e-3, ckpt_every=3, log_every=2, eval_batches=2, zero="zero2",
+                               num_procs=2, peak_flops=1e11)
     out = tmp_path / "pretrain"
     lines: list[str] = []
     result = run_pretrain(tokens, tokenizer, out, cfg, mlflow_run_id=None, ws_root=tmp_path / "ws", log=lines.append)
@@ -180,39 +143,28 @@ def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, monkeypatch):
     assert [m.step for m in history] == [2, 4, 6]
 
 
-def _tiny_pretrain_config(**overrides):
-    from tasks.training.pretrain.stage import PretrainConfig
-
-    base = dict(
-        model="demo",
-        model_overrides=dict(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16),
-        seq_len=16, micro_batch_size=4, max_steps=6, precision="fp32",
-    )
-    return PretrainConfig(**{**base, **overrides})
-
-
 def test_pretrain_rejects_bad_settings_before_launching(tmp_path):
     from tasks.training.pretrain.stage import run_pretrain
 
-    tokenizer = _write_tokenizer(tmp_path / "tokenizer.json", 120)
-    tokens = _write_tokens(tmp_path / "tokens", 120)
+    tokenizer = write_word_tokenizer(tmp_path / "tokenizer.json", 120)
+    tokens = write_token_shards(tmp_path / "tokens", 120)
     with pytest.raises(ValueError, match="max_seq_len"):
-        run_pretrain(tokens, tokenizer, tmp_path / "a", _tiny_pretrain_config(seq_len=32), None, tmp_path)
+        run_pretrain(tokens, tokenizer, tmp_path / "a", tiny_pretrain_config(seq_len=32), None, tmp_path)
     assert not (tmp_path / "a" / "job.json").exists()
     with pytest.raises(ValueError, match="unknown model preset"):
-        run_pretrain(tokens, tokenizer, tmp_path / "a", _tiny_pretrain_config(model="huge"), None, tmp_path)
+        run_pretrain(tokens, tokenizer, tmp_path / "a", tiny_pretrain_config(model="huge"), None, tmp_path)
 
 
 def test_pretrain_refuses_to_resume_a_different_run(tmp_path):
     from tasks.training.pretrain.stage import CONFIG_FILE, resolve_model_config, run_pretrain
 
-    tokenizer = _write_tokenizer(tmp_path / "tokenizer.json", 120)
-    tokens = _write_tokens(tmp_path / "tokens", 120)
+    tokenizer = write_word_tokenizer(tmp_path / "tokenizer.json", 120)
+    tokens = write_token_shards(tmp_path / "tokens", 120)
     out = tmp_path / "out"
-    old = _tiny_pretrain_config(lr=1e-3)
+    old = tiny_pretrain_config(lr=1e-3)
     (out / "checkpoints").mkdir(parents=True)
     (out / "checkpoints" / "latest").write_text("step00000003")
     (out / CONFIG_FILE).write_text(json.dumps({"pretrain": old.model_dump(mode="json"),
                                                "model": resolve_model_config(old, 120)}))
     with pytest.raises(ValueError, match=r"different settings \(lr\)"):
-        run_pretrain(tokens, tokenizer, out, _tiny_pretrain_config(lr=2e-3), None, tmp_path)
+        run_pretrain(tokens, tokenizer, out, tiny_pretrain_config(lr=2e-3), None, tmp_path)

@@ -6,36 +6,24 @@ import os
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from models.export import load_model, save_model  # noqa: E402
 from models.llama import ModelConfig, Transformer  # noqa: E402
-from models.special_tokens import SPECIAL_TOKENS  # noqa: E402
 from tasks.eval.arithmetic import make_problems  # noqa: E402
 from tasks.training.grpo.stage import GrpoStageConfig, run_grpo  # noqa: E402
 from tasks.training.sft.stage import chat_batches, encode_examples, sft_loss  # noqa: E402
 from tasks.training.sft.data import SftExample  # noqa: E402
+from tests.conftest import small_alphabet_bpe  # noqa: E402
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Two shared cores: torch's intra-op threads spin against each other on tiny matmuls.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=64, special_tokens=SPECIAL_TOKENS)
-    tok.train_from_iterator(["What is 3 + 4? <answer>7</answer> abc xyz 0123456789 - ="] * 20, trainer)
-    return tok
+    return small_alphabet_bpe(64)
 
 
 def quick_sft(model: Transformer, tok: Tokenizer, steps: int = 60) -> Transformer:

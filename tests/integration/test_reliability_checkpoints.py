@@ -6,16 +6,15 @@ import json
 import pytest
 
 from tasks.data.manifest import ChecksumError
+from tasks.training.checkpoint import CKPT_SUMS_FILE, checkpoint_tags, resume_tag, verify_checkpoint
+from tasks.training.loop import train
+from tasks.training.metrics import ListSink
 from tasks.training.pretrain.stage import lm_loss, token_window_batches
-from tasks.training.loop import (
-    CKPT_SUMS_FILE,
-    ListSink,
-    checkpoint_tags,
-    resume_tag,
-    train,
-    verify_checkpoint,
-)
-from tests.unit.training.test_train_loop import cfg_for, one_thread, random_tokens, tiny_model  # noqa: F401 (fixture)
+from tests.conftest import loop_model as tiny_model
+from tests.conftest import random_tokens
+from tests.conftest import train_config_for as cfg_for
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

@@ -10,10 +10,9 @@ import time
 import psutil
 import pytest
 
-from tasks.training.pretrain.stage import PretrainConfig, run_pretrain
-from tasks.training.loop import CKPT_SUMS_FILE, latest_checkpoint_step
-from tests.conftest import ROOT
-from tests.integration.test_deepspeed_launch import _write_tokenizer, _write_tokens
+from tasks.training.checkpoint import CKPT_SUMS_FILE, latest_checkpoint_step
+from tasks.training.pretrain.stage import run_pretrain
+from tests.conftest import ROOT, tiny_pretrain_config, write_token_shards, write_word_tokenizer
 
 _DRIVER = """
 import sys
@@ -42,14 +41,10 @@ def _kill_tree(proc: subprocess.Popen) -> int:
 def test_sigkilled_pretraining_resumes_to_the_uninterrupted_loss(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     vocab = 120
-    tokenizer = _write_tokenizer(tmp_path / "tokenizer.json", vocab)
-    tokens = _write_tokens(tmp_path / "tokens", vocab)
-    cfg = PretrainConfig(
-        model="demo",
-        model_overrides=dict(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16),
-        seq_len=16, micro_batch_size=4, max_steps=40, warmup_steps=2, lr=3e-3, ckpt_every=5, keep_checkpoints=2,
-        log_every=5, eval_batches=2, zero="zero0", precision="fp32", num_procs=1, peak_flops=1e11, export_hf=False,
-    )
+    tokenizer = write_word_tokenizer(tmp_path / "tokenizer.json", vocab)
+    tokens = write_token_shards(tmp_path / "tokens", vocab)
+    cfg = tiny_pretrain_config(max_steps=40, warmup_steps=2, lr=3e-3, ckpt_every=5, keep_checkpoints=2, log_every=5,
+                               eval_batches=2, zero="zero0", num_procs=1, peak_flops=1e11, export_hf=False)
     straight = run_pretrain(tokens, tokenizer, tmp_path / "straight", cfg, None, tmp_path / "ws", log=lambda _: None)
 
     out = tmp_path / "killed"

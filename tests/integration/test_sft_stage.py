@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from models.chat_template import IGNORE_INDEX, encode_chat  # noqa: E402
+from models.chat_template import encode_chat  # noqa: E402
 from models.export import load_model, save_model  # noqa: E402
 from models.llama import ModelConfig, Transformer  # noqa: E402
-from models.special_tokens import SPECIAL_TOKENS  # noqa: E402
+from models.losses import IGNORE_INDEX  # noqa: E402
 from tasks.eval.arithmetic import make_problems  # noqa: E402
 from tasks.training.sft.stage import (  # noqa: E402
     SftConfig,
@@ -30,18 +30,14 @@ from tasks.training.sft.stage import (  # noqa: E402
     sft_sources,
 )
 from tasks.training.sft.data import ArithmeticSftOptions, SftExample  # noqa: E402
+from tests.conftest import small_alphabet_bpe  # noqa: E402
 
 PAD = 0
 
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=64, special_tokens=SPECIAL_TOKENS)
-    tok.train_from_iterator(["What is 3 + 4? <answer>7</answer> abc xyz 0123456789 - ="] * 20, trainer)
-    return tok
+    return small_alphabet_bpe(64)
 
 
 def arithmetic_examples(n: int) -> list[SftExample]:

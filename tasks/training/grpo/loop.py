@@ -20,22 +20,22 @@ itself, the usual approximation, so use temperature 1.0 for exactly on-policy ra
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, Literal, Protocol
 
 import torch
 from pydantic import Field
 
 from infra.config import StrictModel
-from models.chat_template import IGNORE_INDEX, decode_completion, encode_prompt, special_ids
+from models.chat_template import decode_completion, encode_prompt, special_ids
 from models.grpo import group_advantages, grpo_loss
-from models.losses import token_logprobs
+from models.losses import IGNORE_INDEX, token_logprobs
+from tasks.eval.answers import AnswerScore, greedy_answers, score_answers
 from tasks.eval.rewards import combined_reward, get_reward
+from tasks.training.engine import EngineSpec, build_engine
 
 
 class Problem(Protocol):
@@ -45,6 +45,7 @@ class Problem(Protocol):
 
 
 MetricsLog = Callable[[dict, int], Any]
+MAX_BATCH_ROWS = 256  # sequences generated in one batch, bounding the sampler's memory
 
 
 class GrpoConfig(StrictModel):
@@ -109,8 +110,8 @@ class GrpoResult:
     policy: torch.nn.Module
     history: list[dict[str, float]] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
-    eval_before: dict[str, float] | None = None
-    eval_after: dict[str, float] | None = None
+    eval_before: AnswerScore | None = None  # greedy, on the held-out problems
+    eval_after: AnswerScore | None = None
     seconds: float = 0.0
     skipped_steps: int = 0  # steps whose loss was non-finite (their updates were skipped)
 
@@ -138,22 +139,18 @@ def _generate_groups(
     end_id: int,
     pad_id: int,
     generator: torch.Generator | None,
-    max_rows: int = 256,
+    max_rows: int = MAX_BATCH_ROWS,
 ) -> list[list[tuple[list[int], list[float]]]]:
     """For each prompt, n_samples (completion ids, log-probs); prompts of equal length share a batch.
 
     generate() has no padding mask, so only equal-length prompts can share a forward pass.
     """
-    from models.sampling import generate
+    from models.sampling import equal_length_batches, generate
 
     device = next(model.parameters()).device
-    by_len: dict[int, list[int]] = {}
-    for i, p in enumerate(prompts):
-        by_len.setdefault(len(p), []).append(i)
     out: list[list[tuple[list[int], list[float]]]] = [[] for _ in prompts]
     per_call = max(1, max_rows // n_samples)  # prompts per generate call, bounding its memory
-    chunks = [by_len[n][i : i + per_call] for n in sorted(by_len) for i in range(0, len(by_len[n]), per_call)]
-    for idx in chunks:
+    for idx in equal_length_batches(prompts, per_call):
         batch = torch.tensor([prompts[i] for i in idx], dtype=torch.long, device=device)
         batch = batch.repeat_interleave(n_samples, dim=0)
         gen = generate(
@@ -176,7 +173,7 @@ def sample_rollouts(
     temperature: float = 1.0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
-    max_batch_rows: int = 256,
+    max_batch_rows: int = MAX_BATCH_ROWS,
 ) -> list[Rollout]:
     """`group_size` completions of each problem's chat prompt, grouped by problem in order.
 
@@ -226,65 +223,121 @@ def masked_entropy(logits: torch.Tensor, mask: torch.Tensor) -> float:
     return float((ent * mask).sum() / mask.sum().clamp_min(1))
 
 
-# ----------------------------------------------------------------------------- DeepSpeed setup
 
 
-def _make_engine(policy: torch.nn.Module, cfg: GrpoConfig, batch_size: int):
-    if not torch.cuda.is_available():
-        # DeepSpeed picks its accelerator at import; without CUDA only the CPU one works.
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
-
-    from infra.deepspeed_launch import build_ds_config, resolve_precision
-    from models.optim import GuardedAdamW, build_adamw
-    from tasks.training.loop import init_distributed
-
-    init_distributed()
-    # One micro-batch (the whole sampled batch) per optimizer step.
-    run = SimpleNamespace(micro_batch_size=batch_size, grad_accum=1, grad_clip=cfg.grad_clip, precision=cfg.precision)
-    ds_config = build_ds_config(cfg.zero, run)
-    if cfg.zero == "zero0" and resolve_precision(cfg.precision) == "fp32":
-        # Plain fp32 DeepSpeed steps the client optimizer as is; GuardedAdamW clips and skips non-finite steps.
-        optimizer = GuardedAdamW(policy, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, max_grad_norm=cfg.grad_clip)
-        ds_config["gradient_clipping"] = 0.0
-    else:
-        optimizer = build_adamw(policy, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
-    engine, _, _, _ = deepspeed.initialize(model=policy, optimizer=optimizer, config=ds_config)
-    return engine
+# ----------------------------------------------------------------------------- held-out score
 
 
-# ----------------------------------------------------------------------------- evaluation
+def heldout_score(model: torch.nn.Module, tokenizer: Any, problems: Sequence[Problem], cfg: GrpoConfig) -> AnswerScore:
+    """Greedy answers to `problems` (cfg.max_new_tokens each), scored with cfg's rewards."""
+    answers = greedy_answers(model, tokenizer, problems, cfg.max_new_tokens, batch_size=MAX_BATCH_ROWS)
+    return score_answers(answers, cfg.accuracy_reward, cfg.rewards)
 
 
-@torch.no_grad()
-def evaluate_accuracy(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    problems: Sequence[Problem],
-    greedy: bool = True,
-    max_new_tokens: int = 16,
-    rewards: dict[str, float] | None = None,
-    accuracy_reward: str = "arithmetic_exact",
-    temperature: float = 1.0,
-    seed: int = 0,
-) -> tuple[float, float, int]:
-    """(accuracy, mean reward, n) of one completion per problem, greedy unless `greedy` is False.
+def eval_metrics(score: AnswerScore) -> dict[str, float]:
+    """A held-out score as the metrics GRPO logs (eval_accuracy / eval_reward / eval_n)."""
+    return {"eval_accuracy": score.accuracy, "eval_reward": score.mean_reward, "eval_n": score.n}
 
-    A completion is correct when `accuracy_reward` gives it >= 1; the mean reward uses
-    `rewards` (name -> weight; default: the accuracy reward alone).
-    """
-    if not problems:
-        return float("nan"), float("nan"), 0
-    reward_fn = combined_reward(rewards or {accuracy_reward: 1.0})
-    acc_fn = get_reward(accuracy_reward)
-    device = next(model.parameters()).device
-    generator = None if greedy else torch.Generator(device=device).manual_seed(seed)
+
+# ----------------------------------------------------------------------------- one step
+
+
+class _ProblemCycle:
+    """The problems in a seeded shuffled order, reshuffled for every new epoch."""
+
+    def __init__(self, problems: Sequence[Problem], seed: int) -> None:
+        self.problems = problems
+        self.order = list(range(len(problems)))
+        self.rng = random.Random(seed)
+        self.rng.shuffle(self.order)
+        self.cursor = 0
+
+    def take(self, k: int) -> list[Problem]:
+        picked = []
+        for _ in range(k):
+            if self.cursor == len(self.order):  # a new epoch over the problems, in a new order
+                self.rng.shuffle(self.order)
+                self.cursor = 0
+            picked.append(self.problems[self.order[self.cursor]])
+            self.cursor += 1
+        return picked
+
+
+def _policy_updates(engine, batch: RolloutBatch, ref_logp: torch.Tensor, advantages: torch.Tensor,
+                    cfg: GrpoConfig) -> dict[str, float]:
+    """cfg.updates_per_batch optimizer steps on one sampled batch; mean loss, KL, clip fraction, ratio, entropy."""
+    stats_sum: dict[str, float] = {}
+    losses, entropy = [], float("nan")
+    for update in range(cfg.updates_per_batch):
+        logits = engine(batch.input_ids)
+        logp = token_logprobs(logits, batch.targets)
+        loss, stats = grpo_loss(
+            logp, batch.old_logprobs, ref_logp, advantages, batch.mask, clip_eps=cfg.clip_eps, beta=cfg.beta
+        )
+        if update == 0:
+            entropy = masked_entropy(logits.detach(), batch.mask)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+        for k in ("kl", "clip_fraction", "ratio_mean"):
+            stats_sum[k] = stats_sum.get(k, 0.0) + stats[k]
+    means = {k: stats_sum[k] / cfg.updates_per_batch for k in ("kl", "clip_fraction", "ratio_mean")}
+    return {**means, "entropy": entropy, "loss": sum(losses) / len(losses)}
+
+
+def _rollout_metrics(rollouts: Sequence[Rollout], rewards: torch.Tensor, n_groups: int, group_size: int) -> dict:
+    """Reward mean/std, accuracy, completion length and the share of groups whose rewards are all equal."""
+    flat = rewards.view(n_groups, group_size)
+    return {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std(correction=0)),
+        "accuracy": sum(r.correct for r in rollouts) / len(rollouts),
+        "completion_len": sum(len(r.completion_ids) for r in rollouts) / len(rollouts),
+        # Groups whose rewards are all equal give no gradient signal; many means the task is too hard or too easy.
+        "zero_std_groups": float((flat == flat[:, :1]).all(dim=1).float().mean()),
+    }
+
+
+@dataclass
+class _Scorer:
+    """The rewards of a run: the weighted sum, and the one that says whether a completion is correct."""
+
+    reward_fn: Callable[[str, Any], float]
+    acc_fn: Callable[[str, Any], float]
+
+    def score(self, rollouts: Sequence[Rollout]) -> torch.Tensor:
+        for r in rollouts:
+            r.reward = float(self.reward_fn(r.text, r.problem))
+            r.correct = self.acc_fn(r.text, r.problem) >= 1.0
+        return torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+
+
+def grpo_step(engine, reference: torch.nn.Module, tokenizer: Any, picked: Sequence[Problem], cfg: GrpoConfig,
+              scorer: _Scorer, generator: torch.Generator, step: int) -> tuple[dict[str, float], list[Rollout]]:
+    """Sample cfg.group_size completions of each picked problem, score them, update the policy; metrics, rollouts."""
+    t0 = time.perf_counter()
+    device = engine.device
+    generator.manual_seed(cfg.seed * 1_000_003 + step)
     rollouts = sample_rollouts(
-        model, tokenizer, problems, 1, max_new_tokens, temperature=0.0 if greedy else temperature, generator=generator
+        engine.module, tokenizer, picked, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.top_p, generator
     )
-    correct = sum(acc_fn(r.text, r.problem) >= 1.0 for r in rollouts)
-    total = sum(reward_fn(r.text, r.problem) for r in rollouts)
-    return correct / len(rollouts), total / len(rollouts), len(rollouts)
+    rewards = scorer.score(rollouts)
+    advantages = group_advantages(rewards, group_size=cfg.group_size).to(device)
+    batch = rollout_batch(rollouts, special_ids(tokenizer).pad).to(device)
+    with torch.no_grad():
+        ref_logp = token_logprobs(reference(batch.input_ids), batch.targets)
+    updates = _policy_updates(engine, batch, ref_logp, advantages, cfg)
+    rollout = _rollout_metrics(rollouts, rewards, len(picked), cfg.group_size)
+    metrics = {
+        **{k: rollout[k] for k in ("reward_mean", "reward_std", "accuracy")},
+        **{k: updates[k] for k in ("kl", "clip_fraction", "ratio_mean")},
+        "completion_len": rollout["completion_len"],
+        "entropy": updates["entropy"],
+        "loss": updates["loss"],
+        "zero_std_groups": rollout["zero_std_groups"],
+        "step_seconds": time.perf_counter() - t0,
+    }
+    return metrics, rollouts
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -300,6 +353,14 @@ def _check_models(policy: torch.nn.Module, reference: torch.nn.Module, tokenizer
             raise ValueError(f"{name} vocab_size={mcfg.vocab_size} is smaller than the tokenizer's {vocab}")
 
 
+def _keep_samples(result: GrpoResult, rollouts: Sequence[Rollout], step: int, n_groups: int, cfg: GrpoConfig) -> None:
+    """The first completion of the first cfg.samples_per_step groups, every cfg.samples_every steps and at the end."""
+    if step % cfg.samples_every == 0 or step == cfg.steps - 1:
+        for g in range(min(cfg.samples_per_step, n_groups)):
+            r = rollouts[g * cfg.group_size]
+            result.samples.append({"step": step, "question": r.problem.question, "completion": r.text, "reward": r.reward})
+
+
 def grpo_train(
     policy: torch.nn.Module,
     reference: torch.nn.Module,
@@ -312,107 +373,41 @@ def grpo_train(
     """Train `policy` with GRPO on `problems`; `reference` stays frozen. Metrics go to `log(metrics, step)`.
 
     With `eval_problems`, the first cfg.eval_prompts of them are scored greedily before and
-    after training (keys eval_accuracy / eval_reward). The returned result holds the trained
-    module (the engine's), every step's metrics and sample completions.
+    after training (eval_before / eval_after; logged as eval_accuracy / eval_reward / eval_n).
+    The returned result holds the trained module (the engine's), every step's metrics and
+    sample completions.
     """
     if not problems:
         raise ValueError("grpo_train needs at least one problem")
     _check_models(policy, reference, tokenizer, cfg)
-    reward_fn = combined_reward(cfg.rewards)
-    acc_fn = get_reward(cfg.accuracy_reward)
+    scorer = _Scorer(combined_reward(cfg.rewards), get_reward(cfg.accuracy_reward))
     log = log or (lambda metrics, step: None)
-    sp = special_ids(tokenizer)
     t_start = time.perf_counter()
 
     torch.manual_seed(cfg.seed)
     reference.eval()
     reference.requires_grad_(False)
-    batch_size = cfg.prompts_per_step * cfg.group_size
-    engine = _make_engine(policy, cfg, batch_size)
-    module = engine.module
-    device = engine.device
-    reference.to(device)
-    generator = torch.Generator(device=device)
+    # One micro-batch (the whole sampled batch) per optimizer step; the LR is constant.
+    engine = build_engine(policy, EngineSpec.of(cfg, micro_batch_size=cfg.prompts_per_step * cfg.group_size,
+                                                grad_accum=1))
+    reference.to(engine.device)
+    generator = torch.Generator(device=engine.device)
 
-    result = GrpoResult(policy=module)
+    result = GrpoResult(policy=engine.module)
     evals = list(eval_problems or [])[: cfg.eval_prompts]
-    eval_kw = dict(max_new_tokens=cfg.max_new_tokens, rewards=cfg.rewards, accuracy_reward=cfg.accuracy_reward)
     if evals:
-        acc, rew, n = evaluate_accuracy(module, tokenizer, evals, **eval_kw)
-        result.eval_before = {"eval_accuracy": acc, "eval_reward": rew, "eval_n": n}
-        log(dict(result.eval_before), 0)
-
-    order = list(range(len(problems)))
-    rng = random.Random(cfg.seed)
-    rng.shuffle(order)
-    cursor = 0
+        result.eval_before = heldout_score(engine.module, tokenizer, evals, cfg)
+        log(eval_metrics(result.eval_before), 0)
+    cycle = _ProblemCycle(problems, cfg.seed)
     for step in range(cfg.steps):
-        t0 = time.perf_counter()
-        picked = []
-        for _ in range(cfg.prompts_per_step):
-            if cursor == len(order):  # a new epoch over the problems, in a new order
-                rng.shuffle(order)
-                cursor = 0
-            picked.append(problems[order[cursor]])
-            cursor += 1
-
-        generator.manual_seed(cfg.seed * 1_000_003 + step)
-        rollouts = sample_rollouts(
-            module, tokenizer, picked, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.top_p, generator
-        )
-        for r in rollouts:
-            r.reward = float(reward_fn(r.text, r.problem))
-            r.correct = acc_fn(r.text, r.problem) >= 1.0
-        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
-        advantages = group_advantages(rewards, group_size=cfg.group_size).to(device)
-        batch = rollout_batch(rollouts, sp.pad).to(device)
-
-        with torch.no_grad():
-            ref_logp = token_logprobs(reference(batch.input_ids), batch.targets)
-
-        stats_sum: dict[str, float] = {}
-        losses, entropy = [], float("nan")
-        for update in range(cfg.updates_per_batch):
-            logits = engine(batch.input_ids)
-            logp = token_logprobs(logits, batch.targets)
-            loss, stats = grpo_loss(
-                logp, batch.old_logprobs, ref_logp, advantages, batch.mask, clip_eps=cfg.clip_eps, beta=cfg.beta
-            )
-            if update == 0:
-                entropy = masked_entropy(logits.detach(), batch.mask)
-            engine.backward(loss)
-            engine.step()
-            losses.append(float(loss.detach()))
-            for k in ("kl", "clip_fraction", "ratio_mean"):
-                stats_sum[k] = stats_sum.get(k, 0.0) + stats[k]
-
-        n_groups = len(picked)
-        flat = rewards.view(n_groups, cfg.group_size)
-        metrics = {
-            "reward_mean": float(rewards.mean()),
-            "reward_std": float(rewards.std(correction=0)),
-            "accuracy": sum(r.correct for r in rollouts) / len(rollouts),
-            "kl": stats_sum["kl"] / cfg.updates_per_batch,
-            "clip_fraction": stats_sum["clip_fraction"] / cfg.updates_per_batch,
-            "ratio_mean": stats_sum["ratio_mean"] / cfg.updates_per_batch,
-            "completion_len": sum(len(r.completion_ids) for r in rollouts) / len(rollouts),
-            "entropy": entropy,
-            "loss": sum(losses) / len(losses),
-            # Groups whose rewards are all equal give no gradient signal; many means the task is too hard or too easy.
-            "zero_std_groups": float((flat == flat[:, :1]).all(dim=1).float().mean()),
-            "step_seconds": time.perf_counter() - t0,
-        }
+        picked = cycle.take(cfg.prompts_per_step)
+        metrics, rollouts = grpo_step(engine, reference, tokenizer, picked, cfg, scorer, generator, step)
         result.history.append({"step": step, **metrics})
         log(metrics, step)
-        if step % cfg.samples_every == 0 or step == cfg.steps - 1:
-            for g in range(min(cfg.samples_per_step, n_groups)):
-                r = rollouts[g * cfg.group_size]
-                result.samples.append({"step": step, "question": r.problem.question, "completion": r.text, "reward": r.reward})
-
+        _keep_samples(result, rollouts, step, len(picked), cfg)
     if evals:
-        acc, rew, n = evaluate_accuracy(module, tokenizer, evals, **eval_kw)
-        result.eval_after = {"eval_accuracy": acc, "eval_reward": rew, "eval_n": n}
-        log(dict(result.eval_after), cfg.steps)
+        result.eval_after = heldout_score(engine.module, tokenizer, evals, cfg)
+        log(eval_metrics(result.eval_after), cfg.steps)
     result.seconds = time.perf_counter() - t_start
     # GuardedAdamW / ZeRO skip the update of a non-finite loss; count them so a caller can tell.
     result.skipped_steps = sum(not math.isfinite(h["loss"]) for h in result.history)

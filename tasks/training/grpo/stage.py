@@ -23,7 +23,6 @@ together with it.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,15 +30,14 @@ from typing import Any
 from prefect import get_run_logger, task
 from pydantic import BaseModel, Field
 
-from infra.config import StrictModel
-from infra.deepspeed_launch import launch_job
-from infra.paths import Workspace
-from infra.tracking import stage_run
 from tasks.training.grpo.loop import GrpoConfig
+from tasks.training.launch import ExportedModel, StageJob, StageSpec, in_stage_run, job_fields, run_stage
 
 CONFIG_FILE = "grpo_config.json"
 SAMPLES_FILE = "samples.txt"
 WORKER_MODULE = "tasks.training.grpo.worker"
+# No checkpoints: a rerun trains from the SFT model again.
+STAGE = StageSpec(name="grpo", label="GRPO", worker_module=WORKER_MODULE, config_file=CONFIG_FILE)
 
 
 class GrpoStageConfig(GrpoConfig):
@@ -59,14 +57,10 @@ class GrpoStageConfig(GrpoConfig):
         return GrpoConfig(**self.model_dump(include=set(GrpoConfig.model_fields)))
 
 
-class GrpoJob(StrictModel):
+class GrpoJob(StageJob):
     """What the worker process reads (out_dir/job.json)."""
 
     sft_model_dir: Path
-    tokenizer_path: Path
-    out_dir: Path
-    ws_root: Path
-    mlflow_run_id: str | None
     config: GrpoStageConfig
 
 
@@ -82,14 +76,10 @@ class HeldoutScore(BaseModel):
     distinct_answers: int
 
 
-class GrpoStageResult(BaseModel):
-    """Contents of out_dir/result.json."""
+class GrpoStageResult(ExportedModel):
+    """What GRPO ended with: the contents of out_dir/result.json."""
 
-    out_dir: Path
-    model_dir: Path
-    hf_dir: Path | None
     samples_path: Path
-    mlflow_run_id: str | None
     steps: int
     n_train_problems: int
     before: HeldoutScore  # the SFT model
@@ -97,10 +87,6 @@ class GrpoStageResult(BaseModel):
     final_train_reward: float | None  # mean reward of the last step's rollouts
     skipped_steps: int
     seconds: float
-
-    @property
-    def improved(self) -> bool:
-        return self.after.accuracy > self.before.accuracy and self.after.mean_reward > self.before.mean_reward
 
 
 def run_grpo(
@@ -129,19 +115,10 @@ def run_grpo(
     if cfg.eval_prompts < 1:
         raise ValueError("eval_prompts must be >= 1: the stage reports held-out accuracy before and after GRPO")
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     resolved = {"grpo": cfg.model_dump(mode="json"), "sft_model": str(sft_model_dir.resolve())}
-    (out_dir / CONFIG_FILE).write_text(json.dumps(resolved, indent=2) + "\n", encoding="utf-8")
-    ws = Workspace.locate(ws_root)
-    job = GrpoJob(
-        sft_model_dir=sft_model_dir.resolve(),
-        tokenizer_path=Path(tokenizer_path).resolve(),
-        out_dir=out_dir.resolve(),
-        ws_root=ws.root,
-        mlflow_run_id=mlflow_run_id,
-        config=cfg,
-    )
-    return launch_job(WORKER_MODULE, job, out_dir, GrpoStageResult, "GRPO", num_procs=cfg.num_procs, log=log)
+    job = GrpoJob(sft_model_dir=sft_model_dir.resolve(), config=cfg,
+                  **job_fields(tokenizer_path, out_dir, ws_root, mlflow_run_id))
+    return run_stage(STAGE, out_dir, resolved, job, GrpoStageResult, num_procs=cfg.num_procs, log=log)
 
 
 @task(name="grpo")
@@ -155,8 +132,5 @@ def grpo_task(
 ) -> GrpoStageResult:
     """Prefect task: GRPO inside an MLflow stage run (a new one, or `mlflow_run_id` when given)."""
     logger = get_run_logger()
-    ws = Workspace.locate(ws_root)
-    if mlflow_run_id is not None:
-        return run_grpo(sft_model_dir, tokenizer_path, out_dir, cfg, mlflow_run_id, ws.root, log=logger.info)
-    with stage_run(ws, "grpo", config=cfg) as run:
-        return run_grpo(sft_model_dir, tokenizer_path, out_dir, cfg, run.info.run_id, ws.root, log=logger.info)
+    return in_stage_run("grpo", cfg, ws_root, mlflow_run_id, lambda run_id, root: run_grpo(
+        sft_model_dir, tokenizer_path, out_dir, cfg, run_id, root, log=logger.info))

@@ -12,7 +12,6 @@ the DeepSpeed processes land in the run the pipeline shows.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,23 +19,26 @@ from typing import Any
 import numpy as np
 import torch
 from prefect import get_run_logger, task
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from infra.config import StrictModel
-from infra.deepspeed_launch import build_ds_config, launch_job
-from infra.paths import Workspace
-from infra.tracking import stage_run
+from infra.deepspeed_launch import build_ds_config
 from models.losses import next_token_loss
-from tasks.training.loop import BatchFn, TrainConfig
+from tasks.training.launch import DS_CONFIG_FILE  # noqa: F401 (tasks/reports/pretrain.py reads it from here)
+from tasks.training.launch import (
+    LOOP_RESUME_NEUTRAL,
+    ExportedModel,
+    StageJob,
+    StageSpec,
+    in_stage_run,
+    job_fields,
+    run_stage,
+)
+from tasks.training.loop import BatchFn, TrainConfig, epoch_orders
 
 CONFIG_FILE = "pretrain_config.json"
-DS_CONFIG_FILE = "ds_config.json"
-LOSS_CURVE_FILE = "loss_curve.png"
 WORKER_MODULE = "tasks.training.pretrain.worker"
-
-# Settings that can change between a run and its resume without changing what is trained.
-_RESUME_NEUTRAL = {"log_every", "eval_every", "eval_batches", "ckpt_every", "keep_checkpoints",
-                   "peak_flops", "max_bad_steps", "hostfile"}
+STAGE = StageSpec(name="pretrain", label="pretrain", worker_module=WORKER_MODULE, config_file=CONFIG_FILE,
+                  resume_neutral=LOOP_RESUME_NEUTRAL, resume_identity={"model": "model architecture"})
 
 
 class PretrainConfig(TrainConfig):
@@ -48,31 +50,20 @@ class PretrainConfig(TrainConfig):
     hostfile: Path | None = None  # DeepSpeed hostfile for multi-node runs
     export_hf: bool = True  # also write a transformers.LlamaForCausalLM folder
 
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(**self.model_dump(include=set(TrainConfig.model_fields)))
 
-
-class PretrainJob(StrictModel):
+class PretrainJob(StageJob):
     """What the worker processes read (out_dir/job.json)."""
 
     tokens_dir: Path
-    tokenizer_path: Path
-    out_dir: Path
-    ws_root: Path
-    mlflow_run_id: str | None
     config: PretrainConfig
     architecture: dict[str, Any]  # models.llama.ModelConfig fields
 
 
-class PretrainResult(BaseModel):
-    """Contents of out_dir/result.json."""
+class PretrainResult(ExportedModel):
+    """What pretraining ended with: the contents of out_dir/result.json."""
 
-    out_dir: Path
-    model_dir: Path
-    hf_dir: Path | None
     checkpoint: Path | None
     loss_curve: Path | None
-    mlflow_run_id: str | None
     steps: int
     final_train_loss: float | None
     val_loss: float | None
@@ -98,14 +89,7 @@ def token_window_batches(tokens: np.ndarray, seq_len: int, batch_size: int, seed
     if n_windows < 1:
         raise ValueError(f"{len(tokens)} tokens cannot fill one window of seq_len={seq_len} (+1 target); "
                          "use more data or a shorter seq_len")
-    orders: dict[int, np.ndarray] = {}  # at most two epochs: a batch can straddle one boundary
-
-    def order(epoch: int) -> np.ndarray:
-        if epoch not in orders:
-            if len(orders) >= 2:
-                orders.pop(min(orders))
-            orders[epoch] = np.random.default_rng([seed, epoch]).permutation(n_windows)
-        return orders[epoch]
+    order = epoch_orders(n_windows, seed)
 
     def batch(i: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
         first = (i * world + rank) * batch_size
@@ -139,24 +123,6 @@ def resolve_model_config(cfg: PretrainConfig, vocab_size: int) -> dict[str, Any]
     return mcfg.model_dump(mode="json")
 
 
-def _check_resume_compatible(out_dir: Path, resolved: dict[str, Any]) -> None:
-    old_path = out_dir / CONFIG_FILE
-    if not old_path.is_file() or not (out_dir / "checkpoints" / "latest").is_file():
-        return
-    old = json.loads(old_path.read_text(encoding="utf-8"))
-    changed = sorted(
-        k for k in set(old["pretrain"]) | set(resolved["pretrain"])
-        if k not in _RESUME_NEUTRAL and old["pretrain"].get(k) != resolved["pretrain"].get(k)
-    )
-    if old.get("model") != resolved["model"]:
-        changed.append("model architecture")
-    if changed:
-        raise ValueError(
-            f"{out_dir} holds checkpoints of a run with different settings ({', '.join(changed)}); "
-            "use a new out_dir, or delete its checkpoints/ folder to start over"
-        )
-
-
 def run_pretrain(
     tokens_dir: Path,
     tokenizer_path: Path,
@@ -179,22 +145,10 @@ def run_pretrain(
                          f"{tokenizer_path} has {vocab_size}; re-tokenize with this tokenizer")
     model_cfg = resolve_model_config(cfg, vocab_size)
     resolved = {"pretrain": cfg.model_dump(mode="json"), "model": model_cfg}
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _check_resume_compatible(out_dir, resolved)
-    (out_dir / CONFIG_FILE).write_text(json.dumps(resolved, indent=2) + "\n", encoding="utf-8")
-    (out_dir / DS_CONFIG_FILE).write_text(json.dumps(build_ds_config(cfg.zero, cfg), indent=2) + "\n", encoding="utf-8")
-    ws = Workspace.locate(ws_root)
-    job = PretrainJob(
-        tokens_dir=tokens_dir.resolve(),
-        tokenizer_path=Path(tokenizer_path).resolve(),
-        out_dir=out_dir.resolve(),
-        ws_root=ws.root,
-        mlflow_run_id=mlflow_run_id,
-        config=cfg,
-        architecture=model_cfg,
-    )
-    return launch_job(WORKER_MODULE, job, out_dir, PretrainResult, "pretrain", num_procs=cfg.num_procs, hostfile=cfg.hostfile, log=log)
+    job = PretrainJob(tokens_dir=tokens_dir.resolve(), config=cfg, architecture=model_cfg,
+                      **job_fields(tokenizer_path, out_dir, ws_root, mlflow_run_id))
+    return run_stage(STAGE, out_dir, resolved, job, PretrainResult, ds_config=build_ds_config(cfg.zero, cfg),
+                     num_procs=cfg.num_procs, hostfile=cfg.hostfile, log=log)
 
 
 @task(name="pretrain")
@@ -212,8 +166,5 @@ def pretrain_task(
     opens its own "pretrain" stage run around the launch.
     """
     logger = get_run_logger()
-    ws = Workspace.locate(ws_root)
-    if mlflow_run_id is not None:
-        return run_pretrain(tokens_dir, tokenizer_path, out_dir, cfg, mlflow_run_id, ws.root, log=logger.info)
-    with stage_run(ws, "pretrain", config=cfg) as run:
-        return run_pretrain(tokens_dir, tokenizer_path, out_dir, cfg, run.info.run_id, ws.root, log=logger.info)
+    return in_stage_run("pretrain", cfg, ws_root, mlflow_run_id, lambda run_id, root: run_pretrain(
+        tokens_dir, tokenizer_path, out_dir, cfg, run_id, root, log=logger.info))

@@ -16,34 +16,36 @@ target -100).
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from prefect import get_run_logger, task
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from infra.config import StrictModel
-from infra.deepspeed_launch import build_ds_config, launch_job
-from infra.paths import Workspace
-from infra.tracking import stage_run
+from infra.deepspeed_launch import build_ds_config
 from models.chat_template import ChatEncoding, collate
 from models.losses import next_token_loss
+from tasks.training.launch import (
+    LOOP_RESUME_NEUTRAL,
+    ExportedModel,
+    StageJob,
+    StageSpec,
+    in_stage_run,
+    job_fields,
+    run_stage,
+)
+from tasks.training.loop import BatchFn, TrainConfig, epoch_orders
 from tasks.training.sft.data import ArithmeticSftOptions, SftBuiltin, SftExample, SftSourceConfig
-from tasks.training.loop import BatchFn, TrainConfig
 
 CONFIG_FILE = "sft_config.json"
-DS_CONFIG_FILE = "ds_config.json"
 REJECTED_FILE = "rejected.jsonl"
-LOSS_CURVE_FILE = "loss_curve.png"
 WORKER_MODULE = "tasks.training.sft.worker"
-
-# Settings that can change between a run and its resume without changing what is trained.
-_RESUME_NEUTRAL = {"log_every", "eval_every", "eval_batches", "ckpt_every", "keep_checkpoints",
-                   "peak_flops", "max_bad_steps", "hostfile", "torch_threads", "export_hf"}
+STAGE = StageSpec(name="sft", label="SFT", worker_module=WORKER_MODULE, config_file=CONFIG_FILE,
+                  resume_neutral=LOOP_RESUME_NEUTRAL | {"torch_threads", "export_hf"},
+                  resume_identity={"base_model": "base model"})
 
 
 class SftDataConfig(StrictModel):
@@ -74,31 +76,20 @@ class SftConfig(TrainConfig):
     # Intra-op threads per rank; tiny models on a shared CPU run far faster on 1 than on many.
     torch_threads: int | None = Field(default=None, gt=0)
 
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(**self.model_dump(include=set(TrainConfig.model_fields)))
 
-
-class SftJob(StrictModel):
+class SftJob(StageJob):
     """What the worker processes read (out_dir/job.json)."""
 
     base_model_dir: Path
-    tokenizer_path: Path
-    out_dir: Path
-    ws_root: Path
-    mlflow_run_id: str | None
     config: SftConfig
 
 
-class SftResult(BaseModel):
-    """Contents of out_dir/result.json."""
+class SftResult(ExportedModel):
+    """What SFT ended with: the contents of out_dir/result.json."""
 
-    out_dir: Path
-    model_dir: Path
-    hf_dir: Path | None
     checkpoint: Path | None
     loss_curve: Path | None
     rejected_path: Path
-    mlflow_run_id: str | None
     steps: int
     final_train_loss: float | None
     val_loss: float | None
@@ -185,14 +176,7 @@ def chat_batches(encodings: Sequence[ChatEncoding], batch_size: int, pad_id: int
     n = len(encodings)
     if n < 1:
         raise ValueError("no encoded SFT examples to batch; check the data selection and seq_len")
-    orders: dict[int, np.ndarray] = {}  # at most two epochs live: a batch can straddle one boundary
-
-    def order(epoch: int) -> np.ndarray:
-        if epoch not in orders:
-            if len(orders) >= 2:
-                orders.pop(min(orders))
-            orders[epoch] = np.random.default_rng([seed, epoch]).permutation(n)
-        return orders[epoch]
+    order = epoch_orders(n, seed)
 
     def batch(i: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
         first = (i * world + rank) * batch_size
@@ -218,24 +202,6 @@ def sft_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -
 
 
 # ----------------------------------------------------------------------------- launching
-
-
-def _check_resume_compatible(out_dir: Path, resolved: dict[str, Any]) -> None:
-    old_path = out_dir / CONFIG_FILE
-    if not old_path.is_file() or not (out_dir / "checkpoints" / "latest").is_file():
-        return
-    old = json.loads(old_path.read_text(encoding="utf-8"))
-    changed = sorted(
-        k for k in set(old["sft"]) | set(resolved["sft"])
-        if k not in _RESUME_NEUTRAL and old["sft"].get(k) != resolved["sft"].get(k)
-    )
-    if old.get("base_model") != resolved["base_model"]:
-        changed.append("base model")
-    if changed:
-        raise ValueError(
-            f"{out_dir} holds checkpoints of a run with different settings ({', '.join(changed)}); "
-            "use a new out_dir, or delete its checkpoints/ folder to start over"
-        )
 
 
 def run_sft(
@@ -264,22 +230,12 @@ def run_sft(
     resolved = {"sft": cfg.model_dump(mode="json"), "base_model": str(base_model_dir.resolve()),
                 "model": mcfg.model_dump(mode="json")}
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _check_resume_compatible(out_dir, resolved)
-    (out_dir / CONFIG_FILE).write_text(json.dumps(resolved, indent=2) + "\n", encoding="utf-8")
-    (out_dir / DS_CONFIG_FILE).write_text(json.dumps(build_ds_config(cfg.zero, cfg), indent=2) + "\n", encoding="utf-8")
-    ws = Workspace.locate(ws_root)
     cfg_abs = cfg.model_copy(update={"data": cfg.data.model_copy(
         update={"catalog": Path(cfg.data.catalog).resolve() if cfg.data.catalog else None})})
-    job = SftJob(
-        base_model_dir=base_model_dir.resolve(),
-        tokenizer_path=Path(tokenizer_path).resolve(),
-        out_dir=out_dir.resolve(),
-        ws_root=ws.root,
-        mlflow_run_id=mlflow_run_id,
-        config=cfg_abs,
-    )
-    return launch_job(WORKER_MODULE, job, out_dir, SftResult, "SFT", num_procs=cfg.num_procs, hostfile=cfg.hostfile, log=log)
+    job = SftJob(base_model_dir=base_model_dir.resolve(), config=cfg_abs,
+                 **job_fields(tokenizer_path, out_dir, ws_root, mlflow_run_id))
+    return run_stage(STAGE, out_dir, resolved, job, SftResult, ds_config=build_ds_config(cfg.zero, cfg),
+                     num_procs=cfg.num_procs, hostfile=cfg.hostfile, log=log)
 
 
 @task(name="sft")
@@ -293,8 +249,5 @@ def sft_task(
 ) -> SftResult:
     """Prefect task: SFT inside an MLflow stage run (a new one, or `mlflow_run_id` when given)."""
     logger = get_run_logger()
-    ws = Workspace.locate(ws_root)
-    if mlflow_run_id is not None:
-        return run_sft(base_model_dir, tokenizer_path, out_dir, cfg, mlflow_run_id, ws.root, log=logger.info)
-    with stage_run(ws, "sft", config=cfg) as run:
-        return run_sft(base_model_dir, tokenizer_path, out_dir, cfg, run.info.run_id, ws.root, log=logger.info)
+    return in_stage_run("sft", cfg, ws_root, mlflow_run_id, lambda run_id, root: run_sft(
+        base_model_dir, tokenizer_path, out_dir, cfg, run_id, root, log=logger.info))

@@ -6,7 +6,6 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from models.chat_template import (
-    IGNORE_INDEX,
     ChatEncoding,
     collate,
     decode_completion,
@@ -14,6 +13,7 @@ from models.chat_template import (
     encode_prompt,
     special_ids,
 )
+from models.losses import IGNORE_INDEX
 from models.special_tokens import SPECIAL_TOKENS
 
 

@@ -14,13 +14,7 @@ from models.special_tokens import EOS, PAD, SPECIAL_TOKENS
 VOCAB = 300
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_cpu_thread():
-    """Tiny decoding steps are faster on one thread, and much faster when the cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def cfg_for(tie: bool, **overrides) -> ModelConfig:

@@ -13,13 +13,7 @@ from models.losses import next_token_loss, token_logprobs
 VOCAB = 97
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_cpu_thread():
-    """Tiny decoding steps are faster on one thread, and much faster when the cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny(**overrides) -> ModelConfig:
@@ -149,9 +143,9 @@ def test_flops_and_mfu():
     assert flops_per_token(cfg, 1024) == 6 * n + 12 * 12 * 768 * 1024
     # nanoGPT's figure for GPT-2 124M at T=1024 is ~ 0.87 GFLOP/token (it has learned positions)
     assert 0.8e9 < flops_per_token(cfg, 1024) < 0.9e9
-    assert mfu(1e5, cfg, 1024, peak_flops=flops_per_token(cfg, 1024) * 2e5) == pytest.approx(0.5)
+    assert mfu(1e5, flops_per_token(cfg, 1024), peak_flops=flops_per_token(cfg, 1024) * 2e5) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="peak_flops"):
-        mfu(1.0, cfg, 1024, 0)
+        mfu(1.0, flops_per_token(cfg, 1024), 0)
 
 
 def test_chinchilla():

@@ -10,13 +10,7 @@ from models.sampling import generate, top_p_filter
 VOCAB = 61
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_cpu_thread():
-    """Tiny decoding steps are faster on one thread, and much faster when the cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

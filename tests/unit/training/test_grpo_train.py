@@ -10,46 +10,28 @@ import os
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from models.chat_template import IGNORE_INDEX, encode_prompt  # noqa: E402
-from models.llama import ModelConfig, Transformer  # noqa: E402
-from models.losses import token_logprobs  # noqa: E402
-from models.special_tokens import SPECIAL_TOKENS  # noqa: E402
+from models.chat_template import encode_prompt  # noqa: E402
+from models.llama import Transformer  # noqa: E402
+from models.losses import IGNORE_INDEX, token_logprobs  # noqa: E402
+from tasks.eval.answers import greedy_answers, score_answers  # noqa: E402
 from tasks.eval.arithmetic import make_problems  # noqa: E402
-from tasks.training.grpo.loop import (  # noqa: E402
-    GrpoConfig,
-    evaluate_accuracy,
-    grpo_train,
-    rollout_batch,
-    sample_rollouts,
-)
 from tasks.eval.rewards import REWARDS, register_reward  # noqa: E402
+from tasks.training.grpo.loop import GrpoConfig, grpo_train, rollout_batch, sample_rollouts  # noqa: E402
+from tests.conftest import small_alphabet_bpe  # noqa: E402
+from tests.conftest import tiny_llama as tiny_model  # noqa: E402
 
 TARGET = "a"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Two shared cores: torch's intra-op threads spin against each other on tiny matmuls
-    # (measured 30x slower per op), so these tests run single-threaded.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    """A byte-level BPE over a small alphabet (no full 256-byte base), so the vocabulary is ~48 tokens."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=48, special_tokens=SPECIAL_TOKENS)
-    tok.train_from_iterator(["What is 3 + 4? <answer>7</answer> abc xyz 0123456789 - ="] * 20, trainer)
-    return tok
+    """A byte-level BPE over a small alphabet, so the vocabulary is ~48 tokens."""
+    return small_alphabet_bpe(48)
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +49,6 @@ def rewards():
     yield
     REWARDS.pop("test_frac_target", None)
     REWARDS.pop("test_always", None)
-
-
-def tiny_model(vocab: int, seed: int = 0) -> Transformer:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=64)
-    return Transformer(cfg)
 
 
 @pytest.mark.parametrize("max_batch_rows", [256, 4])
@@ -103,16 +79,19 @@ def test_rollouts_align_with_a_full_forward(tok, max_batch_rows):
     assert torch.allclose(full[batch.mask], batch.old_logprobs[batch.mask], atol=1e-4)
 
 
-def test_evaluate_accuracy_plumbing(tok, rewards):
+def test_greedy_answer_score_plumbing(tok, rewards):
     model = tiny_model(tok.get_vocab_size())
     problems = make_problems(6, seed=2, split="eval")
-    acc, mean_reward, n = evaluate_accuracy(model, tok, problems, max_new_tokens=4)
+
+    def evaluate_accuracy(**scoring):
+        score = score_answers(greedy_answers(model, tok, problems, max_new_tokens=4, batch_size=256), **scoring)
+        return score.accuracy, score.mean_reward, score.n
+
+    acc, mean_reward, n = evaluate_accuracy()
     assert n == 6 and acc == 0.0 and mean_reward == 0.0  # a random model does not answer arithmetic
-    again = evaluate_accuracy(model, tok, problems, max_new_tokens=4)
+    again = evaluate_accuracy()
     assert again == (acc, mean_reward, n)  # greedy is deterministic
-    acc, mean_reward, n = evaluate_accuracy(
-        model, tok, problems, max_new_tokens=4, accuracy_reward="test_always", rewards={"test_always": 0.5}
-    )
+    acc, mean_reward, n = evaluate_accuracy(accuracy_reward="test_always", rewards={"test_always": 0.5})
     assert (acc, mean_reward, n) == (1.0, 0.5, 6)
     assert model.training  # restored
 

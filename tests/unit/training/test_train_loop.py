@@ -7,36 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from models.llama import Transformer, model_config
+from tasks.training.checkpoint import checkpoint_tags, latest_checkpoint_step
+from tasks.training.loop import NonFiniteLossError, TrainConfig, train
+from tasks.training.metrics import ListSink, MlflowSink
 from tasks.training.pretrain.stage import lm_loss, token_window_batches
 from tasks.training.sft.stage import sft_batch_tokens
-from tasks.training.loop import (
-    ListSink,
-    MlflowSink,
-    NonFiniteLossError,
-    TrainConfig,
-    checkpoint_tags,
-    latest_checkpoint_step,
-    train,
-)
+from tests.conftest import TINY_SEQ as SEQ
+from tests.conftest import loop_model as tiny_model
+from tests.conftest import random_tokens
+from tests.conftest import train_config_for as cfg_for
 
-VOCAB = 64
-SEQ = 16
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matmuls run faster on one thread, and far faster on a machine shared with other jobs."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def tiny_model(seed: int = 0) -> Transformer:
-    torch.manual_seed(seed)
-    return Transformer(model_config("demo", VOCAB, dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64,
-                                    max_seq_len=SEQ))
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def patterned_tokens(n: int = 20_000) -> np.ndarray:
@@ -47,16 +28,6 @@ def patterned_tokens(n: int = 20_000) -> np.ndarray:
         base = 10 + 10 * int(rng.integers(0, 5))
         out.append(np.array([(base + i % 10) for i in range(int(rng.integers(20, 60)))] + [2], dtype=np.uint16))
     return np.concatenate(out)[:n]
-
-
-def random_tokens(n: int = 8_000) -> np.ndarray:
-    return np.random.default_rng(1).integers(6, VOCAB, n).astype(np.uint16)
-
-
-def cfg_for(**overrides) -> TrainConfig:
-    base = dict(seq_len=SEQ, micro_batch_size=4, grad_accum=1, lr=3e-3, warmup_steps=2, max_steps=8,
-                log_every=1, precision="fp32", zero="zero0", peak_flops=1e11, eval_batches=2, seed=0)
-    return TrainConfig(**{**base, **overrides})
 
 
 def test_loss_decreases_on_patterned_corpus(tmp_path):

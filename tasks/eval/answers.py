@@ -1,0 +1,101 @@
+"""The one greedy-answer scorer: one greedy response per problem through the chat template, scored by rewards.
+
+    answers = greedy_answers(model, tokenizer, problems, max_new_tokens, batch_size)
+    score = score_answers(answers, accuracy_reward="arithmetic_exact", rewards={...})
+
+Used by the evaluation stage (answer-level calibration), by GRPO for its held-out accuracy
+before and after training, and for the count of distinct answers a policy gives.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class GreedyAnswer:
+    """The greedy response to one problem."""
+
+    problem: Any
+    completion_ids: list[int]  # generated tokens that count (up to and including <|end|>)
+    text: str  # decoded, cut at <|end|>
+    logprob: float  # sum of the completion tokens' log-probabilities (float64)
+    finished: bool  # ended with <|end|> within the token budget
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.completion_ids)
+
+
+@dataclass(frozen=True)
+class AnswerScore:
+    """Greedy answers to a set of problems, scored."""
+
+    accuracy: float  # nan without problems
+    mean_reward: float  # nan without problems
+    n_correct: int
+    n: int
+    # How many different integers the answers hold: 1 means one answer for every problem,
+    # whose accuracy is then the share of problems with that answer, not arithmetic.
+    distinct_answers: int
+
+
+@torch.no_grad()
+def greedy_answers(model: torch.nn.Module, tokenizer: Any, problems: Sequence[Any], max_new_tokens: int,
+                   batch_size: int) -> list[GreedyAnswer]:
+    """Greedy response to each problem's chat prompt (`problem.question`), in problem order.
+
+    At most max_new_tokens are generated, fewer where the prompt leaves less room in the
+    model's max_seq_len. The model is put in eval mode and restored afterwards.
+    """
+    from models.chat_template import decode_completion, encode_prompt, special_ids
+    from models.sampling import equal_length_batches, generate
+
+    sp = special_ids(tokenizer)
+    device = next(model.parameters()).device
+    max_seq_len = model.cfg.max_seq_len
+    prompts = [encode_prompt(tokenizer, p.question) for p in problems]
+    answers: list[GreedyAnswer | None] = [None] * len(problems)
+    was_training = model.training
+    model.eval()
+    try:
+        for idx in equal_length_batches(prompts, batch_size):
+            length = len(prompts[idx[0]])
+            max_new = min(max_new_tokens, max_seq_len - length)
+            if max_new < 1:
+                raise ValueError(
+                    f"prompt of {length} tokens leaves no room to answer within max_seq_len={max_seq_len}; "
+                    "use shorter questions or a model with a longer context"
+                )
+            batch = torch.tensor([prompts[i] for i in idx], dtype=torch.long, device=device)
+            gen = generate(model, batch, max_new, temperature=0.0, eos_id=sp.end_turn, pad_id=sp.pad)
+            logprob = (gen.logprobs * gen.mask).sum(dim=1).double().cpu()
+            n_tok = gen.mask.sum(dim=1).cpu()
+            new = gen.new_tokens.cpu()
+            for row, i in enumerate(idx):
+                ids = new[row, : int(n_tok[row])].tolist()
+                answers[i] = GreedyAnswer(problems[i], ids, decode_completion(tokenizer, ids),
+                                          float(logprob[row]), sp.end_turn in ids)
+    finally:
+        model.train(was_training)
+    return [a for a in answers if a is not None]
+
+
+def score_answers(answers: Sequence[GreedyAnswer], accuracy_reward: str = "arithmetic_exact",
+                  rewards: Mapping[str, float] | None = None) -> AnswerScore:
+    """Accuracy (`accuracy_reward` >= 1), mean of the weighted `rewards` (default: the accuracy reward alone)
+    and the number of distinct parsed answers."""
+    from tasks.eval.rewards import combined_reward, get_reward, parse_answer
+
+    acc_fn = get_reward(accuracy_reward)
+    reward_fn = combined_reward(dict(rewards or {accuracy_reward: 1.0}))
+    n = len(answers)
+    correct = sum(acc_fn(a.text, a.problem) >= 1.0 for a in answers)
+    total = sum(reward_fn(a.text, a.problem) for a in answers)
+    distinct = len({parse_answer(a.text) for a in answers} - {None})
+    if n == 0:
+        return AnswerScore(float("nan"), float("nan"), 0, 0, 0)
+    return AnswerScore(correct / n, total / n, int(correct), n, distinct)

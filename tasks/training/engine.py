@@ -1,0 +1,105 @@
+"""The one DeepSpeed engine builder, and the process-group set-up every training stage shares.
+
+    rank, world = init_distributed()                  # join the launcher's group, or make a one-rank one
+    engine = build_engine(model, EngineSpec(...), schedule)   # our AdamW groups (+ LambdaLR), ZeRO JSON
+
+DeepSpeed never builds the optimizer or the LR schedule: both come from models/optim.py, so
+pretraining, SFT and GRPO step their weights the same way.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from infra.deepspeed_launch import build_ds_config, free_port, resolve_precision
+from models.optim import GuardedAdamW, ScheduleConfig, build_adamw, build_scheduler
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What the engine is built from: ZeRO stage, precision, batch shape and AdamW settings.
+
+    It is also the run config `infra.deepspeed_launch.build_ds_config` reads.
+    """
+
+    zero: str
+    precision: str
+    micro_batch_size: int  # sequences per rank per micro-batch
+    grad_accum: int  # micro-batches per optimizer step
+    grad_clip: float  # 0 disables clipping
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+
+    @classmethod
+    def of(cls, cfg: Any, **overrides: Any) -> "EngineSpec":
+        """The spec of a config that has these fields (TrainConfig, GrpoConfig), with `overrides` applied."""
+        fields = {name: getattr(cfg, name, None) for name in cls.__dataclass_fields__}
+        return cls(**{**fields, **overrides})
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join the process group the launcher described, or make a one-rank group in this process.
+
+    Returns (rank, world size). DeepSpeed's engine reads LOCAL_RANK etc. from the environment,
+    so the single-process case sets them (only if absent) before initialising.
+    """
+    if not torch.cuda.is_available():
+        # DeepSpeed picks its accelerator at import; without CUDA only the CPU one works.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            for key, value in {
+                "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+            }.items():
+                os.environ.setdefault(key, value)
+        deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def build_engine(model: torch.nn.Module, spec: EngineSpec, schedule: ScheduleConfig | None = None):
+    """A DeepSpeed engine around `model` with our AdamW; `schedule` adds warmup + cosine, None keeps lr constant."""
+    init_distributed()
+    import deepspeed
+
+    ds_config = build_ds_config(spec.zero, spec)
+    if spec.zero == "zero0" and resolve_precision(spec.precision) == "fp32":
+        # Without a ZeRO/bf16 wrapper DeepSpeed steps our optimizer even on NaN gradients and
+        # does not report the grad norm; GuardedAdamW clips, reports and skips instead.
+        optimizer = GuardedAdamW(
+            model, lr=spec.lr, weight_decay=spec.weight_decay, betas=spec.betas, max_grad_norm=spec.grad_clip
+        )
+        ds_config["gradient_clipping"] = 0.0
+    else:
+        optimizer = build_adamw(model, lr=spec.lr, weight_decay=spec.weight_decay, betas=spec.betas)
+    scheduler = build_scheduler(optimizer, schedule) if schedule is not None else None
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    return engine
+
+
+def full_parameters(model: torch.nn.Module, zero: str):
+    """Context in which every rank sees whole parameters (ZeRO-3 keeps only a shard per rank)."""
+    if zero != "zero3":
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+
+
+def all_gather(obj: Any, world: int) -> list[Any]:
+    """`obj` of every rank, in rank order (no communication on one rank)."""
+    import torch.distributed as dist
+
+    if world == 1:
+        return [obj]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
