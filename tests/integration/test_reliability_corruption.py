@@ -8,7 +8,7 @@ import pytest
 from tasks.data.manifest import ChecksumError, load_manifest, shard_paths
 from tasks.data.shards import ShardConfig, write_shards
 from tasks.tokenizer.tokenize_shards import load_token_split
-from tests.integration.test_deepspeed_launch import _write_tokens
+from tests.conftest import write_token_shards as _write_tokens
 from tests.integration.test_reliability_shards import _mixed
 
 
