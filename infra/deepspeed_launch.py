@@ -29,7 +29,7 @@ _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "
 
 
 class DsRunConfig(Protocol):
-    """The run settings `build_ds_config` reads; `tasks.training.loop.TrainConfig` satisfies it."""
+    """The run settings `build_ds_config` reads (the training engine's spec satisfies it)."""
 
     micro_batch_size: int
     grad_accum: int

@@ -202,3 +202,17 @@ def train_config_for(**overrides):
     base = dict(seq_len=TINY_SEQ, micro_batch_size=4, grad_accum=1, lr=3e-3, warmup_steps=2, max_steps=8,
                 log_every=1, precision="fp32", zero="zero0", peak_flops=1e11, eval_batches=2, seed=0)
     return TrainConfig(**{**base, **overrides})
+
+
+@pytest.fixture
+def pretrain_inputs(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """(tokenizer.json, token shards folder) of a 120-token vocabulary in tmp_path, and no outside MLflow store."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return write_word_tokenizer(tmp_path / "tokenizer.json", 120), write_token_shards(tmp_path / "tokens", 120)
+
+
+def saved_tokenizer(tok, tmp_path: Path) -> Path:
+    """`tok` saved as tmp_path/tokenizer.json."""
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    return path

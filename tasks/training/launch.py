@@ -132,6 +132,19 @@ def run_stage(
                       hostfile=hostfile, log=log)
 
 
+def saved_model_config(model_dir: Path, tokenizer_path: Path, hint: str):
+    """The models.llama.ModelConfig of a saved model, checked to cover the tokenizer's vocabulary (`hint`: what to do if not)."""
+    from models.export import load_config
+    from tasks.tokenizer.train import load_tokenizer
+
+    mcfg = load_config(model_dir)
+    vocab_size = load_tokenizer(tokenizer_path).get_vocab_size()
+    if mcfg.vocab_size < vocab_size:
+        raise ValueError(f"{model_dir} has vocab_size={mcfg.vocab_size} but {tokenizer_path} has {vocab_size} "
+                         f"tokens; {hint}")
+    return mcfg
+
+
 def job_fields(tokenizer_path: Path, out_dir: Path, ws_root: Path | str | None, mlflow_run_id: str | None) -> dict:
     """The StageJob fields, as absolute paths."""
     return dict(tokenizer_path=Path(tokenizer_path).resolve(), out_dir=Path(out_dir).resolve(),

@@ -18,7 +18,7 @@ from infra.deepspeed_launch import (
     resolve_precision,
 )
 from tasks.training.loop import TrainConfig
-from tests.conftest import tiny_pretrain_config, write_token_shards, write_word_tokenizer
+from tests.conftest import tiny_pretrain_config
 
 
 @pytest.mark.parametrize("zero", ZERO_STAGES)
@@ -101,7 +101,7 @@ def test_launch_streams_output_and_reports_failure():
 
 
 @pytest.mark.slow
-def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, monkeypatch):
+def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, pretrain_inputs):
     import mlflow
 
     from infra.paths import Workspace
@@ -109,10 +109,8 @@ def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, monkeypatch):
     from models.export import load_model
     from tasks.training.pretrain.stage import run_pretrain
 
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     vocab = 120
-    tokenizer = write_word_tokenizer(tmp_path / "tokenizer.json", vocab)
-    tokens = write_token_shards(tmp_path / "tokens", vocab)
+    tokenizer, tokens = pretrain_inputs
     cfg = tiny_pretrain_config(warmup_steps=1, lr=3e-3, ckpt_every=3, log_every=2, eval_batches=2, zero="zero2",
                                num_procs=2, peak_flops=1e11)
     out = tmp_path / "pretrain"
@@ -143,11 +141,10 @@ def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, monkeypatch):
     assert [m.step for m in history] == [2, 4, 6]
 
 
-def test_pretrain_rejects_bad_settings_before_launching(tmp_path):
+def test_pretrain_rejects_bad_settings_before_launching(tmp_path, pretrain_inputs):
     from tasks.training.pretrain.stage import run_pretrain
 
-    tokenizer = write_word_tokenizer(tmp_path / "tokenizer.json", 120)
-    tokens = write_token_shards(tmp_path / "tokens", 120)
+    tokenizer, tokens = pretrain_inputs
     with pytest.raises(ValueError, match="max_seq_len"):
         run_pretrain(tokens, tokenizer, tmp_path / "a", tiny_pretrain_config(seq_len=32), None, tmp_path)
     assert not (tmp_path / "a" / "job.json").exists()
@@ -155,11 +152,10 @@ def test_pretrain_rejects_bad_settings_before_launching(tmp_path):
         run_pretrain(tokens, tokenizer, tmp_path / "a", tiny_pretrain_config(model="huge"), None, tmp_path)
 
 
-def test_pretrain_refuses_to_resume_a_different_run(tmp_path):
+def test_pretrain_refuses_to_resume_a_different_run(tmp_path, pretrain_inputs):
     from tasks.training.pretrain.stage import CONFIG_FILE, resolve_model_config, run_pretrain
 
-    tokenizer = write_word_tokenizer(tmp_path / "tokenizer.json", 120)
-    tokens = write_token_shards(tmp_path / "tokens", 120)
+    tokenizer, tokens = pretrain_inputs
     out = tmp_path / "out"
     old = tiny_pretrain_config(lr=1e-3)
     (out / "checkpoints").mkdir(parents=True)

@@ -16,7 +16,7 @@ from tasks.eval.arithmetic import make_problems  # noqa: E402
 from tasks.training.grpo.stage import GrpoStageConfig, run_grpo  # noqa: E402
 from tasks.training.sft.stage import chat_batches, encode_examples, sft_loss  # noqa: E402
 from tasks.training.sft.data import SftExample  # noqa: E402
-from tests.conftest import small_alphabet_bpe  # noqa: E402
+from tests.conftest import saved_tokenizer, small_alphabet_bpe, tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -45,8 +45,7 @@ def test_stage_config_checks(tmp_path, tok):
         GrpoStageConfig(num_procs=2)
     cfg = GrpoStageConfig()
     assert cfg.grpo_config().group_size == cfg.group_size and cfg.max_new_tokens >= 17
-    tok_path = tmp_path / "tokenizer.json"
-    tok.save(str(tok_path))
+    tok_path = saved_tokenizer(tok, tmp_path)
     model_dir = save_model(Transformer(ModelConfig(vocab_size=tok.get_vocab_size(), dim=16, n_layers=1, n_heads=2,
                                                    n_kv_heads=1, ffn_hidden=32, max_seq_len=64)), tmp_path / "m")
     with pytest.raises(ValueError, match="distinct problems"):  # before anything is launched
@@ -57,11 +56,8 @@ def test_stage_config_checks(tmp_path, tok):
 
 @pytest.mark.slow
 def test_grpo_stage_through_the_launcher(tmp_path, tok):
-    tok_path = tmp_path / "tokenizer.json"
-    tok.save(str(tok_path))
-    torch.manual_seed(0)
-    sft = Transformer(ModelConfig(vocab_size=tok.get_vocab_size(), dim=32, n_layers=2, n_heads=2, n_kv_heads=1,
-                                  ffn_hidden=64, max_seq_len=64))
+    tok_path = saved_tokenizer(tok, tmp_path)
+    sft = tiny_llama(tok.get_vocab_size())
     sft_dir = save_model(quick_sft(sft, tok), tmp_path / "sft")
     cfg = GrpoStageConfig(group_size=4, prompts_per_step=2, max_new_tokens=12, steps=3, lr=1e-3, eval_prompts=6,
                           n_train_problems=10, max_operand=9, ops="+", samples_every=1, torch_threads=1)

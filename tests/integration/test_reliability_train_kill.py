@@ -12,7 +12,7 @@ import pytest
 
 from tasks.training.checkpoint import CKPT_SUMS_FILE, latest_checkpoint_step
 from tasks.training.pretrain.stage import run_pretrain
-from tests.conftest import ROOT, tiny_pretrain_config, write_token_shards, write_word_tokenizer
+from tests.conftest import ROOT, tiny_pretrain_config
 
 _DRIVER = """
 import sys
@@ -38,11 +38,8 @@ def _kill_tree(proc: subprocess.Popen) -> int:
 
 
 @pytest.mark.slow
-def test_sigkilled_pretraining_resumes_to_the_uninterrupted_loss(tmp_path, monkeypatch):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    vocab = 120
-    tokenizer = write_word_tokenizer(tmp_path / "tokenizer.json", vocab)
-    tokens = write_token_shards(tmp_path / "tokens", vocab)
+def test_sigkilled_pretraining_resumes_to_the_uninterrupted_loss(tmp_path, pretrain_inputs):
+    tokenizer, tokens = pretrain_inputs
     cfg = tiny_pretrain_config(max_steps=40, warmup_steps=2, lr=3e-3, ckpt_every=5, keep_checkpoints=2, log_every=5,
                                eval_batches=2, zero="zero0", num_procs=1, peak_flops=1e11, export_hf=False)
     straight = run_pretrain(tokens, tokenizer, tmp_path / "straight", cfg, None, tmp_path / "ws", log=lambda _: None)

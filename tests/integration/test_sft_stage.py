@@ -30,7 +30,7 @@ from tasks.training.sft.stage import (  # noqa: E402
     sft_sources,
 )
 from tasks.training.sft.data import ArithmeticSftOptions, SftExample  # noqa: E402
-from tests.conftest import small_alphabet_bpe  # noqa: E402
+from tests.conftest import saved_tokenizer, small_alphabet_bpe, tiny_llama  # noqa: E402
 
 PAD = 0
 
@@ -135,11 +135,8 @@ def test_source_selection():
 
 @pytest.mark.slow
 def test_sft_end_to_end_through_the_launcher(tmp_path, tok):
-    tok_path = tmp_path / "tokenizer.json"
-    tok.save(str(tok_path))
-    torch.manual_seed(0)
-    base = Transformer(ModelConfig(vocab_size=tok.get_vocab_size(), dim=32, n_layers=2, n_heads=2, n_kv_heads=1,
-                                   ffn_hidden=64, max_seq_len=64))
+    tok_path = saved_tokenizer(tok, tmp_path)
+    base = tiny_llama(tok.get_vocab_size())
     base_dir = save_model(base, tmp_path / "base")
     # A catalog with good records, a malformed line and one record too long for seq_len.
     catalog = tmp_path / "sft_catalog"

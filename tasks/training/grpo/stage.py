@@ -31,7 +31,15 @@ from prefect import get_run_logger, task
 from pydantic import BaseModel, Field
 
 from tasks.training.grpo.loop import GrpoConfig
-from tasks.training.launch import ExportedModel, StageJob, StageSpec, in_stage_run, job_fields, run_stage
+from tasks.training.launch import (
+    ExportedModel,
+    StageJob,
+    StageSpec,
+    in_stage_run,
+    job_fields,
+    run_stage,
+    saved_model_config,
+)
 
 CONFIG_FILE = "grpo_config.json"
 SAMPLES_FILE = "samples.txt"
@@ -99,16 +107,10 @@ def run_grpo(
     log: Callable[[str], Any] = print,
 ) -> GrpoStageResult:
     """Write the config into out_dir, launch the GRPO worker, and read back result.json."""
-    from models.export import load_config
     from tasks.eval.arithmetic import make_problems
-    from tasks.tokenizer.train import load_tokenizer
 
     sft_model_dir, out_dir = Path(sft_model_dir), Path(out_dir)
-    mcfg = load_config(sft_model_dir)
-    vocab_size = load_tokenizer(tokenizer_path).get_vocab_size()
-    if mcfg.vocab_size < vocab_size:
-        raise ValueError(f"{sft_model_dir} has vocab_size={mcfg.vocab_size} but {tokenizer_path} has {vocab_size} "
-                         "tokens; use the model fine-tuned with this tokenizer")
+    saved_model_config(sft_model_dir, tokenizer_path, "use the model fine-tuned with this tokenizer")
     # Asking for more problems than the split holds fails here, with make_problems' message.
     make_problems(cfg.n_train_problems, cfg.problem_seed, cfg.max_operand, cfg.ops, split="grpo")
     make_problems(cfg.eval_prompts, cfg.problem_seed, cfg.max_operand, cfg.ops, split="eval")

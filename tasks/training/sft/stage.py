@@ -36,6 +36,7 @@ from tasks.training.launch import (
     in_stage_run,
     job_fields,
     run_stage,
+    saved_model_config,
 )
 from tasks.training.loop import BatchFn, TrainConfig, epoch_orders
 from tasks.training.sft.data import ArithmeticSftOptions, SftBuiltin, SftExample, SftSourceConfig
@@ -214,15 +215,8 @@ def run_sft(
     log: Callable[[str], Any] = print,
 ) -> SftResult:
     """Write the configs into out_dir, launch the DeepSpeed worker ranks, and read back result.json."""
-    from models.export import load_config
-    from tasks.tokenizer.train import load_tokenizer
-
     base_model_dir, out_dir = Path(base_model_dir), Path(out_dir)
-    mcfg = load_config(base_model_dir)
-    vocab_size = load_tokenizer(tokenizer_path).get_vocab_size()
-    if mcfg.vocab_size < vocab_size:
-        raise ValueError(f"{base_model_dir} has vocab_size={mcfg.vocab_size} but {tokenizer_path} has {vocab_size} "
-                         "tokens; fine-tune a model trained with this tokenizer")
+    mcfg = saved_model_config(base_model_dir, tokenizer_path, "fine-tune a model trained with this tokenizer")
     if cfg.seq_len > mcfg.max_seq_len:
         raise ValueError(f"seq_len={cfg.seq_len} exceeds the base model's max_seq_len={mcfg.max_seq_len}; lower seq_len")
     if cfg.data.catalog is not None and not Path(cfg.data.catalog).is_dir():
