@@ -169,7 +169,7 @@ def stage_in_fresh_process(in_path: Path, out_dir: Path, cfg: NearDedupConfig) -
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=100_000, help="documents to generate (default 100000)")
     ap.add_argument("--dup-rate", type=float, default=0.1, help="share of documents that are edited copies (default 0.1)")
@@ -179,48 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threshold", type=float, default=0.8)
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpus (default 0)")
     ap.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    cfg = NearDedupConfig(num_perm=args.num_perm, threshold=args.threshold, workers=args.workers)
+
+def signature_figures(texts: list[str], sub: list[str], cfg: NearDedupConfig) -> dict | None:
+    """Signature throughput of ours (all cores, one process) vs datasketch's loops; None if they differ."""
     single = cfg.model_copy(update={"workers": 1})
-    texts, truth = generate(args.docs, args.dup_rate, args.seed)
-    sub = texts[: min(args.baseline_docs, len(texts))]
-    print(f"{len(texts)} documents, {len(truth)} planted copies, {sum(len(t) for t in texts) / 1e6:.0f} MB of text")
-
-    load_start = os.getloadavg()[0]
     ours_all, t_all, c_all = timed(compute_signatures, texts, cfg)
     ours_one, t_one, c_one = timed(compute_signatures, sub, single)
     loop, t_loop, c_loop = timed(datasketch_loop, sub, cfg)
     batch, t_batch, c_batch = timed(datasketch_batch, sub, cfg)
     if not (np.array_equal(loop, ours_one) and np.array_equal(batch, ours_one) and np.array_equal(ours_all[: len(sub)], ours_one)):
-        print("ERROR: our signatures differ from datasketch's", file=sys.stderr)
-        return 1
-    workers = plan_workers(cfg, len(texts))
-
-    with tempfile.TemporaryDirectory(prefix="bench-dedup-") as tmp:
-        tmp = Path(tmp)
-        docs = [Document(doc_id=f"d{i}", source="synthetic", text=t) for i, t in enumerate(texts)]
-        path = write_table_atomic(documents_table(docs), tmp / "docs.parquet")
-        del docs
-        cpu = cpu_seconds()
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
-            stage = ex.submit(stage_in_fresh_process, path, tmp, cfg).result()
-        stage_cpu = cpu_seconds() - cpu
-        import pyarrow.parquet as pq
-
-        removed = pq.read_table(tmp / "removed.parquet", columns=["doc_id", "duplicate_of"]).to_pylist()
-    found = {int(r["doc_id"][1:]) for r in removed}
-    high = [i for i, (_, j) in truth.items() if j >= 0.9]
-    recall = sum(i in found for i in high) / max(len(high), 1)
-    unplanted = sum(i not in truth for i in found)
-
+        return None
     n, m = len(texts), len(sub)
-    fig = {
-        "docs": n,
-        "planted_copies": len(truth),
-        "workers": workers,
-        "cpu_cores": os.cpu_count(),
-        "load_avg_1m_start_end": f"{load_start:.2f} / {os.getloadavg()[0]:.2f}",
+    return {
         "ours_all_cores_docs_per_s": round(n / t_all, 1),
         "ours_one_process_docs_per_s": round(m / t_one, 1),
         "datasketch_update_loop_docs_per_s": round(m / t_loop, 1),
@@ -234,21 +206,65 @@ def main(argv: list[str] | None = None) -> int:
         "datasketch_update_batch_docs_per_cpu_s": round(m / c_batch, 1),
         "cpu_ratio_ours_vs_update_loop": round((n / c_all) / (m / c_loop), 2),
         "cpu_ratio_ours_vs_update_batch": round((n / c_all) / (m / c_batch), 2),
+    }
+
+
+def stage_figures(texts: list[str], truth: dict, cfg: NearDedupConfig) -> dict:
+    """The whole near_dedup stage in a fresh process: throughput, recall of the planted copies, memory."""
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory(prefix="bench-dedup-") as tmp:
+        tmp = Path(tmp)
+        docs = [Document(doc_id=f"d{i}", source="synthetic", text=t) for i, t in enumerate(texts)]
+        path = write_table_atomic(documents_table(docs), tmp / "docs.parquet")
+        del docs
+        cpu = cpu_seconds()
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
+            stage = ex.submit(stage_in_fresh_process, path, tmp, cfg).result()
+        stage_cpu = cpu_seconds() - cpu
+        removed = pq.read_table(tmp / "removed.parquet", columns=["doc_id", "duplicate_of"]).to_pylist()
+    found = {int(r["doc_id"][1:]) for r in removed}
+    high = [i for i, (_, j) in truth.items() if j >= 0.9]
+    n, stats = len(texts), stage["stats"]
+    return {
         "stage_wall_s": round(stage["wall_s"], 2),
         "stage_cpu_s": round(stage_cpu, 2),
         "stage_docs_per_s": round(n / stage["wall_s"], 1),
-        "lsh_query_insert_docs_per_s": round(n / stage["stats"]["seconds_lsh"], 1),
-        "lsh_query_insert_docs_per_cpu_s": round(n / stage["stats"]["cpu_seconds_lsh"], 1),
-        "stage_signature_docs_per_cpu_s": round(n / stage["stats"]["cpu_seconds_signatures"], 1),
-        "lsh_bands_rows": f"{stage['stats']['lsh_bands']}x{stage['stats']['lsh_rows']}",
+        "lsh_query_insert_docs_per_s": round(n / stats["seconds_lsh"], 1),
+        "lsh_query_insert_docs_per_cpu_s": round(n / stats["cpu_seconds_lsh"], 1),
+        "stage_signature_docs_per_cpu_s": round(n / stats["cpu_seconds_signatures"], 1),
+        "lsh_bands_rows": f"{stats['lsh_bands']}x{stats['lsh_rows']}",
         "removed_near_duplicates": len(found),
-        "recall_planted_J>=0.9": round(recall, 4),
-        "removed_not_planted": unplanted,
+        "recall_planted_J>=0.9": round(sum(i in found for i in high) / max(len(high), 1), 4),
+        "removed_not_planted": sum(i not in truth for i in found),
         "stage_rss_after_imports_mb": round(stage["rss_imports_mb"], 1),
         "stage_peak_rss_mb": round(stage["rss_self_mb"], 1),
         "stage_peak_rss_all_processes_mb": round(stage["rss_all_processes_mb"], 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = NearDedupConfig(num_perm=args.num_perm, threshold=args.threshold, workers=args.workers)
+    texts, truth = generate(args.docs, args.dup_rate, args.seed)
+    sub = texts[: min(args.baseline_docs, len(texts))]
+    print(f"{len(texts)} documents, {len(truth)} planted copies, {sum(len(t) for t in texts) / 1e6:.0f} MB of text")
+
+    load_start = os.getloadavg()[0]
+    signatures = signature_figures(texts, sub, cfg)
+    if signatures is None:
+        print("ERROR: our signatures differ from datasketch's", file=sys.stderr)
+        return 1
+    fig = {
+        "docs": len(texts),
+        "planted_copies": len(truth),
+        "workers": plan_workers(cfg, len(texts)),
+        "cpu_cores": os.cpu_count(),
+        **signatures,
+        **stage_figures(texts, truth, cfg),
         "bench_process_peak_rss_mb": round(maxrss_mb(resource.RUSAGE_SELF), 1),  # holds all texts and signatures
     }
+    fig["load_avg_1m_start_end"] = f"{load_start:.2f} / {os.getloadavg()[0]:.2f}"
     width = max(map(len, fig))
     print(f"\n{'figure':<{width}}  value")
     for key, value in fig.items():

@@ -15,7 +15,7 @@ from flows.config import PipelineConfig, load_pipeline_config
 from flows.data_flow import DataResult, data_flow
 from flows.eval_flow import eval_flow
 from flows.post_training_flows import grpo_flow, sft_flow
-from flows.pretrain_flow import PretrainOutputs, pretrain_flow
+from flows.pretrain_flow import PretrainFlowOutput, pretrain_flow
 from infra.config import config_hash
 from infra.paths import Workspace
 from infra.tracking import stage_run
@@ -30,7 +30,7 @@ class PipelineResult(BaseModel):
 
     mlflow_run_id: str
     data: DataResult
-    pretrain: PretrainOutputs
+    pretrain: PretrainFlowOutput
     sft: SftResult
     grpo: GrpoStageResult
     evals: dict[str, EvalResult]

@@ -12,7 +12,7 @@ from flows.config import PretrainStageConfig
 from infra.stage_cache import run_cached
 from infra.tracking import stage_run
 from tasks.training.pretrain.stage import pretrain_task
-from tasks.reports.pretrain import log_pretrain_summary
+from tasks.reports.pretrain import log_pretrain_report
 from tasks.tokenizer.tokenize_shards import tokenize_shards_task
 from tasks.tokenizer.train import train_tokenizer_task
 
@@ -34,7 +34,7 @@ def pretrain_flow(config: PretrainStageConfig, manifest: str, workdir: str = "wo
     ws = Workspace.locate(workdir).ensure_writable()
     with stage_run(ws, "pretrain", config) as run:
         tokenizer = run_cached(train_tokenizer_task, ws, Path(manifest), ws.tokenizer_dir, config.tokenizer, outputs=lambda p: [p])
-        tokens = run_cached(
+        run_cached(  # writes ws.tokens, which pretraining reads
             tokenize_shards_task, ws, Path(manifest), tokenizer, ws.tokens, config.tokenize,
             outputs=lambda _: [ws.tokens / "index.json"],
         )
@@ -42,13 +42,9 @@ def pretrain_flow(config: PretrainStageConfig, manifest: str, workdir: str = "wo
             pretrain_task, ws, ws.tokens, tokenizer, ws.checkpoints("pretrain"), config.train, str(ws.root),
             mlflow_run_id=run.info.run_id, outputs=lambda r: [r.model_dir],
         )
-        report = log_pretrain_summary(tokenizer, ws.tokens, result, ws.reports)
+        report = log_pretrain_report(tokenizer, ws.tokens, result, ws.reports)
         print(report.markdown)
         return PretrainFlowOutput(
             tokenizer=tokenizer, tokens=ws.tokens, model_dir=result.model_dir, loss_curve=result.loss_curve, val_ppl=result.val_ppl,
             unigram_ppl=report.unigram_ppl, mlflow_run_id=run.info.run_id,
         )
-
-
-# flows/pipeline_flow.py (owned elsewhere) still imports the old name; drop this once it imports PretrainFlowOutput.
-PretrainOutputs = PretrainFlowOutput

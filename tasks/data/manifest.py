@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from infra.atomic import atomic_path
+from infra.atomic import write_text_atomic
 from tasks.data.documents import SCHEMA_VERSION
 
 
@@ -50,10 +49,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 def write_manifest(manifest: Manifest, path: Path) -> Path:
     """Write manifest.json atomically (it is the stage's completion marker)."""
-    tmp = atomic_path(path)
-    tmp.write_text(manifest.model_dump_json(indent=2))
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, manifest.model_dump_json(indent=2))
 
 
 def load_manifest(path: Path) -> Manifest:

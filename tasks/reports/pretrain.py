@@ -7,7 +7,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from tasks.training.pretrain.stage import CONFIG_FILE, DS_CONFIG_FILE, PretrainResult
+from infra.atomic import write_text_atomic
+from infra.tracking import log_artifact, log_artifacts, log_metrics, log_text, set_tag
+from tasks.training.launch import DS_CONFIG_FILE
+from tasks.training.pretrain.stage import CONFIG_FILE, PretrainResult
 from tasks.tokenizer.tokenize_shards import load_token_index, unigram_perplexity
 
 
@@ -20,10 +23,8 @@ class PretrainReport(BaseModel):
     markdown: str
 
 
-def log_pretrain_summary(tokenizer: Path, tokens_dir: Path, result: PretrainResult, out_dir: Path) -> PretrainReport:
+def log_pretrain_report(tokenizer: Path, tokens_dir: Path, result: PretrainResult, out_dir: Path) -> PretrainReport:
     """Compute the baseline, log the comparison and artifacts to the active MLflow run."""
-    import mlflow
-
     from models.export import load_config
     from models.flops import chinchilla, num_params
 
@@ -48,22 +49,20 @@ def log_pretrain_summary(tokenizer: Path, tokens_dir: Path, result: PretrainResu
         f"Chinchilla: {report.summary()}",
     ]
     markdown = "\n".join(lines)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    md = out_dir / "pretrain_report.md"
-    md.write_text(markdown)
+    md = write_text_atomic(out_dir / "pretrain_report.md", markdown)
     metrics = {"unigram_ppl": unigram, "tokens_per_param": report.tokens_per_param}
     if result.val_ppl is not None:
         metrics["val_ppl_final"] = result.val_ppl
         metrics["val_ppl_over_unigram"] = result.val_ppl / unigram
-    mlflow.log_metrics(metrics)
-    mlflow.log_artifact(str(md), artifact_path="pretrain")
-    mlflow.log_artifact(str(tokenizer), artifact_path="tokenizer")
-    mlflow.log_text(json.dumps(index.model_dump(mode="json"), indent=2), "pretrain/token_index.json")
+    log_metrics(metrics)
+    log_artifact(md, artifact_path="pretrain")
+    log_artifact(tokenizer, artifact_path="tokenizer")
+    log_text(json.dumps(index.model_dump(mode="json"), indent=2), "pretrain/token_index.json")
     for name in (CONFIG_FILE, DS_CONFIG_FILE):
         p = result.out_dir / name
         if p.is_file():
-            mlflow.log_artifact(str(p), artifact_path="pretrain")
-    mlflow.log_artifacts(str(result.model_dir), artifact_path="model")  # safetensors + config.json
+            log_artifact(p, artifact_path="pretrain")
+    log_artifacts(result.model_dir, artifact_path="model")  # safetensors + config.json
     if report.warning:
-        mlflow.set_tag("chinchilla.warning", report.warning)
+        set_tag("chinchilla.warning", report.warning)
     return PretrainReport(unigram_ppl=unigram, val_ppl=result.val_ppl, chinchilla=report.summary(), markdown=markdown)

@@ -13,7 +13,6 @@ copy of a document on the same side (no train/val leakage through the mix).
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterator
 from itertools import chain
 from pathlib import Path
@@ -26,7 +25,7 @@ from pydantic import BaseModel, Field
 
 from infra.config import StrictModel
 from models.special_tokens import EOS
-from infra.atomic import atomic_path
+from infra.atomic import atomic_path, commit_atomic, write_text_atomic
 from tasks.data.manifest import ChecksumError, sha256_file, shard_paths
 from tasks.tokenizer.train import TOKENIZER_FILE, load_tokenizer, special_token_ids
 
@@ -178,11 +177,9 @@ class _TokenWriter:
         self.tokens += len(tokens)
 
     def commit(self, root: Path) -> TokenFile:
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
         self.fh.close()
         size = self.tmp.stat().st_size
-        os.replace(self.tmp, self.final)
+        commit_atomic(self.tmp, self.final)
         return TokenFile(file=str(self.final.relative_to(root)), tokens=self.tokens, bytes=size, sha256=self.sha.hexdigest())
 
     def abort(self) -> None:
@@ -191,15 +188,7 @@ class _TokenWriter:
 
 
 def _write_index(index: TokenShards, path: Path) -> None:
-    tmp = atomic_path(path)
-    try:
-        tmp.write_text(index.model_dump_json(indent=2))
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, index.model_dump_json(indent=2))
 
 
 def load_token_index(out_dir: Path) -> TokenShards:

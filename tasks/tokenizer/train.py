@@ -8,7 +8,6 @@ BOS/EOS themselves.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from infra.config import StrictModel
 from models.special_tokens import SPECIAL_TOKENS
-from infra.atomic import atomic_path
+from infra.atomic import atomic_write
 from tasks.data.manifest import load_manifest, shard_paths
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -68,15 +67,8 @@ def train_tokenizer(manifest_path: Path, out_dir: Path, cfg: TokenizerConfig) ->
         raise RuntimeError(f"special tokens got ids {ids}, expected 0..{len(SPECIAL_TOKENS) - 1} in listed order")
 
     final = Path(out_dir) / TOKENIZER_FILE
-    tmp = atomic_path(final)
-    try:
+    with atomic_write(final) as tmp:
         tokenizer.save(str(tmp))
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return final
 
 

@@ -47,7 +47,7 @@ def test_data_flow_end_to_end_and_cached_rerun(tmp_path, isolated_env):
     preset = tmp_path / "preset.yaml"
     preset.write_text(f"data:\n  catalog: {cat}\n  near:\n    threshold: 0.7\n  shards:\n    shard_mb: 0.002\n")
     work = tmp_path / "work"
-    first = run_cli(["data", "--preset", str(preset), "--workdir", str(work)], isolated_env)
+    run_cli(["data", "--preset", str(preset), "--workdir", str(work)], isolated_env)
 
     manifest_path = work / "data" / "shards" / "manifest.json"
     m = load_manifest(manifest_path)

@@ -6,9 +6,7 @@ trigger it, `model.eval()` is not `eval(...)`); an entry in ALLOWED needs a reas
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-import pytest
 
 from tests.conftest import ROOT
 

@@ -23,7 +23,6 @@ from pydantic import Field
 
 from infra.deepspeed_launch import build_ds_config
 from models.losses import next_token_loss
-from tasks.training.launch import DS_CONFIG_FILE  # noqa: F401 (tasks/reports/pretrain.py reads it from here)
 from tasks.training.launch import (
     LOOP_RESUME_NEUTRAL,
     ExportedModel,

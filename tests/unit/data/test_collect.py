@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from tests.conftest import ROOT
 from tasks.data.catalog import load_catalog
