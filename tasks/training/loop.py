@@ -317,6 +317,8 @@ def train(
     engine = build_engine(model, EngineSpec.of(cfg), schedule=cfg)
     progress = _Progress.resumed(load_latest(engine, ckpt_dir, rank, world, echo), cfg.tokens_per_step(world))
     start = progress.step
+    if start and echo:
+        echo(f"resuming from step {start} ({ckpt_dir / tag_of(start)}): training steps {start + 1}-{cfg.max_steps}")
     # After the resume: measuring the peak draws random matrices, as it always has at this point.
     clock = _throughput(model, cfg, engine.device, rank, flops_per_token)
     checkpoint: Path | None = ckpt_dir / tag_of(start) if start else None

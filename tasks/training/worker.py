@@ -116,8 +116,7 @@ def train_and_export(
         model_dir, hf_dir = export_model(model, job, export_hf)
         n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     if result.resumed_from is not None:
-        print(f"resuming from step {result.resumed_from} (the checkpoint of an earlier launch): "
-              f"trained steps {result.resumed_from + 1}-{result.steps} in this one")
+        print(f"resumed from step {result.resumed_from}: this launch trained steps {result.resumed_from + 1}-{result.steps}")
     curve = loss_curve(result, job.out_dir / LOSS_CURVE_FILE, curve_title)
     return Trained(result, model_dir, hf_dir, curve, n_params)
 

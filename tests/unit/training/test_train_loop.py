@@ -106,9 +106,11 @@ def test_resume_matches_uninterrupted_run(tmp_path, zero):
     torch.manual_seed(1234)  # the resumed run must not depend on the process' RNG state
     resumed_sink = ListSink()
     resumed_model = tiny_model(seed=99)  # different init: everything must come from the checkpoint
-    resumed = train(resumed_model, cfg, batches, None, lm_loss, tmp_path / "b", resumed_sink)
+    said: list[str] = []
+    resumed = train(resumed_model, cfg, batches, None, lm_loss, tmp_path / "b", resumed_sink, echo=said.append)
 
     assert resumed.resumed_from == n and resumed.steps == 2 * n
+    assert said[0].startswith(f"resuming from step {n} ")  # the user is told before the first step
     assert abs(resumed.final_loss - straight.final_loss) < 1e-5
     _, a = straight_sink.series("loss")
     steps_b, b = resumed_sink.series("loss")
