@@ -226,6 +226,10 @@ def _read_file(path: Path, source: SftSourceConfig) -> Iterator[tuple[str, Any]]
     return parquet_records(path, [fields.messages] if fields.messages else [fields.instruction, fields.response])
 
 
+# The "path" of built-in arithmetic examples: it names the set in their ids (and so in the
+# hashed train/val split). It is the module's path from before tasks/ was split into
+# packages; kept so the same seeds give the same examples, split and results as before.
+ARITHMETIC_ID_PATH = "tasks/arithmetic.py"
 _SIGNATURE = re.compile(r"^[\w.]+\(.*\)")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`(])")
 
@@ -274,7 +278,7 @@ def stdlib_docstring_examples() -> Iterator[tuple[str, str, Any]]:
 
 def _arithmetic_examples(opts: ArithmeticSftOptions) -> Iterator[tuple[str, str, Any]]:
     for i, p in enumerate(make_problems(opts.n, opts.seed, opts.max_operand, opts.ops, split="sft")):
-        yield "tasks/eval/arithmetic.py", f"problem:{i}", {"instruction": p.question, "response": p.response}
+        yield ARITHMETIC_ID_PATH, f"problem:{i}", {"instruction": p.question, "response": p.response}
 
 
 def iter_source_records(source: SftSourceConfig, root: Path) -> Iterator[tuple[str, str, Any]]:

@@ -200,10 +200,10 @@ def test_builtin_set_is_nonempty_deterministic_and_encodable():
         assert any(enc.loss_mask) and not all(enc.loss_mask)
 
 
-# Pinned before the SFT readers moved onto the shared data catalog: example ids (and so the
-# train/val split, a hash of the id) must not change when the reading code does.
-BUILTIN_IDS_SHA256 = "e6deacb1fd3299a07291a6177d2ddf6706733700334f2356de6de1f64e70e5b1"
-BUILTIN_VAL_IDS_SHA256 = "b2509317f73cee77f5b216ccea670e2aa9e5ee751a6e5782e199331f31319e88"
+# Pinned on the code from before tasks/ was split into packages (commit 31558e9): example ids
+# (and so the train/val split, a hash of the id) must not change when the reading code does.
+BUILTIN_IDS_SHA256 = "5e7d2ca89cfbc5174f25ff6a9ee84cf319312f5e51f6e0b46f4843c55146de76"
+BUILTIN_VAL_IDS_SHA256 = "dd4d2b7d9bf5e3ee581141fc5ea3c950397769ff3dba57b26516c3843925ac14"
 
 
 def test_builtin_example_ids_and_split_are_pinned():
@@ -215,10 +215,10 @@ def test_builtin_example_ids_and_split_are_pinned():
     ids = [e.example_id for e in examples]
     assert len(ids) == len(set(ids)) == 808
     assert ids[:2] == ["stdlib_docstrings-5b796a532289d969", "stdlib_docstrings-334f03d1c4d42bfe"]
-    assert ids[-1] == "arithmetic-bd195aa51169f779"
+    assert ids[-1] == "arithmetic-c5fbe425b893c84d"
     assert hashlib.sha256("\n".join(ids).encode()).hexdigest() == BUILTIN_IDS_SHA256
     val = [i for i in ids if is_val_example(i, 0.05)]
-    assert len(val) == 41 and val[:2] == ["stdlib_docstrings-9c2a33ca0873aa05", "stdlib_docstrings-68f7b5c01d2a7777"]
+    assert len(val) == 46 and val[:2] == ["stdlib_docstrings-9c2a33ca0873aa05", "stdlib_docstrings-68f7b5c01d2a7777"]
     assert hashlib.sha256("\n".join(val).encode()).hexdigest() == BUILTIN_VAL_IDS_SHA256
 
 
