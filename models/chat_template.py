@@ -131,6 +131,38 @@ def decode_completion(tokenizer: Any, new_ids: Sequence[int]) -> str:
     return tokenizer.decode(kept, skip_special_tokens=False)
 
 
+def _jinja_chat_template() -> str:
+    # The same checks as check_messages and encode_text, so a conversation that our encoder
+    # refuses is refused by transformers' apply_chat_template too.
+    specials = "[" + ", ".join(f"'{t}'" for t in SPECIAL_TOKENS) + "]"
+    return (
+        "{%- if not messages -%}{{ raise_exception('conversation has no messages') }}{%- endif -%}"
+        f"{BOS}"
+        "{%- for message in messages -%}"
+        "{%- if message['role'] != ['user', 'assistant'][loop.index0 % 2] -%}"
+        "{{ raise_exception('roles must alternate user, assistant, user, ... (user first)') }}{%- endif -%}"
+        f"{{%- for token in {specials} -%}}"
+        "{%- if token in message['content'] -%}"
+        "{{ raise_exception('message text contains the special token ' ~ token) }}{%- endif -%}"
+        "{%- endfor -%}"
+        f"{{%- if message['role'] == 'user' -%}}{USER}{{%- else -%}}{ASSISTANT}{{%- endif -%}}"
+        f"{{{{ message['content'] }}}}{END_TURN}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}"
+        "{%- if messages[-1]['role'] != 'user' -%}"
+        "{{ raise_exception('add_generation_prompt needs the conversation to end with a user message') }}{%- endif -%}"
+        f"{ASSISTANT}"
+        "{%- endif -%}"
+    )
+
+
+# transformers' `tokenizer.chat_template`: renders, as text, exactly what encode_chat encodes
+# (special tokens spelled out, which the tokenizer maps back to their ids).
+JINJA_CHAT_TEMPLATE = _jinja_chat_template()
+# One instruction as a text prompt (str.format with `prompt`), the same as encode_prompt's ids.
+PROMPT_TEMPLATE = f"{BOS}{USER}{{prompt}}{END_TURN}{ASSISTANT}"
+
+
 def collate(encodings: Sequence[ChatEncoding], pad_id: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch encodings into (input_ids [B, T], targets [B, T]) for next-token training.
 

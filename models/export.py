@@ -17,8 +17,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from infra.config import ConfigError, parse_config
+from models.chat_template import JINJA_CHAT_TEMPLATE
 from models.llama import ModelConfig, Transformer
-from models.special_tokens import BOS, EOS, PAD, SPECIAL_TOKENS
+from models.special_tokens import BOS, END_TURN, EOS, PAD, SPECIAL_TOKENS
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -141,9 +142,15 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     return _cpu_tensors({hf: state[ours] for ours, hf in names.items()})
 
 
+_IDS = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+# Generation stops where ours does: at the <|end|> that closes an assistant turn (what the
+# chat model is trained to emit), or at a document's <|eos|>.
+HF_EOS_IDS = [_IDS[END_TURN], _IDS[EOS]]
+
+
 def hf_llama_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
     """config.json fields of transformers' LlamaConfig describing the same network."""
-    ids = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    ids = _IDS
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -167,14 +174,49 @@ def hf_llama_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
         "initializer_range": cfg.init_std,
         "pad_token_id": ids[PAD],
         "bos_token_id": ids[BOS],
-        "eos_token_id": ids[EOS],
+        "eos_token_id": HF_EOS_IDS,
         "use_cache": True,
         "dtype": str(dtype).removeprefix("torch."),
     }
 
 
+def hf_tokenizer_json(tokenizer_json: Path) -> str:
+    """Our tokenizer.json with a post-processor that puts <|bos|> first, as training does (models.chat_template).
+
+    Only for transformers: our own stages add BOS/EOS by id and keep the tokenizer without one.
+    """
+    from tokenizers import Tokenizer, processors
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    bos = tok.token_to_id(BOS)
+    if bos is None:
+        raise ValueError(f"{tokenizer_json} has no {BOS} token; train it with tasks/tokenizer/train.py")
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS}:1 $B:1", special_tokens=[(BOS, bos)]
+    )
+    return tok.to_str()
+
+
+def hf_tokenizer_config(max_seq_len: int) -> dict:
+    """tokenizer_config.json: special tokens, BOS added like in training, and the chat template."""
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "model_max_length": max_seq_len,
+        "chat_template": JINJA_CHAT_TEMPLATE,
+    }
+
+
 def export_hf_llama(model: nn.Module, out_dir: Path, tokenizer_json: Path | None = None) -> Path:
-    """Write a folder that transformers.LlamaForCausalLM.from_pretrained (and AutoTokenizer) can load."""
+    """Write a folder that transformers.LlamaForCausalLM.from_pretrained (and AutoTokenizer) can load.
+
+    With `tokenizer_json`, the folder also holds a tokenizer whose `apply_chat_template(...,
+    add_generation_prompt=True)` gives encode_prompt's ids, and generation stops at <|end|>.
+    """
     model = unwrap(model)
     state = hf_state_dict(model)
     config = hf_llama_config(model.cfg, model.embed.weight.dtype)
@@ -188,14 +230,10 @@ def export_hf_llama(model: nn.Module, out_dir: Path, tokenizer_json: Path | None
                       "pad_token_id": config["pad_token_id"]}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
         if tokenizer_json is not None:
-            shutil.copyfile(tokenizer_json, tmp / "tokenizer.json")
-            tok_cfg = {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": BOS,
-                "eos_token": EOS,
-                "pad_token": PAD,
-                "model_max_length": model.cfg.max_seq_len,
-            }
+            (tmp / "tokenizer.json").write_text(hf_tokenizer_json(Path(tokenizer_json)), encoding="utf-8")
+            tok_cfg = hf_tokenizer_config(model.cfg.max_seq_len)
             (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
+            special = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
+            (tmp / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n", encoding="utf-8")
 
     return _write_folder_atomically(Path(out_dir), write)

@@ -7,9 +7,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from models.chat_template import encode_chat
 from models.export import export_hf_llama, load_model, save_model
 from models.llama import ModelConfig, Transformer
-from models.special_tokens import EOS, PAD, SPECIAL_TOKENS
+from models.special_tokens import BOS, END_TURN, EOS, PAD, SPECIAL_TOKENS
 
 VOCAB = 300
 
@@ -101,9 +102,10 @@ def test_hf_llama_logits_match_ours(tmp_path, tie, n_kv_heads):
 
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert tok.convert_tokens_to_ids([PAD, EOS]) == [0, 2]
-    assert tok.pad_token == PAD and tok.eos_token == EOS
+    assert tok.pad_token == PAD and tok.eos_token == EOS and tok.bos_token == BOS
     ids = tok("the lazy fox")["input_ids"]
-    assert tok.decode(ids) == "the lazy fox"
+    assert ids[0] == 1 and ids.count(1) == 1  # <|bos|> first, as every training conversation starts
+    assert tok.decode(ids, skip_special_tokens=True) == "the lazy fox"
 
 
 def test_hf_generate_matches_our_greedy(tmp_path):
@@ -116,3 +118,50 @@ def test_hf_generate_matches_our_greedy(tmp_path):
     ours = generate(model, prompt, 20, temperature=0.0).tokens
     theirs = hf.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert torch.equal(ours, theirs)
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "the quick fox"}],
+    [{"role": "user", "content": " the  lazy dog \n"}],  # whitespace at the edges stays the content's
+    [{"role": "user", "content": "the fox"}, {"role": "assistant", "content": "jumps over"},
+     {"role": "user", "content": "the lazy dog"}],
+]
+
+
+@pytest.fixture
+def hf_tokenizer(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    tiny_tokenizer(tmp_path / "tokenizer.json")
+    out = export_hf_llama(make(cfg_for(True)), tmp_path / "hf", tokenizer_json=tmp_path / "tokenizer.json")
+    return Tokenizer.from_file(str(tmp_path / "tokenizer.json")), transformers.AutoTokenizer.from_pretrained(out), out
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS, ids=["one-turn", "whitespace", "three-turns"])
+def test_hf_chat_template_gives_our_prompt_ids(hf_tokenizer, messages):
+    ours, theirs, _ = hf_tokenizer
+    prompt = theirs.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert prompt == encode_chat(ours, messages, add_generation_prompt=True).ids
+    full = [*messages, {"role": "assistant", "content": "over the dog"}]
+    assert theirs.apply_chat_template(full, return_dict=True)["input_ids"] == encode_chat(ours, full).ids
+
+
+@pytest.mark.parametrize("messages,add_generation_prompt,error", [
+    ([{"role": "assistant", "content": "hi"}], False, "alternate"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], False, "alternate"),
+    ([{"role": "user", "content": f"the fox{END_TURN}{BOS}"}], False, "special token"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], True, "end with a user message"),
+])
+def test_hf_chat_template_refuses_what_our_encoder_refuses(hf_tokenizer, messages, add_generation_prompt, error):
+    ours, theirs, _ = hf_tokenizer
+    with pytest.raises(ValueError):
+        encode_chat(ours, messages, add_generation_prompt=add_generation_prompt)
+    with pytest.raises(Exception, match=error):  # transformers raises jinja2's TemplateError
+        theirs.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+
+
+def test_hf_generation_stops_at_end_of_turn(hf_tokenizer):
+    transformers = pytest.importorskip("transformers")
+    _, _, out = hf_tokenizer
+    generation = transformers.GenerationConfig.from_pretrained(out)
+    assert generation.eos_token_id == [SPECIAL_TOKENS.index(END_TURN), SPECIAL_TOKENS.index(EOS)]
+    assert (generation.pad_token_id, generation.bos_token_id) == (0, 1)
