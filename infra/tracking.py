@@ -4,13 +4,21 @@ inputs, registered models).
 
 Everything that logs goes to the active run and calls `active_run()` first, so logging
 outside `stage_run` is a clear error instead of MLflow silently opening a stray run.
+
+A new stage run says where it came from: the git commit (and whether the tree was dirty),
+the entry point, and, inside a Prefect flow run, that flow run's id and UI link, with a
+Prefect artifact on the flow run linking back to the MLflow run. It ends FINISHED, FAILED
+(an exception) or KILLED (an interrupt, a signal, a Prefect cancellation).
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +28,18 @@ from infra.config import flatten_params
 from infra.paths import Workspace
 
 DEFAULT_EXPERIMENT = "llmforge"
-_SECRET_KEY = re.compile(r"(token|secret|password|passwd|api_key|apikey|credential)", re.I)
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Key segments that name a secret wherever they appear (`db.password`, `secret_sauce`, `client_secret`).
+_SECRET_SEGMENTS = frozenset(
+    {"password", "passwd", "passphrase", "secret", "secrets", "credential", "credentials", "apikey"}
+)
+_SECRET_PAIRS = frozenset({("api", "key"), ("private", "key")})
+# `token` is a secret as the last segment of a key part (`hub.token`, `hf_token`, `accessToken`),
+# except after these words, where it is a piece of the vocabulary (`bos_token`, `pad_token`).
+_VOCAB_TOKEN_WORDS = frozenset(
+    {"bos", "eos", "pad", "unk", "sep", "cls", "mask", "special", "start", "end", "stop", "eot", "im"}
+)
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _URI_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
 
 
@@ -29,9 +48,22 @@ def tracking_uri(ws: Workspace) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ws.mlflow_db}"
 
 
+def is_secret_key(key: str) -> bool:
+    """Whether a (dotted) config key names a secret, judged on whole segments of each part:
+    `hub.token`, `hf_token`, `db.password`, `api_key`, `secret_sauce` are; `max_new_tokens`,
+    `tokenizer.vocab_size`, `bos_token` are not."""
+    for part in key.split("."):
+        words = [w for w in re.split(r"[^a-z0-9]+", _CAMEL.sub("_", part).lower()) if w]
+        if _SECRET_SEGMENTS.intersection(words) or _SECRET_PAIRS.intersection(zip(words, words[1:])):
+            return True
+        if words and words[-1] == "token" and (len(words) == 1 or words[-2] not in _VOCAB_TOKEN_WORDS):
+            return True
+    return False
+
+
 def redact(key: str, value: str) -> str:
-    """Never write secrets to MLflow: blank secret-looking keys and user:password in URIs."""
-    if _SECRET_KEY.search(key):
+    """Never write secrets to MLflow: blank secret-named keys and user:password in URIs."""
+    if is_secret_key(key):
         return "***"
     return _URI_USERINFO.sub(r"\g<scheme>***@", value)
 
@@ -83,28 +115,213 @@ def stage_run(
     config: BaseModel | dict[str, Any] | None = None,
     tags: dict[str, str] | None = None,
     run_id: str | None = None,
+    run_name: str | None = None,
 ) -> Iterator[Any]:
     """One MLflow run for a stage, nested under the active (pipeline) run when there is one.
 
-    `run_id` resumes an existing run (e.g. a DeepSpeed rank-0 process continuing the
-    run its Prefect task opened).
+    A new run is named `run_name` (default: the stage) and tagged with its origin (see
+    `origin_tags`); inside a Prefect flow run, a Prefect artifact links back to it. `run_id`
+    resumes an existing run (e.g. a DeepSpeed rank-0 process continuing the run its Prefect
+    task opened) and leaves its name and tags alone. The run ends FINISHED, FAILED on an
+    exception, KILLED on an interrupt, signal or Prefect cancellation (`end_status`).
     """
     import mlflow
 
     experiment_id = configure(ws)
     parent = mlflow.active_run()
-    all_tags = {"llmforge.stage": stage, **(tags or {})}
-    with mlflow.start_run(
+    flow_run = {} if run_id else prefect_flow_run()
+    all_tags = None if run_id else {"llmforge.stage": stage, **origin_tags(flow_run), **(tags or {})}
+    run = mlflow.start_run(
         run_id=run_id,
         # Without it a new run lands in MLflow's "Default" experiment, not ours.
         experiment_id=None if run_id else experiment_id,
-        run_name=None if run_id else stage,
+        run_name=None if run_id else (run_name or stage),
         nested=parent is not None,
-        tags=all_tags if run_id is None else None,
-    ) as run:
-        if config is not None and run_id is None:
-            log_config(config)
+        tags=all_tags,
+    )
+    try:
+        if run_id is None:
+            if config is not None:
+                log_config(config)
+            _link_prefect_to_run(stage, run, flow_run)
         yield run
+    except BaseException as exc:
+        _end_run(run, end_status(exc))
+        raise
+    _end_run(run, "FINISHED")
+
+
+def end_status(exc: BaseException) -> str:
+    """The MLflow status of a run its code left by raising `exc`: KILLED when it was stopped
+    from outside (Ctrl-C, a signal, a Prefect cancellation or termination), else FAILED."""
+    import asyncio
+
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None or code == 0:
+            return "FINISHED"
+        # 128+N is how a signal handler (and the shell) reports signal N; -N how subprocess does.
+        return "KILLED" if isinstance(code, int) and (code > 128 or code < 0) else "FAILED"
+    if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
+        return "KILLED"
+    try:
+        from prefect.exceptions import CancelledRun, ExternalSignal, PrefectSignal
+    except ImportError:  # pragma: no cover - Prefect is a dependency
+        return "FAILED"
+    # ExternalSignal: TerminationSignal (SIGTERM of a cancelled flow run); PrefectSignal: Abort, Pause.
+    return "KILLED" if isinstance(exc, (ExternalSignal, PrefectSignal, CancelledRun)) else "FAILED"
+
+
+def _end_run(run: Any, status: str) -> None:
+    """End `run` with `status` if it is still the active run (a worker may have ended it already)."""
+    import mlflow
+
+    active = mlflow.active_run()
+    if active is not None and active.info.run_id == run.info.run_id:
+        mlflow.end_run(status)
+
+
+def describe_overrides(overrides: list[str] | Mapping[str, Any], stage: str | None = None) -> str:
+    """Config overrides as a run-name suffix: `["data.near.threshold=0.7"]` -> `near.threshold=0.7`.
+
+    The leading part of each key is dropped when it is `stage`, or, without `stage`, when
+    every key shares it; with `stage`, overrides of other stages are left out. Secret-named
+    keys show `***`. Join with the stage yourself: `f"data {suffix}".strip()`.
+    """
+    pairs = list(overrides.items()) if isinstance(overrides, Mapping) else [_split_override(o) for o in overrides]
+    heads = {key.split(".", 1)[0] for key, _ in pairs}
+    if stage is not None:
+        pairs = [(key, value) for key, value in pairs if key.split(".", 1)[0] == stage]
+    drop = stage if stage is not None else (next(iter(heads)) if len(heads) == 1 else None)
+    shown = []
+    for key, value in pairs:
+        short = key.split(".", 1)[1] if drop is not None and key.startswith(f"{drop}.") else key
+        shown.append(f"{short}={redact(key, str(value))}")
+    return " ".join(shown)[:200]  # MLflow caps run names at 250 characters
+
+
+def _split_override(pair: str) -> tuple[str, str]:
+    key, sep, value = pair.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"override {pair!r} is not key=value (e.g. data.near.threshold=0.7)")
+    return key.strip(), value.strip()
+
+
+def git_state(root: Path | str | None = None) -> dict[str, str]:
+    """`{"commit": sha, "dirty": "true"/"false"}` of the checkout at `root` (default: this
+    repository); empty when it is not one or git is missing."""
+    root = REPO_ROOT if root is None else root
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return {}
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    state = {"commit": head.stdout.strip()}
+    if status.returncode == 0:
+        state["dirty"] = "true" if status.stdout.strip() else "false"
+    return state
+
+
+def prefect_flow_run() -> dict[str, str]:
+    """The Prefect flow run this code runs in: `id`, `flow_name` and `url` (when a UI URL is
+    configured, `PREFECT_UI_URL` or derived from `PREFECT_API_URL`); empty outside a flow run."""
+    try:
+        from prefect.runtime import flow_run
+        from prefect.utilities.urls import url_for
+
+        run_id = flow_run.get_id()
+        if not run_id:
+            return {}
+        found = {"id": str(run_id)}
+        name = flow_run.get_flow_name()
+        if name:
+            found["flow_name"] = str(name)
+        url = url_for("flow-run", obj_id=run_id)
+        if url:
+            found["url"] = url
+        return found
+    except Exception as exc:  # the link is a convenience; never fail a stage over it
+        warnings.warn(f"could not read the Prefect flow run for MLflow tags: {exc}", stacklevel=2)
+        return {}
+
+
+def entry_point(flow_run: Mapping[str, str] | None = None) -> str:
+    """What started this run, for `mlflow.source.name`: the Prefect flow's name inside a flow
+    run, else the program (`llmforge`, or a script's path relative to the repository)."""
+    flow_name = (prefect_flow_run() if flow_run is None else flow_run).get("flow_name")
+    if flow_name:
+        return flow_name
+    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
+    if program.name == "__main__.py":  # `python -m package`: the package says more than __main__.py
+        program = program.parent
+    try:
+        return program.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return program.name
+
+
+def origin_tags(flow_run: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Tags that say where a new run came from: git commit and dirty flag (when a git
+    checkout), the entry point, and the Prefect flow run id and UI URL (inside one).
+
+    `flow_run` is what `prefect_flow_run()` returned, when the caller already asked."""
+    flow_run = prefect_flow_run() if flow_run is None else flow_run
+    tags = {"mlflow.source.name": entry_point(flow_run)}
+    git = git_state()
+    if "commit" in git:
+        tags["llmforge.git_commit"] = tags["mlflow.source.git.commit"] = git["commit"]
+    if "dirty" in git:
+        tags["llmforge.git_dirty"] = git["dirty"]
+    if "id" in flow_run:
+        tags["llmforge.prefect_flow_run_id"] = flow_run["id"]
+    if "url" in flow_run:
+        tags["llmforge.prefect_flow_run_url"] = flow_run["url"]
+    return tags
+
+
+def mlflow_run_url(experiment_id: str, run_id: str, uri: str | None = None) -> str | None:
+    """The MLflow UI address of a run when the tracking URI is an http(s) server, else None."""
+    import mlflow
+
+    uri = uri or mlflow.get_tracking_uri()
+    if not uri.lower().startswith(("http://", "https://")):
+        return None
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def _link_prefect_to_run(stage: str, run: Any, flow_run: Mapping[str, str]) -> None:
+    """Inside a Prefect flow run (`flow_run` not empty), attach an artifact that links to the MLflow run."""
+    if not flow_run:
+        return
+    import mlflow
+
+    exp_id, run_id = run.info.experiment_id, run.info.run_id
+    slug = re.sub(r"[^a-z0-9]+", "-", stage.lower()).strip("-") or "stage"
+    key = f"mlflow-{slug}-{run_id[:12]}"  # lowercase, digits and dashes, as Prefect requires
+    description = f"MLflow run of stage {stage}"
+    url = mlflow_run_url(exp_id, run_id)
+    try:
+        from prefect.artifacts import create_link_artifact, create_markdown_artifact
+
+        if url:
+            create_link_artifact(link=url, link_text=f"MLflow run {run_id}", key=key, description=description)
+        else:
+            store = redact("uri", mlflow.get_tracking_uri())
+            create_markdown_artifact(
+                key=key,
+                description=description,
+                markdown=(
+                    f"MLflow run `{run_id}` (stage {stage}) is in a local store. To open it, run\n\n"
+                    f"    mlflow ui --backend-store-uri {store}\n\n"
+                    f"and go to `http://127.0.0.1:5000/#/experiments/{exp_id}/runs/{run_id}`."
+                ),
+            )
+    except Exception as exc:  # the link is a convenience; never fail a stage over it
+        warnings.warn(f"could not create the Prefect artifact linking MLflow run {run_id}: {exc}", stacklevel=2)
 
 
 def active_run() -> Any:

@@ -103,6 +103,10 @@ def test_secrets_never_reach_mlflow_params(tmp_path, monkeypatch):
         "hub": {"token": "hf_abcdef123456", "api_key": "sk-live-1", "secret_sauce": "x"},
         "mlflow_uri": "https://bob:pa55@mlflow.example/",
         "plain": "kept",
+        # Secret words inside ordinary keys are not secrets: these stay readable.
+        "pretrain": {"tokenizer": {"vocab_size": 512}},
+        "grpo": {"max_new_tokens": 24},
+        "eval": {"max_tokens": 4096},
     }
     ws = Workspace(tmp_path / "ws")
     with stage_run(ws, "secrets", config=config) as run:
@@ -115,3 +119,5 @@ def test_secrets_never_reach_mlflow_params(tmp_path, monkeypatch):
     assert params["db.uri"] == "postgresql://***@db.example:5432/runs"
     assert params["mlflow_uri"] == "https://***@mlflow.example/"
     assert params["plain"] == "kept" and params["db.port"] == "5432"
+    assert params["pretrain.tokenizer.vocab_size"] == "512"
+    assert params["grpo.max_new_tokens"] == "24" and params["eval.max_tokens"] == "4096"
