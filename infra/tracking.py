@@ -403,25 +403,74 @@ def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in sorted(MlflowClient().get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
-def register_model(
-    model_dir: Path, name: str, tags: dict[str, str], description: str, artifact_path: str = "model"
-) -> str:
-    """Log `model_dir` to the active run under `artifact_path` and register it as a new version of `name`.
+CHAMPION = "champion"  # the registry alias that always names the newest registered version
+_SERVING_PACKAGES = ("mlflow", "transformers", "torch", "tokenizers", "safetensors")
 
-    The registered model is created on first use; returns the new version number.
+
+def register_model(
+    hf_dir: Path,
+    name: str,
+    tags: dict[str, str],
+    description: str,
+    artifact_path: str = "model",
+    *,
+    prompt_template: str,
+    input_example: str,
+    max_new_tokens: int = 64,
+    alias: str = CHAMPION,
+) -> str:
+    """Log the transformers folder `hf_dir` to the active run as an MLflow transformers model
+    (a text-generation pipeline), register it as a new version of `name` and point `alias` at it.
+
+    `prompt_template` (str.format with `prompt`) turns a plain question into the model's chat
+    prompt, so `mlflow.pyfunc.load_model("models:/<name>@<alias>").predict(["..."])` answers
+    without the caller knowing the template. The registered model is created on first use;
+    returns the new version number.
     """
+    from importlib.metadata import version
+
     import mlflow
+    import transformers
+    from huggingface_hub import ModelCard
     from mlflow.exceptions import MlflowException
+    from mlflow.models import ModelSignature
     from mlflow.tracking import MlflowClient
+    from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
     run = active_run()
-    mlflow.log_artifacts(str(model_dir), artifact_path=artifact_path)
+    hf_dir = Path(hf_dir)
+    if not (hf_dir / "config.json").is_file() or not (hf_dir / "tokenizer.json").is_file():
+        raise FileNotFoundError(
+            f"{hf_dir} is not a transformers model folder with a tokenizer (config.json, tokenizer.json): "
+            "pass the folder models.export.export_hf_llama wrote with tokenizer_json"
+        )
+    pipe = transformers.pipeline("text-generation", model=str(hf_dir), tokenizer=str(hf_dir), device="cpu")
+    signature = ModelSignature(
+        inputs=Schema([ColSpec("string")]),
+        outputs=Schema([ColSpec("string")]),
+        params=ParamSchema([ParamSpec("max_new_tokens", "long", max_new_tokens), ParamSpec("do_sample", "boolean", False)]),
+    )
+    info = mlflow.transformers.log_model(
+        pipe,
+        name=artifact_path,
+        task="text-generation",
+        signature=signature,
+        input_example=[input_example],
+        prompt_template=prompt_template,
+        model_config={"max_new_tokens": max_new_tokens, "do_sample": False},
+        # A card of our own: MLflow would otherwise look the local folder up on the Hugging Face Hub.
+        model_card=ModelCard(f"---\nlicense: other\n---\n{description}\n"),
+        # Pinned here: MLflow's own default list asks for torchvision, which we do not install.
+        pip_requirements=[f"{pkg}=={version(pkg)}" for pkg in _SERVING_PACKAGES],
+    )
     client = MlflowClient()
     try:
         client.create_registered_model(name, description=description)
     except MlflowException as exc:
         if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
             raise
-    source = f"{run.info.artifact_uri}/{artifact_path}"
-    version = client.create_model_version(name, source=source, run_id=run.info.run_id, tags=tags)
+    version = client.create_model_version(
+        name, source=info.model_uri, run_id=run.info.run_id, tags=tags, description=description
+    )
+    client.set_registered_model_alias(name, alias, version.version)
     return str(version.version)

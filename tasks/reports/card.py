@@ -137,5 +137,5 @@ def publish_pipeline_report(ws: Workspace, config, data, base, sft, grpo, evals,
     log_metrics(_headline_metrics(base, grpo, wall_seconds))
     stage_runs = {"data": data.mlflow_run_id, "pretrain": base.mlflow_run_id, "sft": sft.mlflow_run_id, "grpo": grpo.mlflow_run_id}
     lineage = lineage_tags(Path(data.manifest), Path(base.tokenizer), config_hash(config), stage_runs)
-    version = register_final_model(Path(grpo.model_dir), config.registered_model, lineage)
+    version = register_final_model(grpo.hf_dir, config.registered_model, lineage)
     return PipelineReport(path=path, markdown=markdown, model_version=version)

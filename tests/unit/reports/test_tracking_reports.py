@@ -1,11 +1,11 @@
-"""The reports' MLflow logging through infra.tracking: no stray runs, the reward curve from
-a metric's history, and a registered model version carrying its lineage tags."""
+"""The reports' MLflow logging through infra.tracking: no stray runs, and the reward curve from
+a metric's history (registered versions and their lineage: tests/integration/test_registry.py)."""
 from __future__ import annotations
 
 import pytest
 
 from infra.paths import Workspace
-from infra.tracking import log_artifact, log_metrics, log_text, metric_history, register_model, set_tag, stage_run
+from infra.tracking import log_artifact, log_metrics, log_text, metric_history, set_tag, stage_run
 from tasks.reports.card import reward_curve
 from tasks.reports.register import register_final_model
 
@@ -45,18 +45,3 @@ def test_reward_curve_reads_the_metric_history_in_step_order(ws, tmp_path) -> No
     with stage_run(ws, "empty") as empty:
         pass
     assert reward_curve(empty.info.run_id, tmp_path / "none.png") is None
-
-
-def test_registered_versions_carry_their_lineage_tags(ws, tmp_path) -> None:
-    from mlflow.tracking import MlflowClient
-
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text("{}")
-    with stage_run(ws, "pipeline") as run:
-        first = register_model(model_dir, "tiny", tags={"config_hash": "abc"}, description="d", artifact_path="final_model")
-        second = register_model(model_dir, "tiny", tags={"config_hash": "def"}, description="d", artifact_path="final_model")
-    assert (first, second) == ("1", "2")
-    version = MlflowClient().get_model_version("tiny", "1")
-    assert version.tags["config_hash"] == "abc" and version.run_id == run.info.run_id
-    assert version.source.endswith("/final_model")

@@ -1,0 +1,157 @@
+"""The registered model loads with standard tools alone: MLflow's pyfunc answers a plain
+question, `@champion` names the newest version, and transformers generates from the
+downloaded artifact with our chat template and stops at <|end|>; all in a process that
+cannot import the project's own packages."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from infra.paths import Workspace
+from infra.tracking import CHAMPION, stage_run
+from models.chat_template import encode_chat, encode_prompt, special_ids
+from models.export import export_hf_llama
+from models.special_tokens import END_TURN, SPECIAL_TOKENS
+from models.losses import next_token_loss
+from models.sampling import generate
+from tasks.reports.register import INPUT_EXAMPLE, lineage_tags, register_final_model
+from tests.conftest import saved_tokenizer, small_alphabet_bpe, tiny_llama
+
+pytestmark = pytest.mark.slow
+
+NAME = "llmforge-test"
+ANSWER = "<answer>7</answer>"
+
+# Runs in a fresh interpreter with cwd=tmp_path. The finder goes first on sys.meta_path, so
+# even an installed (editable) llmforge cannot be imported: only MLflow and transformers load it.
+LOADER = r'''
+import sys
+
+PROJECT = {"tasks", "models", "infra", "flows"}
+
+
+class NoProjectPackages:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in PROJECT:
+            raise ImportError(f"{name}: the registered model must load without the llmforge packages")
+        return None
+
+
+sys.meta_path.insert(0, NoProjectPackages())
+
+import json
+
+import mlflow
+import transformers
+
+name, question, dst = sys.argv[1:4]
+answers = mlflow.pyfunc.load_model(f"models:/{name}/latest").predict([question])
+
+local = mlflow.artifacts.download_artifacts(f"models:/{name}@champion", dst_path=dst)
+model = transformers.AutoModelForCausalLM.from_pretrained(f"{local}/model")
+tokenizer = transformers.AutoTokenizer.from_pretrained(f"{local}/components/tokenizer")
+prompt = tokenizer.apply_chat_template(
+    [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+)
+out = model.generate(**prompt, max_new_tokens=30, do_sample=False)
+new = out[0, prompt["input_ids"].shape[1]:].tolist()
+print(json.dumps({
+    "answers": list(answers),
+    "champion_model_id": mlflow.models.get_model_info(f"models:/{name}@champion").model_id,
+    "prompt_ids": prompt["input_ids"][0].tolist(),
+    "new_ids": new,
+    "text": tokenizer.decode(new, skip_special_tokens=True),
+    "project_modules": sorted(m for m in sys.modules if m.partition(".")[0] in PROJECT),
+}))
+'''
+
+
+def overfit(model, tok, steps: int = 200):
+    """Teach the tiny model one exchange, so that it answers and then says <|end|>."""
+    enc = encode_chat(tok, [{"role": "user", "content": INPUT_EXAMPLE}, {"role": "assistant", "content": ANSWER}])
+    inp, tgt = torch.tensor([enc.ids[:-1]]), torch.tensor([[t if m else -100 for t, m in zip(enc.ids[1:], enc.loss_mask[1:])]])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        opt.zero_grad()
+        next_token_loss(model(inp), tgt).backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory):
+    """A tiny model that answers INPUT_EXAMPLE, exported and registered twice into a SQLite store of its own."""
+    tmp_path = tmp_path_factory.mktemp("registry")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        mp.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # see conftest.one_torch_thread
+        try:
+            yield tmp_path, *_register(tmp_path)
+        finally:
+            torch.set_num_threads(threads)
+
+
+def _register(tmp_path):
+    tok = small_alphabet_bpe(64)
+    model = overfit(tiny_llama(vocab=tok.get_vocab_size()), tok)
+    end = special_ids(tok).end_turn
+    prompt = encode_prompt(tok, INPUT_EXAMPLE)
+    ours = generate(model, torch.tensor([prompt]), 20, temperature=0.0, eos_id=end).tokens[0, len(prompt):].tolist()
+    expected = encode_chat(tok, [{"role": "user", "content": INPUT_EXAMPLE}, {"role": "assistant", "content": ANSWER}]).ids
+    assert ours[: ours.index(end) + 1] == expected[len(prompt):], "the tiny model did not learn its one answer"
+
+    tokenizer_json = saved_tokenizer(tok, tmp_path)
+    hf_dir = export_hf_llama(model, tmp_path / "hf", tokenizer_json=tokenizer_json)
+    ws = Workspace(tmp_path / "work")
+    with stage_run(ws, "pipeline") as run:
+        lineage = lineage_tags(tokenizer_json, tokenizer_json, "abc", {"grpo": "r1"})
+        versions = [register_final_model(hf_dir, NAME, lineage) for _ in range(2)]
+    return ws, run, versions, lineage, prompt
+
+
+def test_registered_versions_carry_lineage_and_champion_is_the_newest(registered):
+    from mlflow.tracking import MlflowClient
+
+    _, ws, run, versions, lineage, _ = registered
+    assert versions == ["1", "2"]
+    client = MlflowClient()
+    for v in versions:
+        version = client.get_model_version(NAME, v)
+        assert version.run_id == run.info.run_id
+        assert {k: version.tags[k] for k in lineage} == lineage
+        assert version.tags["pipeline_run_id"] == run.info.run_id and version.tags["grpo_run_id"] == "r1"
+    assert str(client.get_model_version_by_alias(NAME, CHAMPION).version) == "2"
+    assert client.get_registered_model(NAME).description
+    with stage_run(ws, "pipeline"), pytest.raises(ValueError, match="export_hf"):
+        register_final_model(None, NAME, lineage)  # GRPO ran with export_hf=false
+
+
+def test_registered_model_loads_without_the_project(registered):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    tmp_path, ws, _, _, _, prompt = registered
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PYTHONPATH"))}
+    env.update(MLFLOW_TRACKING_URI=f"sqlite:///{ws.mlflow_db}", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADER, NAME, INPUT_EXAMPLE, str(tmp_path / "download")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert got["project_modules"] == []
+    assert got["answers"] == [ANSWER]  # a plain question in, the answer text out
+    champion = MlflowClient().get_model_version_by_alias(NAME, CHAMPION)
+    assert got["champion_model_id"] == mlflow.models.get_model_info(champion.source).model_id
+    assert got["prompt_ids"] == prompt  # transformers' chat template = our encode_prompt
+    end = SPECIAL_TOKENS.index(END_TURN)
+    assert got["new_ids"][-1] == end and end not in got["new_ids"][:-1] and len(got["new_ids"]) < 30
+    assert got["text"] == ANSWER
