@@ -89,10 +89,10 @@ class EvalResult(BaseModel):
 
     def metrics(self) -> dict[str, float]:
         """Flat numeric metrics (e.g. `token.ece`, `answer.accuracy`), skipping ones not computed."""
+        # `val_ppl` as the training runs name it; the accuracy comes as `token.accuracy` below.
         out = {
             "val_loss": self.val_loss,
-            "perplexity": self.perplexity,
-            "token_accuracy": self.token_accuracy,
+            "val_ppl": self.perplexity,
             "n_tokens": float(self.n_tokens),
         }
         for prefix, report in (("token", self.token_calibration), ("answer", self.answer_calibration)):
@@ -307,8 +307,8 @@ def load_eval_result(out_dir: Path) -> EvalResult:
 _ROWS: tuple[tuple[str, str, str], ...] = (
     # (label, metric key in EvalResult.metrics(), format)
     ("val loss", "val_loss", ".4f"),
-    ("perplexity", "perplexity", ".2f"),
-    ("next-token accuracy", "token_accuracy", ".4f"),
+    ("perplexity", "val_ppl", ".2f"),
+    ("next-token accuracy", "token.accuracy", ".4f"),
     ("token ECE", "token.ece", ".4f"),
     ("token ECE (equal mass)", "token.ece_equal_mass", ".4f"),
     ("token MCE", "token.mce", ".4f"),

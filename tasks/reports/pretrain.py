@@ -52,7 +52,7 @@ def log_pretrain_report(tokenizer: Path, tokens_dir: Path, result: PretrainResul
     md = write_text_atomic(out_dir / "pretrain_report.md", markdown)
     metrics = {"unigram_ppl": unigram, "tokens_per_param": report.tokens_per_param}
     if result.val_ppl is not None:
-        metrics["val_ppl_final"] = result.val_ppl
+        metrics["final_val_ppl"] = result.val_ppl  # the worker's name, so a cached stage logs the same key
         metrics["val_ppl_over_unigram"] = result.val_ppl / unigram
     log_metrics(metrics)
     log_artifact(md, artifact_path="pretrain")

@@ -102,6 +102,6 @@ def test_grpo_stage_through_the_launcher(tmp_path, tok):
     assert run.data.metrics["heldout_correct_after"] == saved["after"]["n_correct"]
     assert run.data.metrics["heldout_problems"] == saved["after"]["n"]
     assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == 3
-    assert len(client.get_metric_history(run.info.run_id, "eval_accuracy")) == 2  # before and after
+    assert len(client.get_metric_history(run.info.run_id, "heldout_accuracy")) == 2  # before and after
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"samples.txt", "result.json"} <= artifacts

@@ -235,8 +235,8 @@ def heldout_score(model: torch.nn.Module, tokenizer: Any, problems: Sequence[Pro
 
 
 def eval_metrics(score: AnswerScore) -> dict[str, float]:
-    """A held-out score as the metrics GRPO logs (eval_accuracy / eval_reward / eval_n)."""
-    return {"eval_accuracy": score.accuracy, "eval_reward": score.mean_reward, "eval_n": score.n}
+    """A held-out score as the metrics GRPO logs (heldout_accuracy / heldout_reward / heldout_problems)."""
+    return {"heldout_accuracy": score.accuracy, "heldout_reward": score.mean_reward, "heldout_problems": score.n}
 
 
 # ----------------------------------------------------------------------------- one step
@@ -373,7 +373,7 @@ def grpo_train(
     """Train `policy` with GRPO on `problems`; `reference` stays frozen. Metrics go to `log(metrics, step)`.
 
     With `eval_problems`, the first cfg.eval_prompts of them are scored greedily before and
-    after training (eval_before / eval_after; logged as eval_accuracy / eval_reward / eval_n).
+    after training (eval_before / eval_after; logged as heldout_accuracy / heldout_reward / heldout_problems).
     The returned result holds the trained module (the engine's), every step's metrics and
     sample completions.
     """

@@ -31,9 +31,9 @@ def step_logger(cfg: GrpoStageConfig):
         if "reward_mean" in metrics and (step % 5 == 0 or step == cfg.steps - 1):
             print(f"step {step + 1}/{cfg.steps} reward {metrics['reward_mean']:.3f} acc {metrics['accuracy']:.3f} "
                   f"kl {metrics['kl']:.4f} len {metrics['completion_len']:.1f} {metrics['step_seconds']:.1f}s")
-        elif "eval_accuracy" in metrics:
-            print(f"held-out (step {step}): accuracy {metrics['eval_accuracy']:.3f} reward {metrics['eval_reward']:.3f} "
-                  f"n={int(metrics['eval_n'])}")
+        elif "heldout_accuracy" in metrics:
+            print(f"held-out (step {step}): accuracy {metrics['heldout_accuracy']:.3f} reward {metrics['heldout_reward']:.3f} "
+                  f"n={int(metrics['heldout_problems'])}")
 
     return log
 

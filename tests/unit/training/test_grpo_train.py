@@ -139,7 +139,7 @@ def test_grpo_raises_mean_reward_on_a_learnable_task(tok, rewards):
     # The log callable saw the eval before (step 0), every step, and the eval after (step 12).
     assert [s for s, m in logged if "reward_mean" in m] == list(range(12))
     assert result.eval_before is not None and result.eval_after is not None
-    assert {s for s, m in logged if "eval_accuracy" in m} == {0, 12}
+    assert {s for s, m in logged if "heldout_accuracy" in m} == {0, 12}
     # Samples for a text artifact, from steps 0, 5, 10 and the last.
     assert sorted({s["step"] for s in result.samples}) == [0, 5, 10, 11]
     assert "[prompt] What is" in result.samples_text()

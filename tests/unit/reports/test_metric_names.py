@@ -1,0 +1,52 @@
+"""One name per metric: the evaluation run and the GRPO run use the names the training runs
+and the report card use, and no two names of one run differ only in `.` versus `_`."""
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import numpy as np
+
+from models.calibration import calibration_report, reliability_bins
+from tasks.eval.answers import AnswerScore
+from tasks.eval.evaluate import EvalResult, comparison_table
+from tasks.training.grpo.loop import eval_metrics
+from tasks.training.grpo.worker import heldout_metrics
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[._]", "", name)
+
+
+def _eval_result() -> EvalResult:
+    rng = np.random.default_rng(0)
+    conf = rng.uniform(0.2, 1.0, 400)
+    correct = rng.uniform(size=400) < conf
+    return EvalResult(
+        n_tokens=400, seq_len=32, val_loss=2.0, perplexity=float(np.exp(2.0)), token_accuracy=float(correct.mean()),
+        token_calibration=calibration_report(conf, correct), token_bins=reliability_bins(conf, correct),
+    )
+
+
+def test_eval_metrics_have_one_name_each_and_the_training_names() -> None:
+    result = _eval_result()
+    metrics = result.metrics()
+    assert len({_normalized(k) for k in metrics}) == len(metrics), sorted(metrics)
+    assert "token_accuracy" not in metrics and metrics["token.accuracy"] == result.token_accuracy
+    assert "perplexity" not in metrics and metrics["val_ppl"] == result.perplexity  # as pretrain/SFT log it
+    table = comparison_table({"base": result})
+    assert f"| perplexity | {result.perplexity:.2f} |" in table
+    assert f"| next-token accuracy | {result.token_accuracy:.4f} |" in table
+
+
+def test_grpo_logs_its_held_out_score_under_the_heldout_names() -> None:
+    score = AnswerScore(accuracy=0.5, mean_reward=0.6, n_correct=5, n=10, distinct_answers=7)
+    curve = eval_metrics(score)
+    assert set(curve) == {"heldout_accuracy", "heldout_reward", "heldout_problems"}
+    before = SimpleNamespace(accuracy=0.4, mean_reward=0.5, n_correct=4, n=10, distinct_answers=6)
+    after = SimpleNamespace(accuracy=0.5, mean_reward=0.6, n_correct=5, n=10, distinct_answers=7)
+    final = heldout_metrics(SimpleNamespace(before=before, after=after))
+    # The curve's names are the stems of the before/after summary, not a second vocabulary.
+    assert {"heldout_accuracy_before", "heldout_accuracy_after", "heldout_reward_before", "heldout_problems"} <= set(final)
+    names = [*curve, *final]
+    assert len({_normalized(k) for k in names}) == len(set(names))
