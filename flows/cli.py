@@ -10,13 +10,10 @@ import yaml
 
 
 def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise SystemExit(f"--set expects key=value (e.g. data.near.threshold=0.7), got '{pair}'")
-        key, value = pair.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value)  # "0.7" -> 0.7, "[a, b]" -> list
-    return out
+    """`--set key=value` pairs, parsed like a deployment's `overrides` (flows/config.py)."""
+    from flows.config import parse_overrides
+
+    return parse_overrides(pairs)
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from infra.config import config_hash
 from infra.paths import Workspace
-from flows.config import DataConfig, load_pipeline_config
+from flows.config import DataConfig, resolve_data_config
 from infra.stage_cache import cached, run_cached
 from infra.tracking import stage_run
 from tasks.data.catalog import load_catalog
@@ -38,9 +38,13 @@ def _outputs(result) -> list[Path]:
 
 
 @flow(name="data", log_prints=True)
-def data_flow(config: DataConfig | None = None, workdir: str = "work", preset: str = "tiny") -> DataResult:
-    """Run the data stages with `config`, or with the data section of `preset` when no config is given."""
-    config = config or load_pipeline_config(preset).data
+def data_flow(config: DataConfig | None = None, workdir: str | None = None, preset: str = "tiny",
+              overrides: list[str] | None = None) -> DataResult:
+    """Run the data stages with `config`, else the data section of `preset`, plus `overrides` ("data.near.threshold=0.7").
+
+    `workdir` None is the workspace of `Workspace.locate`: `$LLMFORGE_HOME`, else ./work.
+    """
+    config = resolve_data_config(config, preset, overrides)
     ws = Workspace.locate(workdir).ensure_writable()
     catalog = load_catalog(config.catalog, only=config.sources)  # a bad catalog fails before any work
     stage = ws.stage_dir

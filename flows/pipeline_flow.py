@@ -11,7 +11,7 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel
 
-from flows.config import PipelineConfig, load_pipeline_config
+from flows.config import PipelineConfig, resolve_pipeline_config
 from flows.data_flow import DataResult, data_flow
 from flows.eval_flow import eval_flow
 from flows.post_training_flows import grpo_flow, sft_flow
@@ -39,9 +39,13 @@ class PipelineResult(BaseModel):
 
 
 @flow(name="pipeline", log_prints=True)
-def pipeline_flow(config: PipelineConfig | None = None, workdir: str = "work", preset: str = "tiny") -> PipelineResult:
-    """Run every stage with `config`, or with `preset` (infra/presets/<name>.yaml) when no config is given."""
-    config = config or load_pipeline_config(preset)
+def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = None, preset: str = "tiny",
+                  overrides: list[str] | None = None) -> PipelineResult:
+    """Run every stage with `config`, else `preset` (infra/presets/<name>.yaml), plus `overrides` ("key=value").
+
+    `workdir` None is the workspace of `Workspace.locate`: `$LLMFORGE_HOME`, else ./work.
+    """
+    config = resolve_pipeline_config(config, preset, overrides)
     started = time.time()
     ws = Workspace.locate(workdir).ensure_writable()
     root = str(ws.root)

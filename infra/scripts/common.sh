@@ -17,3 +17,29 @@ BIN="${LLMFORGE_VENV:-$ROOT/.venv}/bin"
 cd "$ROOT"
 WORK="$(mkdir -p "${LLMFORGE_HOME:-$ROOT/work}" && cd "${LLMFORGE_HOME:-$ROOT/work}" && pwd)"
 export PREFECT_HOME="${PREFECT_HOME:-$WORK/prefect}"
+
+# Prefect scripts call this: PORT (default 4200) is the server's port for the server,
+# the worker and deploy.sh alike. PREFECT_API_URL is derived from it; one given by
+# hand (a remote server) is kept only when PORT is not set.
+prefect_api_from_port() {
+    if [[ -n "${PORT:-}" || -z "${PREFECT_API_URL:-}" ]]; then
+        export PREFECT_API_URL="http://127.0.0.1:${PORT:-4200}/api"
+    fi
+}
+
+# One line naming the URL and what to do, instead of a client's long connection traceback.
+require_prefect_api() {
+    if ! "$BIN/python" - "$PREFECT_API_URL/health" <<'PY'
+import sys, httpx
+try:
+    sys.exit(0 if httpx.get(sys.argv[1], timeout=5).status_code == 200 else 1)
+except httpx.HTTPError:
+    sys.exit(1)
+PY
+    then
+        echo "error: no Prefect server answers at $PREFECT_API_URL/health;" \
+             "start one with \`PORT=${PORT:-4200} infra/scripts/start_prefect_server.sh\`" \
+             "or set PORT to the port of the one that runs" >&2
+        exit 1
+    fi
+}

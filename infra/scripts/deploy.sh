@@ -5,14 +5,16 @@
 #   e.g. infra/scripts/deploy.sh data-tiny
 #
 # Environment (all optional):
-#   PREFECT_API_URL  the server's API (default http://127.0.0.1:${PREFECT_PORT:-4200}/api)
+#   PORT             the server's port, as given to start_prefect_server.sh (default 4200);
+#                    PREFECT_API_URL, used only without PORT, points at another host
 #   LLMFORGE_HOME    workspace folder (default <repo>/work); PREFECT_HOME defaults to
 #                    $LLMFORGE_HOME/prefect like the server's
 # The work pool must exist: start_prefect_worker.sh creates it.
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-export PREFECT_API_URL="${PREFECT_API_URL:-http://127.0.0.1:${PREFECT_PORT:-4200}/api}"
+prefect_api_from_port
+require_prefect_api
 # `prefect deploy` would bake an exported LLMFORGE_ROOT into the pull step; left unset,
 # the placeholder stays and each worker fills in its own checkout at run time.
 unset LLMFORGE_ROOT
