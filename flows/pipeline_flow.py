@@ -20,7 +20,7 @@ from infra.config import config_hash
 from infra.paths import Workspace
 from infra.tracking import stage_run
 from tasks.eval.evaluate import EvalResult
-from tasks.reports.card import publish_pipeline_report
+from tasks.reports.card import publish_pipeline_report, record_attempt
 from tasks.training.grpo.stage import GrpoStageResult
 from tasks.training.sft.stage import SftResult
 
@@ -48,6 +48,7 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = No
     config = resolve_pipeline_config(config, preset, overrides)
     started = time.time()
     ws = Workspace.locate(workdir).ensure_writable()
+    record_attempt(ws, config, started)  # the report sums the attempts of this config
     root = str(ws.root)
     with stage_run(ws, "pipeline", config, tags={"llmforge.config_hash": config_hash(config)}) as run:
         data = data_flow(config.data, workdir=root)

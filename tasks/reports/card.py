@@ -1,20 +1,27 @@
 """The pipeline's report card: the numbers that matter, readable in ten seconds.
 
 Written as Markdown with the loss and reward curves, the data funnel, and the calibration
-table and diagram beside it; published as a Prefect and an MLflow artifact, with the
+table and diagram beside it, and as one self-contained HTML page (figures inlined), which
+MLflow's artifact viewer renders; published as a Prefect and an MLflow artifact, with the
 headline metrics, and the final model registered with its lineage.
 """
 from __future__ import annotations
 
+import atexit
+import base64
+import html
+import re
 import shutil
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import markdown as markdown_lib
 from pydantic import BaseModel
 
-from infra.atomic import write_text_atomic
-from infra.config import config_hash
+from infra.atomic import write_json_atomic, write_text_atomic
+from infra.config import ConfigError, config_hash, read_json
 from infra.paths import Workspace
 from infra.tracking import active_run, log_artifact, log_metrics, metric_history
 from tasks.data.funnel import funnel_markdown, funnel_totals
@@ -50,12 +57,19 @@ def reward_curve(run_id: str, out: Path) -> Path | None:
     return loss_curve_png(steps, series, out, title="GRPO reward and accuracy on training prompts")
 
 
+def _wall_row(wall_seconds: float, all_attempts: tuple[float, int] | None) -> str:
+    total, n = all_attempts or (wall_seconds, 1)
+    if n <= 1:
+        return f"| pipeline wall time | {wall_seconds / 60:.1f} min |"
+    return f"| pipeline wall time, {n} attempts of this config (last attempt) | {total / 60:.1f} min ({wall_seconds / 60:.1f} min) |"
+
+
 def _headline_rows(totals: Mapping[str, int], pretrain_ppl: tuple[float | None, float], sft: SftResult,
-                   grpo: GrpoStageResult, wall_seconds: float) -> list[str]:
+                   grpo: GrpoStageResult, wall_seconds: float, all_attempts: tuple[float, int] | None = None) -> list[str]:
     val_ppl, unigram = pretrain_ppl
     b, a = grpo.before, grpo.after
     return [
-        f"| pipeline wall time | {wall_seconds / 60:.1f} min |",
+        _wall_row(wall_seconds, all_attempts),
         f"| documents collected → kept → sampled rows | {totals.get('collected', 0)} → {totals.get('kept', 0)} → {totals.get('sampled_rows', 0)} |",
         f"| near duplicates / exact duplicates / filtered / rejected | {totals.get('near_duplicates', 0)} / {totals.get('exact_duplicates', 0)} / {totals.get('filtered', 0)} / {totals.get('rejected', 0)} |",
         f"| base model validation perplexity (unigram baseline) | {val_ppl:.1f} ({unigram:.1f}) |" if val_ppl else f"| unigram baseline perplexity | {unigram:.1f} |",
@@ -74,11 +88,12 @@ def write_final_report(
     images: Mapping[str, Path | None],
     wall_seconds: float,
     out: Path,
+    all_attempts: tuple[float, int] | None = None,
 ) -> Path:
-    """Write the report card and return its path."""
+    """Write the report card and return its path; `all_attempts` is (seconds, count) over this config's attempts."""
     m = load_manifest(manifest)
     lines = ["# llmforge report card", "", "| headline | value |", "|---|---|"]
-    lines += _headline_rows(funnel_totals(m.funnel), pretrain_ppl, sft, grpo, wall_seconds)
+    lines += _headline_rows(funnel_totals(m.funnel), pretrain_ppl, sft, grpo, wall_seconds, all_attempts)
     for name, r in evals.items():
         answer_ece = f"{r.answer_calibration.ece:.3f}" if r.answer_calibration else "-"
         lines.append(f"| {name}: perplexity / token ECE / answer ECE | {r.perplexity:.1f} / {r.token_calibration.ece:.3f} / {answer_ece} |")
@@ -88,6 +103,106 @@ def write_final_report(
             lines.append(f"![{label}]({img.name})")
     lines += ["", "## Data funnel", "", funnel_markdown(m.funnel), ""]
     return write_text_atomic(out, "\n".join(lines) + "\n")
+
+
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
+_HTML_STYLE = (
+    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+    "table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left}"
+    "th{background:#f3f3f3}img{max-width:100%;display:block;margin:1em 0}"
+)
+
+
+def inline_images(markdown: str, folder: Path) -> str:
+    """`markdown` with each image link to a PNG in `folder` replaced by a base64 data URI."""
+    def embed(match: re.Match) -> str:
+        img = Path(folder) / match.group(2)
+        if img.suffix.lower() != ".png" or not img.is_file():
+            return match.group(0)
+        data = base64.b64encode(img.read_bytes()).decode("ascii")
+        return f"![{match.group(1)}](data:image/png;base64,{data})"
+    return _IMAGE.sub(embed, markdown)
+
+
+def write_report_html(report_md: Path, out: Path | None = None) -> Path:
+    """The report as one HTML page with its figures inlined (MLflow renders .html artifacts; relative PNG links it does not)."""
+    report_md = Path(report_md)
+    text = inline_images(report_md.read_text(encoding="utf-8"), report_md.parent)
+    body = markdown_lib.markdown(text, extensions=["tables"])
+    title = html.escape(text.lstrip("# ").splitlines()[0] if text.strip() else "report")
+    page = (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title>"
+            f"<style>{_HTML_STYLE}</style></head>\n<body>\n{body}\n</body></html>\n")
+    return write_text_atomic(out or report_md.with_suffix(".html"), page)
+
+
+# A resumed pipeline's wall time is the sum of its attempts: each attempt's start is kept in
+# work/reports/attempts.json, per config hash, until an attempt of that config completes.
+
+
+def _attempts_path(ws: Workspace) -> Path:
+    return ws.reports / "attempts.json"
+
+
+def _read_attempts(ws: Workspace) -> list[dict]:
+    path = _attempts_path(ws)
+    if not path.is_file():
+        return []
+    try:
+        return list(read_json(path).get("attempts", []))
+    except ConfigError:
+        return []  # a damaged log loses the sum, never the run
+
+
+def _stamp(ws: Workspace, started: float, **fields) -> None:
+    attempts = _read_attempts(ws)
+    found = [a for a in attempts if a.get("started") == started and a.get("ended") is None]
+    for a in found:
+        a.update(fields)
+    if found:
+        write_json_atomic(_attempts_path(ws), {"attempts": attempts})
+
+
+def _stamp_at_exit(ws: Workspace, started: float) -> None:
+    try:
+        _stamp(ws, started, ended=time.time())
+    except OSError:
+        pass  # the workspace is gone: nothing left to report on
+
+
+def record_attempt(ws: Workspace, config, started: float) -> None:
+    """Note that a pipeline attempt with `config` started at `started`; one that fails stamps its end at exit."""
+    entry = {"config_hash": config_hash(config), "started": started, "ended": None, "completed": False}
+    ws.reports.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(_attempts_path(ws), {"attempts": [*_read_attempts(ws), entry]})
+    atexit.register(_stamp_at_exit, ws, started)
+
+
+def complete_attempt(ws: Workspace, config, last_seconds: float) -> tuple[float, int]:
+    """Stamp the running attempt of `config` completed; (seconds, count) over its attempts since the last completed one.
+
+    An attempt killed before it could stamp its end counts until the next attempt started.
+    """
+    now = time.time()
+    attempts = sorted(_read_attempts(ws), key=lambda a: a.get("started", 0.0))
+    h = config_hash(config)
+    mine = [i for i, a in enumerate(attempts) if a.get("config_hash") == h]
+    running = [i for i in mine if attempts[i].get("ended") is None]
+    if not running:  # no record (the log was lost): the last attempt is all we know
+        return last_seconds, 1
+    current = running[-1]
+    total, count = 0.0, 0
+    for i in mine:
+        if i > current:
+            break
+        a = attempts[i]
+        if a.get("completed"):
+            total, count = 0.0, 0  # an earlier completed run of this config: its time is not this one's
+            continue
+        end = now if i == current else a.get("ended") or attempts[i + 1]["started"]
+        total += max(0.0, end - a["started"])
+        count += 1
+    _stamp(ws, attempts[current]["started"], ended=now, completed=True)
+    return total, count
 
 
 def _copy(src: Path | None, dst: Path) -> Path | None:
@@ -125,16 +240,20 @@ def publish_pipeline_report(ws: Workspace, config, data, base, sft, grpo, evals,
     """Write the report card, publish it (Prefect + the active MLflow run) and register the final model."""
     active_run()
     images = _report_images(ws, base, sft, grpo)
+    all_attempts = complete_attempt(ws, config, wall_seconds)
     path = write_final_report(
-        Path(data.manifest), (base.val_ppl, base.unigram_ppl), sft, grpo, evals, images, wall_seconds, ws.reports / "report.md"
+        Path(data.manifest), (base.val_ppl, base.unigram_ppl), sft, grpo, evals, images, wall_seconds, ws.reports / "report.md",
+        all_attempts,
     )
+    page = write_report_html(path)
     markdown = path.read_text()
-    publish_prefect_artifact(markdown, key="pipeline-report")
+    publish_prefect_artifact(inline_images(markdown, path.parent), key="pipeline-report")
     log_artifact(path, artifact_path="report")
+    log_artifact(page, artifact_path="report")
     for img in images.values():
         if img is not None:
             log_artifact(img, artifact_path="report")
-    log_metrics(_headline_metrics(base, grpo, wall_seconds))
+    log_metrics({**_headline_metrics(base, grpo, wall_seconds), "wall_minutes_all_attempts": all_attempts[0] / 60})
     stage_runs = {"data": data.mlflow_run_id, "pretrain": base.mlflow_run_id, "sft": sft.mlflow_run_id, "grpo": grpo.mlflow_run_id}
     lineage = lineage_tags(Path(data.manifest), Path(base.tokenizer), config_hash(config), stage_runs)
     version = register_final_model(grpo.hf_dir, config.registered_model, lineage)

@@ -2,6 +2,7 @@
 artifacts (manifest, funnel table and chart) and the shards as a dataset input."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from infra.atomic import write_text_atomic
@@ -23,16 +24,50 @@ def data_report_markdown(manifest_path: Path) -> str:
     return "\n".join(lines)
 
 
-def publish_prefect_artifact(markdown: str, key: str = "data-funnel") -> None:
-    """Attach the report to the current Prefect flow run (no-op outside a run)."""
-    from prefect.artifacts import create_markdown_artifact
-    from prefect.context import get_run_context
+def publish_prefect_artifact(markdown: str, key: str = "data-funnel") -> str | None:
+    """Attach the report to the current Prefect flow run as `<key>-<run name>-<run id>`; None outside a run.
 
-    try:
-        get_run_context()
-    except Exception:
-        return
-    create_markdown_artifact(markdown=markdown, key=key, description="Where every collected document ended")
+    One key per stage and run: a shared key would make each run's artifact a new version of the last one's.
+    """
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return None
+    run = ctx.flow_run
+    # Prefect keys allow lowercase letters, digits and dashes only.
+    unique = re.sub(r"[^a-z0-9]+", "-", f"{key}-{run.name}-{str(run.id)[:8]}".lower()).strip("-")
+    create_markdown_artifact(markdown=narrow_tables(markdown), key=unique, description=f"{key} of flow run {run.name}")
+    return unique
+
+
+def narrow_tables(markdown: str, max_columns: int = 6) -> str:
+    """Transpose each Markdown table wider than `max_columns` that has fewer rows than columns.
+
+    Prefect's artifact page clips a table at its panel's width (the funnel's last columns
+    vanished); transposed, the same table keeps every column as a row.
+    """
+    lines, out, i = markdown.split("\n"), [], 0
+    while i < len(lines):
+        j = i
+        while j < len(lines) and lines[j].lstrip().startswith("|"):
+            j += 1
+        if j == i:
+            out.append(lines[i])
+            i += 1
+            continue
+        rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[i:j]]
+        header, body = rows[0], rows[2:]
+        if len(header) > max_columns and len(body) + 1 < len(header) and all(len(r) == len(header) for r in body):
+            columns = list(zip(header, *body))
+            out.append("| " + " | ".join(columns[0]) + " |")
+            out.append("|---" * len(columns[0]) + "|")
+            out += ["| " + " | ".join(col) + " |" for col in columns[1:]]
+        else:
+            out += lines[i:j]
+        i = j
+    return "\n".join(out)
 
 
 def funnel_metrics(manifest_path: Path) -> dict[str, float]:

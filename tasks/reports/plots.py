@@ -137,8 +137,20 @@ def loss_curve_png(
     return _save(fig, path)
 
 
+def _legend_below(ax) -> None:
+    """The legend under the axes, in one row where it fits: bars reach every edge of a funnel's axes."""
+    n = len(ax.get_legend_handles_labels()[1])
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.17 if ax.get_xlabel() else -0.08),
+              ncol=min(n, 5), frameon=False)
+
+
 def funnel_png(funnel: Mapping[str, Mapping[str, int]], path: Path, title: str = "Data funnel") -> Path:
     """Where each source's documents ended (stacked bars), plus removal counts per reason."""
+    return _save(funnel_figure(funnel, title), path)
+
+
+def funnel_figure(funnel: Mapping[str, Mapping[str, int]], title: str = "Data funnel") -> Figure:
+    """The figure of `funnel_png`."""
     if not funnel:
         raise ValueError("funnel_png needs at least one source; got an empty funnel")
     sources = list(funnel)
@@ -163,7 +175,7 @@ def funnel_png(funnel: Mapping[str, Mapping[str, int]], path: Path, title: str =
             ax.barh(y + i * h - 0.4 + h / 2, [funnel[s].get(counter, 0) for s in sources], height=h, label=counter)
     ax.set_yticks(y, sources)
     ax.invert_yaxis()
-    ax.legend(fontsize=8, loc="lower right")
+    _legend_below(ax)
     ax.set_title(title)
     if reasons:
         rx = axes[1]
@@ -177,5 +189,5 @@ def funnel_png(funnel: Mapping[str, Mapping[str, int]], path: Path, title: str =
         rx.invert_yaxis()
         rx.set_xlabel("documents removed")
         rx.set_title("Removed, by reason")
-        rx.legend(fontsize=8)
-    return _save(fig, path)
+        _legend_below(rx)
+    return fig

@@ -1,13 +1,16 @@
 """Prefect deployments: infra/prefect.yaml, the service scripts, and a real deployed run.
 
-The slow test starts a real Prefect server and a real `process` worker through
-infra/scripts/, registers the data deployment with `prefect deploy`, runs it with
-`prefect deployment run ... -p config=<JSON> --watch` and checks the run in MLflow.
+The slow tests start a real Prefect server (on a free, non-default PORT) and a real
+`process` worker through infra/scripts/, register the deployments with deploy.sh, run the
+README's sequence (`prefect deployment run ... -p overrides=[...] --watch`: data-tiny with
+and without an override, pipeline-tiny with its budgets cut), check the runs in Prefect
+and MLflow, and screenshot the Prefect UI with headless Chromium when it is installed.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +26,7 @@ import yaml
 
 from tests.conftest import ROOT
 from .test_data_flow import make_catalog
+from .test_pipeline_flow import SMALL
 
 SCRIPTS = ROOT / "infra" / "scripts"
 PREFECT_YAML = ROOT / "infra" / "prefect.yaml"
@@ -63,12 +67,15 @@ def test_prefect_yaml_deployments_match_flows_and_tiny_preset():
         assert dep.schedules and all(s.active is False for s in dep.schedules), "example schedules must be inactive"
         # Deployments name a preset instead of copying it, so they cannot drift from it.
         assert "config" not in dep.parameters and load_pipeline_config(dep.parameters["preset"]) == tiny
+        # No workdir: runs follow the worker's LLMFORGE_HOME, like the server and MLflow scripts.
+        assert "workdir" not in dep.parameters
         # The server validates run parameters against this schema (enforce_parameter_schema).
         flow = load_flow_from_entrypoint(str(ROOT / dep.entrypoint), use_placeholder_flow=False)
         schema = parameter_schema(flow).model_dump_for_openapi()
         validate(dep.parameters, schema, raise_on_error=True)
         with pytest.raises(ValidationError, match="not_a_key"):
             validate({**dep.parameters, "config": {"not_a_key": 1}}, schema, raise_on_error=True)
+        validate({**dep.parameters, "overrides": ["data.near.threshold=0.7"]}, schema, raise_on_error=True)
 
 
 @pytest.mark.parametrize("script", ["start_prefect_server.sh", "start_prefect_worker.sh", "start_mlflow_server.sh", "deploy.sh"])
@@ -165,83 +172,185 @@ def run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.Compl
     return proc
 
 
-@pytest.mark.slow
-def test_deployed_data_flow_runs_on_a_process_worker(tmp_path, isolated_env, services):
-    started = time.monotonic()
-    timings: dict[str, float] = {}
+# The pipeline deployment with every stage's budget cut to a few steps (as the pipeline test).
+SMALL_PIPELINE = SMALL + ["name=deployed-small"]
+
+
+def deployment_run(name: str, env: dict[str, str], *params: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`prefect deployment run <name> -p ... --watch`, as the README writes it."""
+    cmd = [PREFECT, "deployment", "run", name, *[a for p in params for a in ("-p", p)], "--watch", "--watch-timeout", str(int(timeout))]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout + 60)
+
+
+def flow_runs(api: str, deployment_id: str) -> list[dict]:
+    runs = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"id": {"any_": [deployment_id]}},
+                                                      "sort": "EXPECTED_START_TIME_ASC"}, timeout=10).json()
+    return runs
+
+
+def test_worker_without_server_fails_in_one_line_naming_the_url(isolated_env):
+    port = free_port()
+    env = {**isolated_env, "PORT": str(port), "LLMFORGE_VENV": sys.prefix}
+    for script in ("start_prefect_worker.sh", "deploy.sh"):
+        out = subprocess.run([str(SCRIPTS / script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        lines = (out.stdout + out.stderr).strip().splitlines()
+        assert out.returncode == 1 and len(lines) == 1, (script, lines)
+        assert f"http://127.0.0.1:{port}/api/health" in lines[0] and f"PORT={port} infra/scripts/start_prefect_server.sh" in lines[0]
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory) -> Iterator[dict]:
+    """The README's sequence on a non-default PORT: server, worker, deploy.sh, then the runs it shows.
+
+    Runs: data-tiny as deployed, data-tiny with an override (plus a tiny catalog), a bad override,
+    and pipeline-tiny with its budgets cut by overrides. Every script gets only PORT, no API URL.
+    """
+    tmp = tmp_path_factory.mktemp("deployed")
+    logs = tmp / "logs"
+    logs.mkdir()
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    env = {k: v for k, v in isolated_env.items() if k != "LLMFORGE_ROOT"}
+    work = tmp / "work"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "LLMFORGE_"))}
     env.update(
-        PORT=str(port),
-        PREFECT_API_URL=api,
-        LLMFORGE_VENV=sys.prefix,  # the scripts use this venv's prefect, wherever it lives
-        PREFECT_WORKER_QUERY_SECONDS="2",  # pick the run up quickly
+        PORT=str(port), LLMFORGE_HOME=str(work), LLMFORGE_VENV=sys.prefix, DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1",
+        PREFECT_HOME=str(tmp / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="INFO",
+        PREFECT_WORKER_QUERY_SECONDS="2",  # pick runs up quickly
     )
+    services = Services(logs)
+    timings: dict[str, float] = {}
+    started = time.monotonic()
+    try:
+        server = services.start("server", [str(SCRIPTS / "start_prefect_server.sh")], env)
+        wait_for("the Prefect API at " + api, lambda: httpx.get(f"{api}/health", timeout=5).json() is True,
+                 timeout=240, alive=lambda: services.alive("server", server))
+        timings["server_up"] = time.monotonic() - started
+        worker = services.start("worker", [str(SCRIPTS / "start_prefect_worker.sh")], env)
+        wait_for(f"work pool {POOL}", lambda: httpx.get(f"{api}/work_pools/{POOL}", timeout=5).status_code == 200,
+                 timeout=120, alive=lambda: services.alive("worker", worker))
+        run([str(SCRIPTS / "deploy.sh")], env, timeout=240)  # --all: every deployment must load and register
+        timings["deployed"] = time.monotonic() - started
 
-    server = services.start("server", [str(SCRIPTS / "start_prefect_server.sh")], env)
-    wait_for("the Prefect API at " + api, lambda: httpx.get(f"{api}/health", timeout=5).json() is True,
-             timeout=240, alive=lambda: services.alive("server", server))
-    timings["server_up"] = time.monotonic() - started
+        client_env = {**env, "PREFECT_API_URL": api}  # the README's `export PREFECT_API_URL=...`
+        catalog = make_catalog(tmp)
+        results = {
+            "data": deployment_run("data/data-tiny", client_env),
+            "data_override": deployment_run("data/data-tiny", client_env, f'overrides={json.dumps(["data.near.threshold=0.7", f"data.catalog={catalog}"])}'),
+            "bad_override": deployment_run("data/data-tiny", client_env, 'overrides=["data.near.treshold=0.7"]', timeout=240),
+        }
+        timings["data_runs"] = time.monotonic() - started
+        results["pipeline"] = deployment_run("pipeline/pipeline-tiny", client_env, f"overrides={json.dumps(SMALL_PIPELINE)}", timeout=900)
+        timings["pipeline_run"] = time.monotonic() - started
+        services.alive("worker", worker)
+        services.alive("server", server)
+        yield {"api": api, "port": port, "work": work, "results": results, "services": services, "tmp": tmp, "catalog": catalog}
+    finally:
+        print("deployment test timings (s):", {k: round(v, 1) for k, v in timings.items()})
+        leftovers = services.stop_all()
+        assert not leftovers, f"processes survived teardown: {leftovers}"
 
-    # The worker script creates the work pool; it resolves LLMFORGE_ROOT to its own checkout.
-    worker = services.start("worker", [str(SCRIPTS / "start_prefect_worker.sh")], env)
-    wait_for(f"work pool {POOL}", lambda: httpx.get(f"{api}/work_pools/{POOL}", timeout=5).status_code == 200,
-             timeout=120, alive=lambda: services.alive("worker", worker))
 
-    timings["pool_ready"] = time.monotonic() - started
-    run([str(SCRIPTS / "deploy.sh")], env, timeout=240)  # --all: every deployment must load and register
-    timings["deployed"] = time.monotonic() - started
-    assert httpx.get(f"{api}/deployments/name/pipeline/pipeline-tiny", timeout=10).status_code == 200
-    dep = httpx.get(f"{api}/deployments/name/data/data-tiny", timeout=10).json()
-    assert dep["work_pool_name"] == POOL
-    assert dep["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]["directory"] == ROOT_PLACEHOLDER
-    assert dep["schedules"] and not any(s["active"] for s in dep["schedules"])
-    assert dep["parameters"]["preset"] == "tiny" and dep["enforce_parameter_schema"]
+@pytest.mark.slow
+def test_readme_deployment_sequence_on_another_port(deployed):
+    api, work, results, services = deployed["api"], deployed["work"], deployed["results"], deployed["services"]
+    port = deployed["port"]
+    # The UI calls the API on the server's own port, not on 4200.
+    ui = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
+    assert ui["api_url"] == api
 
-    # A parameter the flow's pydantic config does not know is refused before any run exists.
-    bad = subprocess.run([PREFECT, "deployment", "run", "data/data-tiny", "-p", 'config={"near": {"treshold": 0.7}}'],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and "treshold" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+    for name in ("data", "data_override", "pipeline"):
+        out = results[name]
+        assert out.returncode == 0 and "Flow run finished successfully in 'Completed'" in out.stdout, (
+            name, out.stdout[-3000:], out.stderr[-2000:], services.log("worker"))
+    bad = results["bad_override"]
+    assert bad.returncode != 0, bad.stdout[-2000:]
 
-    catalog = make_catalog(tmp_path)
-    work = tmp_path / "run-work"
-    config = {"catalog": str(catalog), "near": {"threshold": 0.7}, "shards": {"shard_mb": 0.002}}
-    watched = run(
-        [PREFECT, "deployment", "run", "data/data-tiny", "-p", f"workdir={work}", "-p", f"config={json.dumps(config)}",
-         "--watch", "--watch-timeout", "360"],
-        env, timeout=420,
-    )
-    timings["run_done"] = time.monotonic() - started
-    assert "Flow run finished successfully in 'Completed'" in watched.stdout, watched.stdout[-3000:] + services.log("worker")
-    services.alive("worker", worker)
-    services.alive("server", server)
+    data_dep = httpx.get(f"{api}/deployments/name/data/data-tiny", timeout=10).json()
+    assert data_dep["work_pool_name"] == POOL and data_dep["enforce_parameter_schema"]
+    assert data_dep["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]["directory"] == ROOT_PLACEHOLDER
+    assert data_dep["schedules"] and not any(s["active"] for s in data_dep["schedules"])
+    assert "workdir" not in data_dep["parameters"]
+    data_runs = flow_runs(api, data_dep["id"])
+    assert [r["state_type"] for r in data_runs] == ["COMPLETED", "COMPLETED", "FAILED"]
+    # The bad key is named in the failed run's logs, as `llmforge --set` names it.
+    logs = httpx.post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [data_runs[2]["id"]]}}}, timeout=10).json()
+    assert any("key 'data.near.treshold'" in entry["message"] for entry in logs), [e["message"][:200] for e in logs]
+    pipe_dep = httpx.get(f"{api}/deployments/name/pipeline/pipeline-tiny", timeout=10).json()
+    assert [r["state_type"] for r in flow_runs(api, pipe_dep["id"])] == ["COMPLETED"]
 
-    runs = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"id": {"any_": [dep["id"]]}}}, timeout=10).json()
-    assert [r["state_type"] for r in runs] == ["COMPLETED"]
-
-    # The run executed in the repository (pull step) and logged to MLflow in the given workdir.
+    # Every run logged into the worker's LLMFORGE_HOME, none into the checkout's work/.
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
     exp = client.get_experiment_by_name("llmforge")
-    assert exp is not None, f"no MLflow experiment in {work}; worker log:\n{services.log('worker')}"
-    (mlrun,) = client.search_runs([exp.experiment_id])
-    assert mlrun.info.status == "FINISHED" and mlrun.data.tags["llmforge.stage"] == "data"
-    assert mlrun.data.params["near.threshold"] == "0.7"  # the -p config JSON reached the flow as DataConfig
-    m = mlrun.data.metrics
+    assert exp is not None and exp.artifact_location == (work / "mlartifacts").as_uri()
+    runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+    data = [r for r in runs if r.info.run_name == "data"]
+    assert len(data) == 3 and all(r.info.status == "FINISHED" for r in data)  # 2 deployed + the pipeline's
+    # As deployed: the preset's threshold; with the override: 0.7 and the other keys still the preset's.
+    assert data[0].data.params["near.threshold"] == "0.8" and data[1].data.params["near.threshold"] == "0.7"
+    assert data[1].data.params["near.num_perm"] == data[0].data.params["near.num_perm"] == "128"
+    assert data[1].data.params["catalog"] == str(deployed["catalog"])
+    m = data[1].data.metrics
     assert (m["funnel.news.collected"], m["funnel.news.rejected"], m["funnel.news.exact_duplicates"]) == (19, 4, 1)
-    assert (m["funnel.letters.collected"], m["funnel.letters.rejected"]) == (5, 1)
-    assert m["funnel.news.near_duplicates"] >= 1
-    for source in ("news", "letters", "total"):
-        parts = ("kept", "rejected", "exact_duplicates", "near_duplicates", "filtered")
-        assert m[f"funnel.{source}.collected"] == sum(m[f"funnel.{source}.{p}"] for p in parts), source
-    # Artifacts sit in the workspace, where `mlflow ui`/start_mlflow_server.sh find them.
-    assert exp.artifact_location == (work / "mlartifacts").as_uri()
-    assert "data/manifest.json" in {a.path for a in client.list_artifacts(mlrun.info.run_id, "data")}
-    assert (work / "data" / "shards" / "manifest.json").is_file()
-    timings["total"] = time.monotonic() - started
-    print("deployment test timings (s):", {k: round(v, 1) for k, v in timings.items()})
+    (pipeline,) = [r for r in runs if r.info.run_name == "pipeline"]
+    assert pipeline.info.status == "FINISHED" and pipeline.data.params["name"] == "deployed-small"
+    children = {r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id}
+    assert {"data", "pretrain", "sft", "grpo", "evaluate"} <= children
+    report_files = {a.path for a in client.list_artifacts(pipeline.info.run_id, "report")}
+    assert {"report/report.md", "report/report.html"} <= report_files
+    page = Path(client.download_artifacts(pipeline.info.run_id, "report/report.html", str(deployed["tmp"])))
+    assert page.read_text().count('src="data:image/png;base64,') >= 3
+    assert "pipeline wall time" in page.read_text()
+    assert (work / "reports" / "attempts.json").is_file()
+
+    # One Prefect artifact per stage and run, each holding the whole table.
+    arts = httpx.post(f"{api}/artifacts/filter", json={}, timeout=10).json()
+    keys = [a["key"] for a in arts if a["key"]]
+    assert len({k for k in keys if k.startswith("data-funnel-")}) == 3, keys
+    assert len([k for k in keys if k.startswith("pipeline-report-")]) == 1, keys
+    report_art = next(a for a in arts if (a["key"] or "").startswith("pipeline-report-"))
+    assert "data:image/png;base64," in report_art["data"]  # the figures, inlined (the UI shows them)
+    for art in arts:
+        if (art["key"] or "").startswith(("data-funnel-", "pipeline-report-")):
+            # Wide tables are transposed: the artifact panel clips columns, never rows.
+            assert "| sampled_rows |" in art["data"], art["key"]
+            assert max(line.count("|") for line in art["data"].splitlines()) <= 8, art["key"]
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def screenshot(url: str, out: Path, height: int = 1400) -> Path:
+    subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    f"--window-size=1400,{height}", "--virtual-time-budget=20000", f"--screenshot={out}", url],
+                   capture_output=True, text=True, timeout=120)
+    assert out.is_file() and out.stat().st_size > 10_000, f"no screenshot of {url}"
+    return out
+
+
+@pytest.mark.slow
+def test_prefect_ui_shows_the_deployed_runs_and_report(deployed):
+    if _chromium() is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    api, port = deployed["api"], deployed["port"]
+    shots = Path(os.environ.get("LLMFORGE_SCREENSHOTS") or deployed["tmp"] / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+    pipe_dep = httpx.get(f"{api}/deployments/name/pipeline/pipeline-tiny", timeout=10).json()
+    (run_,) = flow_runs(api, pipe_dep["id"])
+    arts = httpx.post(f"{api}/artifacts/filter", json={}, timeout=10).json()
+    report = next(a for a in arts if (a["key"] or "").startswith("pipeline-report-"))
+    funnel = max((a for a in arts if (a["key"] or "").startswith("data-funnel-")), key=lambda a: a["created"])
+    base = f"http://127.0.0.1:{port}"
+    for name, url in [("flow_run", f"{base}/runs/flow-run/{run_['id']}"),
+                      ("report_artifact", f"{base}/artifacts/artifact/{report['id']}"),
+                      ("funnel_artifact", f"{base}/artifacts/artifact/{funnel['id']}")]:
+        png = screenshot(url, shots / f"{name}.png", height=5200 if name == "report_artifact" else 1400)
+        print(f"screenshot: {png}")
+    # A page that failed to reach its API renders the same blank error card everywhere; a
+    # rendered run page differs from a rendered artifact page.
+    assert (shots / "flow_run.png").read_bytes() != (shots / "report_artifact.png").read_bytes()
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 from matplotlib.image import imread
 
 from models.calibration import calibration_report, reliability_bins
-from tasks.reports.plots import compare_models_png, funnel_png, loss_curve_png, reliability_diagram_png
+from tasks.reports.plots import compare_models_png, funnel_figure, funnel_png, loss_curve_png, reliability_diagram_png
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -62,6 +62,19 @@ def test_loss_curve_shared_and_own_steps(tmp_path: Path) -> None:
     assert not (tmp_path / "bad.png").exists()
 
 
+def _assert_legends_clear_of_bars(fig) -> None:
+    """Every axes' legend lies outside its own axes and every axes' bars (the funnel's bars fill their axes)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        box = ax.get_legend().get_window_extent(renderer)
+        assert not box.overlaps(ax.get_window_extent(renderer)), ax.get_title()
+        for other in fig.axes:
+            assert not any(box.overlaps(bar.get_window_extent(renderer)) for bar in other.patches), ax.get_title()
+
+
 def test_funnel_chart(tmp_path: Path) -> None:
     funnel = {
         "wiki": {"collected": 100, "rejected": 2, "exact_duplicates": 10, "near_duplicates": 5,
@@ -71,5 +84,7 @@ def test_funnel_chart(tmp_path: Path) -> None:
     }
     _check_png(funnel_png(funnel, tmp_path / "funnel.png"))
     _check_png(funnel_png({"x": {"in": 5, "out": 3}}, tmp_path / "generic.png"))
+    for data in (funnel, {"x": {"in": 5, "out": 3}}):
+        _assert_legends_clear_of_bars(funnel_figure(data))
     with pytest.raises(ValueError, match="empty funnel"):
         funnel_png({}, tmp_path / "e.png")
