@@ -285,7 +285,8 @@ def test_readme_deployment_sequence_on_another_port(deployed):
     exp = client.get_experiment_by_name("llmforge")
     assert exp is not None and exp.artifact_location == (work / "mlartifacts").as_uri()
     runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
-    data = [r for r in runs if r.info.run_name == "data"]
+    stage = {r.info.run_id: r.data.tags.get("llmforge.stage") for r in runs}  # run names also list the overrides
+    data = [r for r in runs if stage[r.info.run_id] == "data"]
     assert len(data) == 3 and all(r.info.status == "FINISHED" for r in data)  # 2 deployed + the pipeline's
     # As deployed: the preset's threshold; with the override: 0.7 and the other keys still the preset's.
     assert data[0].data.params["near.threshold"] == "0.8" and data[1].data.params["near.threshold"] == "0.7"
@@ -293,9 +294,9 @@ def test_readme_deployment_sequence_on_another_port(deployed):
     assert data[1].data.params["catalog"] == str(deployed["catalog"])
     m = data[1].data.metrics
     assert (m["funnel.news.collected"], m["funnel.news.rejected"], m["funnel.news.exact_duplicates"]) == (19, 4, 1)
-    (pipeline,) = [r for r in runs if r.info.run_name == "pipeline"]
+    (pipeline,) = [r for r in runs if stage[r.info.run_id] == "pipeline"]
     assert pipeline.info.status == "FINISHED" and pipeline.data.params["name"] == "deployed-small"
-    children = {r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id}
+    children = {stage[r.info.run_id] for r in runs if r.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id}
     assert {"data", "pretrain", "sft", "grpo", "evaluate"} <= children
     report_files = {a.path for a in client.list_artifacts(pipeline.info.run_id, "report")}
     assert {"report/report.md", "report/report.html"} <= report_files
