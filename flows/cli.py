@@ -35,7 +35,71 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--catalog", help="catalog folder of source YAML files (default: from the preset)")
     p = sub.add_parser("show-config", help="print the resolved config of a preset", description="Validate a preset and print it with overrides applied.")
     _common(p)
+    p = sub.add_parser("runs", help="list the workspace's MLflow runs with their output folders and sizes",
+                       description="List the workspace's runs (newest first) with the stage output folders each refers to "
+                                   "and their size on disk; --diff A B prints the config keys that differ between two runs.")
+    _workdir(p)
+    p.add_argument("--diff", nargs=2, metavar=("RUN_A", "RUN_B"), help="config keys that differ between two runs (ids or unique prefixes)")
+    p = sub.add_parser("gc", help="remove output folders no MLflow run or registered model refers to",
+                       description="Garbage-collect stage output folders that no MLflow run (any status, not deleted) or "
+                                   "registered model version refers to. A dry run unless --apply is given.")
+    _workdir(p)
+    p.add_argument("--apply", action="store_true", help="really remove them (default: only list them)")
     return parser
+
+
+def _workdir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", default=os.environ.get("LLMFORGE_HOME", "work"), help="workspace folder (default: ./work)")
+
+
+def _say_where(workdir: str, run_id: str, what: str) -> None:
+    from infra.paths import Workspace
+    from infra.tracking import configure, where_to_see_run
+
+    ws = Workspace.locate(workdir)
+    configure(ws)
+    print(what)
+    print(where_to_see_run(ws, run_id))
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from infra.paths import Workspace
+    from infra.workspace_outputs import config_diff, run_rows
+
+    ws = Workspace.locate(args.workdir)
+    if args.diff:
+        rows = config_diff(ws, *args.diff)
+        for key, a, b in rows:
+            print(f"{key}: {a} -> {b}")
+        print(f"{len(rows)} config key(s) differ")
+        return 0
+    for row in run_rows(ws):
+        print(f"{row.run_id[:12]}  {row.status:<9} {row.name:<32} {len(row.outputs):>2} output(s) {_mb(row.bytes):>11}")
+        for out in row.outputs:
+            print(f"    {out}{'' if (ws.root / out).is_dir() else '  (removed)'}")
+    return 0
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from infra.paths import Workspace
+    from infra.workspace_lock import workspace_lock
+    from infra.workspace_outputs import apply_gc, plan_gc
+
+    ws = Workspace.locate(args.workdir)
+    with workspace_lock(ws, wait=False):
+        plan = plan_gc(ws)
+        for folder in plan.remove:
+            print(f"{'removing' if args.apply else 'would remove'} {folder.relative_to(ws.root)}")
+        verb = "removed" if args.apply else "would free"
+        if args.apply:
+            apply_gc(ws, plan)
+        print(f"{len(plan.remove)} unreferenced folder(s), {verb} {_mb(plan.bytes)}; {plan.keep} in use kept"
+              + ("" if args.apply or not plan.remove else "; run with --apply to remove them"))
+    return 0
 
 
 # Prefect defaults for a local run; the user's own settings win. The ephemeral API's
@@ -54,7 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     from flows.config import load_pipeline_config
     from infra.preflight import ServiceUnavailable, check_services
 
+    from infra.workspace_lock import WorkspaceBusy
+
     try:
+        if args.command == "runs":
+            return _runs(args)
+        if args.command == "gc":
+            return _gc(args)
         overrides = _parse_overrides(args.overrides)
         if getattr(args, "catalog", None):
             overrides["data.catalog"] = args.catalog
@@ -70,20 +140,24 @@ def main(argv: list[str] | None = None) -> int:
             from infra.paths import Workspace
 
             Workspace.locate(args.workdir).ensure_writable()  # before Prefect's start-up, not inside the flow
+        # The flows get the override strings too: they name the MLflow runs after them.
+        pairs = list(args.overrides) + ([f"data.catalog={args.catalog}"] if getattr(args, "catalog", None) else [])
         if args.command == "data":
             from flows.data_flow import data_flow
 
-            data_flow(cfg.data, workdir=args.workdir)
+            data = data_flow(cfg.data, workdir=args.workdir, overrides=[p for p in pairs if p.startswith("data.")])
+            _say_where(args.workdir, data.mlflow_run_id, f"manifest: {data.manifest}")
             return 0
         if args.command == "run":
             from flows.pipeline_flow import pipeline_flow
 
-            pipeline_flow(cfg, workdir=args.workdir)
+            result = pipeline_flow(cfg, workdir=args.workdir, overrides=pairs)
+            _say_where(args.workdir, result.mlflow_run_id, f"report: {result.report}")
             return 0
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (ServiceUnavailable, PermissionError) as exc:
+    except (ServiceUnavailable, PermissionError, WorkspaceBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
     return 1

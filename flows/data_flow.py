@@ -1,7 +1,8 @@
 """The data flow: collect → exact dedup → near dedup → quality filters → PII → mix → shards.
 
-Each stage is a Prefect task from `tasks/`, cached on the content of its inputs and its
-config, so a rerun with the same inputs skips completed stages.
+Each stage is a Prefect task from `tasks/data/` writing into its own content-addressed
+folder (`work/data/<stage>/<key>/`, infra/stage_cache.py), so a rerun with the same
+inputs, config and code reuses completed stages and a variant never overwrites another.
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from pydantic import BaseModel
 from infra.config import config_hash
 from infra.paths import Workspace
 from flows.config import DataConfig, resolve_data_config
-from infra.stage_cache import cached, run_cached
-from infra.tracking import stage_run
+from infra.stage_cache import flow_key, OUT, run_cached, submit_cached
+from infra.tracking import describe_overrides, stage_run
+from infra.workspace_lock import workspace_lock
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import collect_source_task, merge_collected_task, source_inputs
 from tasks.data.exact_dedup import exact_dedup_task
@@ -33,10 +35,6 @@ class DataResult(BaseModel):
     mlflow_run_id: str
 
 
-def _outputs(result) -> list[Path]:
-    return [p for p in (result.output, result.removed) if p is not None]
-
-
 @flow(name="data", log_prints=True)
 def data_flow(config: DataConfig | None = None, workdir: str | None = None, preset: str = "tiny",
               overrides: list[str] | None = None) -> DataResult:
@@ -47,29 +45,33 @@ def data_flow(config: DataConfig | None = None, workdir: str | None = None, pres
     config = resolve_data_config(config, preset, overrides)
     ws = Workspace.locate(workdir).ensure_writable()
     catalog = load_catalog(config.catalog, only=config.sources)  # a bad catalog fails before any work
-    stage = ws.stage_dir
-    removed = ws.quarantine
-    with stage_run(ws, "data", config, tags={"llmforge.config_hash": config_hash(config)}) as run:
-        futures = [
-            cached(collect_source_task, ws).submit(catalog, s, stage("collect"), source_inputs(catalog, s))
+    with workspace_lock(ws), stage_run(
+        ws, "data", config, tags={"llmforge.config_hash": config_hash(config)},
+        run_name=f"data {describe_overrides(overrides or [], 'data')}".strip(),
+        run_key=flow_key("data", __name__, config, {s.name: source_inputs(catalog, s) for s in catalog.sources}),
+    ) as run:
+        # Each source keyed on its own definition and files: editing one re-collects that one only.
+        pending = [
+            submit_cached(collect_source_task, ws, "data/collect", catalog, s, OUT, source_inputs(catalog, s),
+                          key_ignore=("catalog",))
             for s in catalog.sources
         ]
-        per_source = [f.result() for f in futures]
-        collected = run_cached(merge_collected_task, ws, per_source, stage("collect") / "all.parquet", removed / "collect.parquet", outputs=_outputs)
-        exact = run_cached(exact_dedup_task, ws, collected.output, stage("exact") / "docs.parquet", removed / "exact_dedup.parquet", config.exact, outputs=_outputs)
-        near = run_cached(near_dedup_task, ws, exact.output, stage("near") / "docs.parquet", removed / "near_dedup.parquet", config.near, outputs=_outputs)
-        quality = run_cached(quality_filter_task, ws, near.output, stage("quality") / "docs.parquet", removed / "quality.parquet", catalog.filter_specs(), outputs=_outputs)
-        pii = run_cached(pii_redact_task, ws, quality.output, stage("pii") / "docs.parquet", config.pii, outputs=_outputs)
+        per_source = [p.result() for p in pending]
+        collected = run_cached(merge_collected_task, ws, "data/merge", per_source, OUT / "docs.parquet", OUT / "removed.parquet")
+        exact = run_cached(exact_dedup_task, ws, "data/exact", collected.output, OUT / "docs.parquet", OUT / "removed.parquet", config.exact)
+        near = run_cached(near_dedup_task, ws, "data/near", exact.output, OUT / "docs.parquet", OUT / "removed.parquet", config.near)
+        quality = run_cached(quality_filter_task, ws, "data/quality", near.output, OUT / "docs.parquet", OUT / "removed.parquet", catalog.filter_specs())
+        pii = run_cached(pii_redact_task, ws, "data/pii", quality.output, OUT / "docs.parquet", config.pii)
         weights = catalog.weights()
         epochs = {s.name: s.max_epochs for s in catalog.sources}
-        mixed = run_cached(rebalance_mix_task, ws, pii.output, stage("mix") / "docs.parquet", removed / "mix.parquet", weights, epochs, config.mix, outputs=_outputs)
+        mixed = run_cached(rebalance_mix_task, ws, "data/mix", pii.output, OUT / "docs.parquet", OUT / "removed.parquet", weights, epochs, config.mix)
         funnel = build_funnel(collected, exact, near, quality, mixed)
         removed_files = [r.removed for r in (collected, exact, near, quality, mixed)]
         manifest = run_cached(
-            write_shards_task, ws, mixed.output, ws.shards, config.shards, funnel, mixed.report, removed_files,
-            config_hash(config), outputs=lambda m: [m],
+            write_shards_task, ws, "data/shards", mixed.output, OUT, config.shards, funnel, mixed.report, removed_files,
+            config_hash(config),
         )
         publish_prefect_artifact(data_report_markdown(manifest))
-        log_data_run(manifest, ws.reports)
+        log_data_run(manifest, ws.run_reports(run.info.run_id))
         print(data_report_markdown(manifest))
         return DataResult(manifest=manifest, funnel=funnel, mlflow_run_id=run.info.run_id)

@@ -6,9 +6,10 @@ from pathlib import Path
 from prefect import flow
 
 from infra.paths import Workspace
-from infra.stage_cache import run_cached
+from infra.stage_cache import flow_key, OUT, run_into
 from infra.tracking import stage_run
-from tasks.eval.evaluate import EVAL_FILE, EvalConfig, EvalResult, evaluate_checkpoint_task
+from infra.workspace_lock import workspace_lock
+from tasks.eval.evaluate import EvalConfig, EvalResult, evaluate_checkpoint_task
 from tasks.reports.eval import log_comparison
 
 
@@ -16,13 +17,12 @@ from tasks.reports.eval import log_comparison
 def eval_flow(config: EvalConfig, models: dict[str, str], tokens: str, tokenizer: str, workdir: str = "work") -> dict[str, EvalResult]:
     """Evaluate each named model (cached per model) and log their comparison; results by name."""
     ws = Workspace.locate(workdir).ensure_writable()
-    with stage_run(ws, "evaluate", config):
-        results = {
-            name: run_cached(
-                evaluate_checkpoint_task, ws, Path(model_dir), Path(tokens), Path(tokenizer), config,
-                ws.eval_dir / name, name, outputs=lambda _, n=name: [ws.eval_dir / n / EVAL_FILE],
-            )
+    with workspace_lock(ws), stage_run(ws, "evaluate", config, run_key=flow_key(
+            "evaluate", __name__, config, {"models": [Path(m) for m in models.values()], "tokens": Path(tokens)})) as run:
+        done = {
+            name: run_into(evaluate_checkpoint_task, ws, "eval", Path(model_dir), Path(tokens), Path(tokenizer), config, OUT, name)
             for name, model_dir in models.items()
         }
-        print(log_comparison(results, ws.eval_dir))
+        results = {name: result for name, (result, _) in done.items()}
+        print(log_comparison(results, {name: folder for name, (_, folder) in done.items()}, ws.run_reports(run.info.run_id)))
         return results

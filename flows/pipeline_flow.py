@@ -18,8 +18,12 @@ from flows.post_training_flows import grpo_flow, sft_flow
 from flows.pretrain_flow import PretrainFlowOutput, pretrain_flow
 from infra.config import config_hash
 from infra.paths import Workspace
-from infra.tracking import stage_run
+from infra.stage_cache import flow_key
+from infra.tracking import describe_overrides, stage_run
+from infra.workspace_lock import workspace_lock
 from tasks.eval.evaluate import EvalResult
+from tasks.data.catalog import load_catalog
+from tasks.data.collect import source_inputs
 from tasks.reports.card import publish_pipeline_report, record_attempt
 from tasks.training.grpo.stage import GrpoStageResult
 from tasks.training.sft.stage import SftResult
@@ -50,11 +54,22 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = No
     ws = Workspace.locate(workdir).ensure_writable()
     record_attempt(ws, config, started)  # the report sums the attempts of this config
     root = str(ws.root)
-    with stage_run(ws, "pipeline", config, tags={"llmforge.config_hash": config_hash(config)}) as run:
-        data = data_flow(config.data, workdir=root)
+    catalog = load_catalog(config.data.catalog, only=config.data.sources)
+    sources = {s.name: source_inputs(catalog, s) for s in catalog.sources}
+    with workspace_lock(ws), stage_run(
+        ws, "pipeline", config, tags={"llmforge.config_hash": config_hash(config)},
+        run_name=f"pipeline {describe_overrides(overrides or [])}".strip(),
+        run_key=flow_key("pipeline", __name__, config, sources),
+    ) as run:
+        print("stage 1/5 data: collect, dedup, filter, mix, shard")
+        data = data_flow(config.data, workdir=root, overrides=[o for o in overrides or [] if o.startswith("data.")])
+        print("stage 2/5 pretrain: tokenizer, token shards, DeepSpeed pretraining")
         base = pretrain_flow(config.pretrain, manifest=str(data.manifest), workdir=root)
+        print("stage 3/5 sft: supervised fine-tuning")
         sft = sft_flow(config.sft, base_model=str(base.model_dir), tokenizer=str(base.tokenizer), workdir=root)
+        print("stage 4/5 grpo: reinforcement learning with verifiable rewards")
         grpo = grpo_flow(config.grpo, sft_model=str(sft.model_dir), tokenizer=str(base.tokenizer), workdir=root)
+        print("stage 5/5 evaluate: calibration of base, SFT and GRPO; report card")
         models = {"base": str(base.model_dir), "sft": str(sft.model_dir), "grpo": str(grpo.model_dir)}
         evals = eval_flow(config.eval, models, tokens=str(base.tokens), tokenizer=str(base.tokenizer), workdir=root)
         report = publish_pipeline_report(ws, config, data, base, sft, grpo, evals, time.time() - started)

@@ -6,8 +6,9 @@ from pathlib import Path
 from prefect import flow
 
 from infra.paths import Workspace
-from infra.stage_cache import run_cached
+from infra.stage_cache import flow_key, OUT, run_cached
 from infra.tracking import stage_run
+from infra.workspace_lock import workspace_lock
 from tasks.training.grpo.stage import GrpoStageConfig, GrpoStageResult, grpo_task
 from tasks.training.sft.stage import SftConfig, SftResult, sft_task
 
@@ -15,20 +16,20 @@ from tasks.training.sft.stage import SftConfig, SftResult, sft_task
 @flow(name="sft", log_prints=True)
 def sft_flow(config: SftConfig, base_model: str, tokenizer: str, workdir: str = "work") -> SftResult:
     ws = Workspace.locate(workdir).ensure_writable()
-    with stage_run(ws, "sft", config) as run:
+    with workspace_lock(ws), stage_run(ws, "sft", config, run_key=flow_key("sft", __name__, config, {"base": Path(base_model)})) as run:
         return run_cached(
-            sft_task, ws, Path(base_model), Path(tokenizer), ws.checkpoints("sft"), config, str(ws.root),
-            mlflow_run_id=run.info.run_id, outputs=lambda r: [r.model_dir],
+            sft_task, ws, "checkpoints/sft", Path(base_model), Path(tokenizer), OUT, config, str(ws.root),
+            mlflow_run_id=run.info.run_id,
         )
 
 
 @flow(name="grpo", log_prints=True)
 def grpo_flow(config: GrpoStageConfig, sft_model: str, tokenizer: str, workdir: str = "work") -> GrpoStageResult:
     ws = Workspace.locate(workdir).ensure_writable()
-    with stage_run(ws, "grpo", config) as run:
+    with workspace_lock(ws), stage_run(ws, "grpo", config, run_key=flow_key("grpo", __name__, config, {"sft": Path(sft_model)})) as run:
         result = run_cached(
-            grpo_task, ws, Path(sft_model), Path(tokenizer), ws.checkpoints("grpo"), config, str(ws.root),
-            mlflow_run_id=run.info.run_id, outputs=lambda r: [r.model_dir],
+            grpo_task, ws, "checkpoints/grpo", Path(sft_model), Path(tokenizer), OUT, config, str(ws.root),
+            mlflow_run_id=run.info.run_id,
         )
         print(
             f"held-out arithmetic: SFT {result.before.n_correct}/{result.before.n} "

@@ -9,8 +9,9 @@ from pydantic import BaseModel
 
 from infra.paths import Workspace
 from flows.config import PretrainStageConfig
-from infra.stage_cache import run_cached
+from infra.stage_cache import flow_key, OUT, run_cached, run_into
 from infra.tracking import stage_run
+from infra.workspace_lock import workspace_lock
 from tasks.training.pretrain.stage import pretrain_task
 from tasks.reports.pretrain import log_pretrain_report
 from tasks.tokenizer.tokenize_shards import tokenize_shards_task
@@ -32,19 +33,16 @@ class PretrainFlowOutput(BaseModel):
 @flow(name="pretrain", log_prints=True)
 def pretrain_flow(config: PretrainStageConfig, manifest: str, workdir: str = "work") -> PretrainFlowOutput:
     ws = Workspace.locate(workdir).ensure_writable()
-    with stage_run(ws, "pretrain", config) as run:
-        tokenizer = run_cached(train_tokenizer_task, ws, Path(manifest), ws.tokenizer_dir, config.tokenizer, outputs=lambda p: [p])
-        run_cached(  # writes ws.tokens, which pretraining reads
-            tokenize_shards_task, ws, Path(manifest), tokenizer, ws.tokens, config.tokenize,
-            outputs=lambda _: [ws.tokens / "index.json"],
-        )
+    with workspace_lock(ws), stage_run(ws, "pretrain", config, run_key=flow_key("pretrain", __name__, config, {"manifest": Path(manifest)})) as run:
+        tokenizer = run_cached(train_tokenizer_task, ws, "tokenizer", Path(manifest), OUT, config.tokenizer)
+        _, tokens = run_into(tokenize_shards_task, ws, "tokens", Path(manifest), tokenizer, OUT, config.tokenize)
         result = run_cached(
-            pretrain_task, ws, ws.tokens, tokenizer, ws.checkpoints("pretrain"), config.train, str(ws.root),
-            mlflow_run_id=run.info.run_id, outputs=lambda r: [r.model_dir],
+            pretrain_task, ws, "checkpoints/pretrain", tokens, tokenizer, OUT, config.train, str(ws.root),
+            mlflow_run_id=run.info.run_id,
         )
-        report = log_pretrain_report(tokenizer, ws.tokens, result, ws.reports)
+        report = log_pretrain_report(tokenizer, tokens, result, ws.run_reports(run.info.run_id))
         print(report.markdown)
         return PretrainFlowOutput(
-            tokenizer=tokenizer, tokens=ws.tokens, model_dir=result.model_dir, loss_curve=result.loss_curve, val_ppl=result.val_ppl,
+            tokenizer=tokenizer, tokens=tokens, model_dir=result.model_dir, loss_curve=result.loss_curve, val_ppl=result.val_ppl,
             unigram_ppl=report.unigram_ppl, mlflow_run_id=run.info.run_id,
         )

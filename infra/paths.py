@@ -34,45 +34,40 @@ class Workspace:
             ) from exc
         return self
 
-    # Data stages
-    @property
-    def data(self) -> Path:
-        return self.root / "data"
+    # Stage outputs: work/<store>/<key>/, one folder per key of (inputs' content, config, code),
+    # never overwritten by another key; `latest` links to the newest one for people to read.
+    STORES = (
+        "data/collect", "data/merge", "data/exact", "data/near", "data/quality", "data/pii", "data/mix",
+        "data/shards", "tokenizer", "tokens", "checkpoints/pretrain", "checkpoints/sft", "checkpoints/grpo",
+        "eval",
+    )
+    KEY_CHARS = 16  # of the sha256: enough to never collide among a workspace's outputs
 
-    def stage_dir(self, stage: str) -> Path:
-        return self.data / stage
+    def store(self, name: str) -> Path:
+        """The folder that holds every output of one stage, e.g. store("data/near")."""
+        if name not in self.STORES:
+            raise ValueError(f"unknown stage store '{name}'; known: {list(self.STORES)}")
+        return self.root / name
 
-    @property
-    def shards(self) -> Path:
-        return self.data / "shards"
+    def output(self, store: str, key: str) -> Path:
+        """The output folder of the stage run with this key (the first KEY_CHARS of its sha256)."""
+        return self.store(store) / key[: self.KEY_CHARS]
 
-    @property
-    def quarantine(self) -> Path:
-        """Removed and rejected documents, with their reasons: nothing is lost."""
-        return self.data / "removed"
-
-    # Model stages
-    @property
-    def tokenizer_dir(self) -> Path:
-        return self.root / "tokenizer"
-
-    @property
-    def tokens(self) -> Path:
-        return self.root / "tokens"
-
-    def checkpoints(self, stage: str) -> Path:
-        return self.root / "checkpoints" / stage
-
-    def exports(self, stage: str) -> Path:
-        return self.root / "models" / stage
-
-    @property
-    def eval_dir(self) -> Path:
-        return self.root / "eval"
+    def latest(self, store: str) -> Path:
+        """A link to the stage's newest output folder."""
+        return self.store(store) / "latest"
 
     @property
     def reports(self) -> Path:
         return self.root / "reports"
+
+    def run_reports(self, run_id: str) -> Path:
+        """The report folder of one MLflow run (reports are never shared between runs)."""
+        return self.reports / run_id
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / ".lock"
 
     # Services
     @property
@@ -82,3 +77,11 @@ class Workspace:
     @property
     def mlflow_artifacts(self) -> Path:
         return self.root / "mlartifacts"
+
+
+def point_latest(link: Path, target: Path) -> None:
+    """Make `link` a relative symlink to `target`, replaced atomically."""
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target.name)
+    os.replace(tmp, link)

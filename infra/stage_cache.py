@@ -1,37 +1,57 @@
-"""Prefect caching for pipeline stages, keyed on the *content* of their inputs, their config
-and their code.
+"""Content-addressed stage outputs, cached through Prefect.
 
-Prefect's INPUTS policy hashes argument values; a `Path` argument would hash only its
-name, so a changed input file would wrongly hit the cache. This policy replaces each
-path by a fingerprint of what is there (size and mtime of files, recursively for
-folders), and each typed config by its JSON. The code enters the key as the hash of the
-source of the task's module and of every project module it imports (and of the worker
-module a training stage launches), so an edited stage reruns, and a moved module, whose
-pickled results name the old path, never hits a stale record. Cache records and
-results live in the workspace, so deleting the workspace resets everything.
+A stage's key is a sha256 of its task name, its code version (infra/code_version.py) and
+a fingerprint of every input: a typed config by its values, a path produced by an earlier
+stage by that stage's recorded content digest, any other path by its size and mtime. The
+stage writes into `work/<store>/<key>/` (the `OUT` placeholder in its arguments), so a
+second variant of a stage never touches the first one's files, and every MLflow run
+keeps pointing at its own data and model.
+
+    near = run_cached(near_dedup_task, ws, "data/near", exact.output, OUT / "docs.parquet",
+                      OUT / "removed.parquet", config.near)
+
+After a fresh run the folder gets its completion record (infra/stage_record.py). A
+Prefect cache hit is trusted only when the folder still matches its record; otherwise
+the stage reruns, and says why. The active MLflow run is tagged with each output's path
+(`llmforge.out.<store>`) and whether it was reused (`llmforge.cache.<store>`): what
+`llmforge runs` and `llmforge gc` read.
 """
 from __future__ import annotations
 
-import ast
-import functools
 import hashlib
-import importlib.util
+import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefect.cache_policies import CachePolicy
+from prefect.cache_policies import CacheKeyFnPolicy
 from pydantic import BaseModel
 
-from infra.paths import Workspace
+from infra.code_version import code_version
+from infra.paths import Workspace, point_latest
+from infra.stage_record import read_record, record_root, verify_record, write_record
+from infra.tracking import tag_active_run
 
-# Packages whose source is the project's code (what a stage's code version covers).
-PROJECT_PACKAGES = ("tasks", "models", "infra", "flows")
-# Arguments that name where results go (or which MLflow run to log into) enter the key by
-# name only, or not at all: they do not change what the stage computes.
-OUTPUT_ARGS = ("out", "removed")
-VOLATILE_ARGS = ("mlflow_run_id",)
+# Arguments that do not change what a stage computes: where it logs, where the workspace is.
+VOLATILE_ARGS = ("mlflow_run_id", "ws_root")
+
+
+@dataclass(frozen=True)
+class OutputPath:
+    """A path inside the stage's own output folder, filled in once the key is known."""
+
+    parts: tuple[str, ...] = ()
+
+    def __truediv__(self, name: str) -> "OutputPath":
+        return OutputPath((*self.parts, name))
+
+    def under(self, folder: Path) -> Path:
+        return folder.joinpath(*self.parts)
+
+
+OUT = OutputPath()
 
 
 def fingerprint(value: Any) -> Any:
@@ -50,6 +70,11 @@ def fingerprint(value: Any) -> Any:
 
 
 def path_fingerprint(path: Path) -> Any:
+    """A stage output by its record's digest (content, wherever the workspace lives); else size and mtime."""
+    root = record_root(path) if path.exists() else None
+    record = read_record(root) if root is not None else None
+    if record is not None:
+        return ["stage-output", str(Path(path).resolve().relative_to(root)), record["digest"]]
     if not path.exists():
         return [str(path), "missing"]
     if path.is_file():
@@ -63,89 +88,125 @@ def path_fingerprint(path: Path) -> Any:
     return [str(path), entries]
 
 
-@dataclass
-class ContentInputs(CachePolicy):
-    """Cache key = task name + code version + fingerprints of all inputs.
+def stage_key(task_obj: Any, inputs: dict[str, Any]) -> str:
+    """sha256 of the task's name, its code and the fingerprints of `inputs`."""
+    payload = {
+        "task": task_obj.name,
+        "code": code_version(task_obj.fn.__module__),
+        "inputs": {k: fingerprint(v) for k, v in sorted(inputs.items())},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
 
-    Arguments whose name starts with "out" or "removed" are output locations and
-    enter the key by name only.
+
+def flow_key(name: str, module: str, config: Any, inputs: dict[str, Any]) -> str:
+    """What a flow run computes, as a key: its name, its code (and all it imports), config and inputs.
+
+    An MLflow run tagged with it is continued by the next attempt with the same key
+    (infra/tracking.stage_run), so a resumed stage keeps one run.
     """
+    payload = {"flow": name, "code": code_version(module), "config": fingerprint(config),
+               "inputs": {k: fingerprint(v) for k, v in sorted(inputs.items())}}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
 
-    def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any):
-        payload = {
-            "task": task_ctx.task.name if task_ctx else None,
-            "code": code_version(task_ctx.task.fn.__module__) if task_ctx else None,
-            # Outputs are keyed by name only: their content is what the task produces.
-            "inputs": {
-                k: (str(v) if k.startswith(OUTPUT_ARGS) else fingerprint(v))
-                for k, v in sorted(inputs.items())
-                if k not in VOLATILE_ARGS
-            },
+
+@dataclass
+class StageCall:
+    """One stage call with its key worked out: the folder it writes, the arguments it gets."""
+
+    task_obj: Any
+    ws: Workspace
+    store: str
+    key: str
+    out_dir: Path
+    args: dict[str, Any]
+
+    @classmethod
+    def prepare(cls, task_obj: Any, ws: Workspace, store: str, args: tuple, kwargs: dict,
+                key_ignore: tuple[str, ...] = ()) -> "StageCall":
+        bound = inspect.signature(task_obj.fn).bind(*args, **kwargs)
+        bound.apply_defaults()
+        inputs = {
+            k: v for k, v in bound.arguments.items()
+            if not isinstance(v, OutputPath) and k not in VOLATILE_ARGS and k not in key_ignore
         }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
+        key = stage_key(task_obj, inputs)
+        out_dir = ws.output(store, key)
+        filled = {k: v.under(out_dir) if isinstance(v, OutputPath) else v for k, v in bound.arguments.items()}
+        return cls(task_obj, ws, store, key, out_dir, filled)
+
+    def task(self, refresh: bool = False) -> Any:
+        """The Prefect task with this call's key as its cache key, results kept in the workspace."""
+        cache = self.ws.root / ".prefect-cache"
+        cache.mkdir(parents=True, exist_ok=True)
+        key = self.key
+        return self.task_obj.with_options(
+            cache_policy=CacheKeyFnPolicy(cache_key_fn=lambda *_: key).configure(key_storage=cache / "keys"),
+            persist_result=True,
+            result_storage=cache / "results",
+            refresh_cache=refresh,
+        )
+
+    def finish(self, state: Any, log: Callable[[str], Any]) -> Any:
+        """Record a fresh output, or check a reused one against its record (rerunning on a mismatch)."""
+        value = state.result()
+        status = "miss"
+        if state.name == "Cached":
+            problem = verify_record(self.out_dir)
+            if problem is None:
+                status = "hit"
+            else:
+                log(f"stage {self.task_obj.name}: cached output {self.rel} failed verification ({problem}); rerunning it")
+                value = self.task(refresh=True)(**self.args)
+                status = "rerun"
+        if status != "hit":
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            write_record(self.out_dir, self.key, self.task_obj.name)
+        point_latest(self.ws.latest(self.store), self.out_dir)
+        tag_active_run(f"llmforge.cache.{self.tag}", status)
+        return value
+
+    @property
+    def rel(self) -> str:
+        return str(self.out_dir.relative_to(self.ws.root))
+
+    @property
+    def tag(self) -> str:
+        # One tag per output folder: a run can hold several of one store (collect per source, eval per model).
+        return f"{self.store.replace('/', '.')}.{self.out_dir.name}"
+
+    def announce(self) -> None:
+        """Tag the active MLflow run with the output folder before the stage runs, so a failed run names it too."""
+        tag_active_run(f"llmforge.out.{self.tag}", self.rel)
 
 
-def _module_file(name: str) -> Path | None:
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
-        return None
-    return Path(spec.origin)
+def run_into(task_obj: Any, ws: Workspace, store: str, *args: Any, key_ignore: tuple[str, ...] = (),
+             log: Callable[[str], Any] = print, **kwargs: Any) -> tuple[Any, Path]:
+    """Run a stage into its content-addressed folder in `store`, reusing a verified earlier output;
+    returns (the task's result, the folder)."""
+    call = StageCall.prepare(task_obj, ws, store, args, kwargs, key_ignore)
+    call.announce()
+    return call.finish(call.task()(**call.args, return_state=True), log), call.out_dir
 
 
-def _project_imports(name: str, source: str, packages: tuple[str, ...]) -> set[str]:
-    """Project modules that `name`'s source imports (at any depth in the file, lazy imports included)."""
-    found: set[str] = set()
-    package = name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            found.add(base)
-            # `from tasks.data import builtin_corpus` imports a module, not a name.
-            found.update(f"{base}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "WORKER_MODULE" for t in node.targets):
-            # A training stage launches its worker by module name: that code is the stage's too.
-            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-                found.add(node.value.value)
-    return {m for m in found if m.split(".")[0] in packages and _module_file(m) is not None}
+def run_cached(task_obj: Any, ws: Workspace, store: str, *args: Any, **kwargs: Any) -> Any:
+    """`run_into` for stages whose result names its own files: only the result."""
+    return run_into(task_obj, ws, store, *args, **kwargs)[0]
 
 
-@functools.lru_cache(maxsize=None)
-def code_version(module: str, packages: tuple[str, ...] = PROJECT_PACKAGES) -> str:
-    """sha256 over the module's name and source and those of every project module it reaches."""
-    seen: dict[str, str] = {}
-    todo = [module]
-    while todo:
-        name = todo.pop()
-        path = _module_file(name)
-        if name in seen or path is None:
-            continue
-        source = path.read_text(encoding="utf-8")
-        seen[name] = hashlib.sha256(source.encode("utf-8")).hexdigest()
-        todo.extend(_project_imports(name, source, packages) - seen.keys())
-    return hashlib.sha256(json.dumps(sorted(seen.items())).encode()).hexdigest()
+class PendingStage:
+    """A submitted stage; `result()` waits, then records or verifies its output like `run_cached`."""
+
+    def __init__(self, call: StageCall, future: Any, log: Callable[[str], Any]):
+        self.call, self.future, self.log = call, future, log
+
+    def result(self) -> Any:
+        self.future.wait()
+        return self.call.finish(self.future.state, self.log)
 
 
-def cached(task_obj, ws: Workspace):
-    """Give a Prefect task content-keyed caching with records and results inside the workspace."""
-    store = ws.root / ".prefect-cache"
-    store.mkdir(parents=True, exist_ok=True)
-    return task_obj.with_options(
-        cache_policy=ContentInputs().configure(key_storage=store / "keys"),
-        persist_result=True,
-        result_storage=store / "results",
-    )
-
-
-def run_cached(task_obj, ws: Workspace, *args: Any, outputs=lambda result: [], **kwargs: Any):
-    """Run a stage through the cache; rerun it when a cached result's output files are gone."""
-    result = cached(task_obj, ws)(*args, **kwargs)
-    if any(not Path(p).exists() for p in outputs(result)):
-        result = cached(task_obj, ws).with_options(refresh_cache=True)(*args, **kwargs)
-    return result
+def submit_cached(task_obj: Any, ws: Workspace, store: str, *args: Any, key_ignore: tuple[str, ...] = (),
+                  log: Callable[[str], Any] = print, **kwargs: Any) -> PendingStage:
+    """`run_cached` on the flow's task runner: stages submitted together run concurrently."""
+    call = StageCall.prepare(task_obj, ws, store, args, kwargs, key_ignore)
+    call.announce()
+    return PendingStage(call, call.task().submit(**call.args), log)

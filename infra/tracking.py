@@ -116,6 +116,7 @@ def stage_run(
     tags: dict[str, str] | None = None,
     run_id: str | None = None,
     run_name: str | None = None,
+    run_key: str | None = None,
 ) -> Iterator[Any]:
     """One MLflow run for a stage, nested under the active (pipeline) run when there is one.
 
@@ -124,10 +125,16 @@ def stage_run(
     resumes an existing run (e.g. a DeepSpeed rank-0 process continuing the run its Prefect
     task opened) and leaves its name and tags alone. The run ends FINISHED, FAILED on an
     exception, KILLED on an interrupt, signal or Prefect cancellation (`end_status`).
+
+    `run_key` names what the run computes (infra/stage_cache.flow_key): an earlier attempt
+    with that key that did not finish is continued (one loss curve per model, not one per
+    attempt); when one finished, the new run is tagged as a repeat of it, with a link.
     """
     import mlflow
 
     experiment_id = configure(ws)
+    if run_id is None and run_key is not None:
+        run_id, tags = _continue_or_link(experiment_id, run_key, tags)
     parent = mlflow.active_run()
     flow_run = {} if run_id else prefect_flow_run()
     all_tags = None if run_id else {"llmforge.stage": stage, **origin_tags(flow_run), **(tags or {})}
@@ -149,6 +156,30 @@ def stage_run(
         _end_run(run, end_status(exc))
         raise
     _end_run(run, "FINISHED")
+
+
+def _continue_or_link(experiment_id: str, run_key: str, tags: dict[str, str] | None) -> tuple[str | None, dict[str, str]]:
+    """(the run id of an unfinished earlier attempt to continue, or None; the tags of a new run)."""
+    from mlflow.tracking import MlflowClient
+
+    tags = {**(tags or {}), "llmforge.run_key": run_key}
+    earlier = MlflowClient().search_runs(
+        [experiment_id], filter_string=f"tags.`llmforge.run_key` = '{run_key}'",
+        order_by=["attribute.start_time DESC"], max_results=1,
+    )
+    if not earlier:
+        return None, tags
+    last = earlier[0]
+    if last.info.status != "FINISHED":
+        # The workspace lock means no other process is writing it: it was killed or failed.
+        print(f"continuing MLflow run {last.info.run_id} ({last.info.run_name}), whose last attempt ended {last.info.status}")
+        return last.info.run_id, tags
+    tags["llmforge.repeat_of"] = last.info.run_id
+    tags["mlflow.note.content"] = (
+        f"Same inputs, config and code as run {last.info.run_id} ({last.info.run_name}): its stage outputs were "
+        f"reused where they verified (tags `llmforge.cache.*`). See #/experiments/{experiment_id}/runs/{last.info.run_id}"
+    )
+    return None, tags
 
 
 def end_status(exc: BaseException) -> str:
@@ -474,3 +505,53 @@ def register_model(
     )
     client.set_registered_model_alias(name, alias, version.version)
     return str(version.version)
+
+
+def tag_active_run(key: str, value: str) -> None:
+    """Tag the active MLflow run when there is one; stages also run outside any run (tests, notebooks)."""
+    import mlflow
+
+    if mlflow.active_run() is not None:
+        mlflow.set_tag(key, value)
+
+
+def workspace_runs(ws: Workspace) -> list[dict[str, Any]]:
+    """Every run of the workspace's experiment, newest first: id, name, status, start, params, tags."""
+    from mlflow.tracking import MlflowClient
+
+    experiment_id = configure(ws)
+    client = MlflowClient()
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], max_results=1000, page_token=token, order_by=["attribute.start_time DESC"])
+        runs += [
+            {"run_id": r.info.run_id, "name": r.info.run_name, "status": r.info.status, "start_time": r.info.start_time,
+             "params": dict(r.data.params), "tags": dict(r.data.tags)}
+            for r in page
+        ]
+        token = page.token
+        if not token:
+            return runs
+
+
+def registered_version_refs(ws: Workspace) -> list[dict[str, Any]]:
+    """Every registered model version of the workspace's store: name, version, run id, tags."""
+    from mlflow.tracking import MlflowClient
+
+    configure(ws)
+    return [
+        {"name": v.name, "version": v.version, "run_id": v.run_id, "tags": dict(v.tags or {})}
+        for v in MlflowClient().search_model_versions(max_results=10_000)
+    ]
+
+
+def where_to_see_run(ws: Workspace, run_id: str) -> str:
+    """A line saying where a person opens this run: its URL on an MLflow server, or the local UI command and URL."""
+    import mlflow
+
+    experiment_id = mlflow.get_run(run_id).info.experiment_id
+    url = mlflow_run_url(experiment_id, run_id)
+    if url is not None:
+        return f"MLflow run: {url}"
+    return (f"MLflow run: http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id} "
+            f"(after `infra/scripts/start_mlflow_server.sh` or `mlflow ui --backend-store-uri {tracking_uri(ws)}`)")

@@ -22,11 +22,11 @@ from pydantic import BaseModel
 
 from infra.atomic import write_json_atomic, write_text_atomic
 from infra.config import ConfigError, config_hash, read_json
-from infra.paths import Workspace
+from infra.paths import Workspace, point_latest
 from infra.tracking import active_run, log_artifact, log_metrics, metric_history
 from tasks.data.funnel import funnel_markdown, funnel_totals
 from tasks.data.manifest import load_manifest
-from tasks.eval.evaluate import EvalResult, comparison_table
+from tasks.eval.evaluate import EvalResult, comparison_table, write_comparison
 from tasks.reports.data import publish_prefect_artifact
 from tasks.reports.plots import loss_curve_png
 from tasks.reports.register import lineage_tags, register_final_model
@@ -214,13 +214,13 @@ def _copy(src: Path | None, dst: Path) -> Path | None:
     return dst
 
 
-def _report_images(ws: Workspace, base, sft: SftResult, grpo: GrpoStageResult) -> dict[str, Path | None]:
-    out = ws.reports
+def _report_images(out: Path, base, sft: SftResult, grpo: GrpoStageResult, evals) -> dict[str, Path | None]:
+    """The report's figures, copied or drawn into its own folder so its relative links resolve."""
     return {
         "pretraining loss": _copy(base.loss_curve, out / "pretrain_loss.png"),
         "SFT loss": _copy(sft.loss_curve, out / "sft_loss.png"),
         "GRPO reward": reward_curve(grpo.mlflow_run_id, out / "grpo_reward.png") if grpo.mlflow_run_id else None,
-        "calibration": _copy(ws.eval_dir / "calibration_comparison.png", out / "calibration_comparison.png"),
+        "calibration": write_comparison(evals, out)[1],
     }
 
 
@@ -238,14 +238,15 @@ def _headline_metrics(base, grpo: GrpoStageResult, wall_seconds: float) -> dict[
 
 def publish_pipeline_report(ws: Workspace, config, data, base, sft, grpo, evals, wall_seconds: float) -> PipelineReport:
     """Write the report card, publish it (Prefect + the active MLflow run) and register the final model."""
-    active_run()
-    images = _report_images(ws, base, sft, grpo)
+    out = ws.run_reports(active_run().info.run_id)
+    images = _report_images(out, base, sft, grpo, evals)
     all_attempts = complete_attempt(ws, config, wall_seconds)
     path = write_final_report(
-        Path(data.manifest), (base.val_ppl, base.unigram_ppl), sft, grpo, evals, images, wall_seconds, ws.reports / "report.md",
+        Path(data.manifest), (base.val_ppl, base.unigram_ppl), sft, grpo, evals, images, wall_seconds, out / "report.md",
         all_attempts,
     )
     page = write_report_html(path)
+    point_latest(ws.reports / "latest", out)
     markdown = path.read_text()
     publish_prefect_artifact(inline_images(markdown, path.parent), key="pipeline-report")
     log_artifact(path, artifact_path="report")

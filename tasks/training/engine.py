@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,12 @@ class EngineSpec:
         return cls(**{**fields, **overrides})
 
 
+def _shm_op_built() -> bool:
+    """Whether torch's extension cache already holds DeepSpeed's compiled CPU communication op."""
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    return any(root.glob("*/deepspeed_shm_comm/*.so")) or any(root.glob("deepspeed_shm_comm/*.so"))
+
+
 def init_distributed() -> tuple[int, int]:
     """Join the process group the launcher described, or make a one-rank group in this process.
 
@@ -61,6 +68,9 @@ def init_distributed() -> tuple[int, int]:
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
             }.items():
                 os.environ.setdefault(key, value)
+        if os.environ.get("DS_ACCELERATOR") == "cpu" and not _shm_op_built() and os.environ.get("RANK", "0") == "0":
+            print("building DeepSpeed's CPU shared-memory communication op (first launch on this machine only; "
+                  "it can take a few minutes)", flush=True)
         deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
     return dist.get_rank(), dist.get_world_size()
 

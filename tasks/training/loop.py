@@ -26,7 +26,14 @@ from infra.config import StrictModel
 from infra.deepspeed_launch import resolve_precision
 from tasks.training.checkpoint import load_latest, save_checkpoint, seed_all, tag_of
 from tasks.training.engine import EngineSpec, build_engine, init_distributed
-from tasks.training.metrics import MetricsSink, Throughput, measure_peak_flops, model_flops_per_token, perplexity
+from tasks.training.metrics import (
+    MetricsSink,
+    StepClock,
+    Throughput,
+    measure_peak_flops,
+    model_flops_per_token,
+    perplexity,
+)
 
 Batch = Any  # whatever train_batches returns and loss_fn understands; tensors inside are moved to the device
 BatchFn = Callable[[int, int, int], Batch]  # (micro-batch index, rank, world size) -> batch
@@ -117,6 +124,7 @@ class _Progress:
     last_val: float | None = None
     # Carried in the checkpoint so a resumed run's loss curve starts at step 1, not at the resume.
     history: list[dict[str, float]] = field(default_factory=list)
+    clock: StepClock | None = field(default=None, repr=False)  # this session's elapsed time and ETA
 
     @classmethod
     def resumed(cls, client: dict[str, Any], tokens_per_step: int) -> "_Progress":
@@ -254,7 +262,8 @@ def _log_window(engine, progress: _Progress, clock: Throughput, stats: _StepStat
     progress.history.append({"step": float(done), **metrics})
     if echo:
         echo(f"step {done}/{cfg.max_steps} loss {metrics['loss']:.4f} lr {stats.lr:.2e} "
-             f"{metrics['tokens_per_s']:,.0f} tok/s" + (f" mfu {metrics['mfu']:.1%}" if "mfu" in metrics else ""))
+             f"{metrics['tokens_per_s']:,.0f} tok/s" + (f" mfu {metrics['mfu']:.1%}" if "mfu" in metrics else "")
+             + f" ({progress.clock.text(done)})")
 
 
 def _validate(engine, progress: _Progress, eval_batches: BatchFn, loss_fn: LossFn, cfg: TrainConfig, rank: int,
@@ -317,6 +326,7 @@ def train(
     engine = build_engine(model, EngineSpec.of(cfg), schedule=cfg)
     progress = _Progress.resumed(load_latest(engine, ckpt_dir, rank, world, echo), cfg.tokens_per_step(world))
     start = progress.step
+    progress.clock = StepClock(start, cfg.max_steps)
     if start and echo:
         echo(f"resuming from step {start} ({ckpt_dir / tag_of(start)}): training steps {start + 1}-{cfg.max_steps}")
     # After the resume: measuring the peak draws random matrices, as it always has at this point.

@@ -147,3 +147,25 @@ def loss_curve(result: "TrainResult", path: Path, title: str) -> Path | None:
         path,
         title=title,
     )
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+class StepClock:
+    """Elapsed time and ETA of a run of steps, measured over the steps this process trained."""
+
+    def __init__(self, first_step: int, total: int):
+        self.started, self.first_step, self.total = time.monotonic(), first_step, total
+
+    def text(self, done: int) -> str:
+        """"elapsed 1m05s, ETA 3m12s" after step `done` of `total`."""
+        elapsed = time.monotonic() - self.started
+        trained = done - self.first_step
+        eta = elapsed / trained * (self.total - done) if trained > 0 else float("nan")
+        return f"elapsed {_clock(elapsed)}, ETA {_clock(eta) if eta == eta else '?'}"
+

@@ -49,7 +49,7 @@ def test_data_flow_end_to_end_and_cached_rerun(tmp_path, isolated_env):
     work = tmp_path / "work"
     run_cli(["data", "--preset", str(preset), "--workdir", str(work)], isolated_env)
 
-    manifest_path = work / "data" / "shards" / "manifest.json"
+    manifest_path = work / "data" / "shards" / "latest" / "manifest.json"
     m = load_manifest(manifest_path)
     f = m.funnel
     assert f["news"]["collected"] == 19 and f["news"]["rejected"] == 4

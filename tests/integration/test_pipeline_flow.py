@@ -23,21 +23,22 @@ def test_pipeline_end_to_end_tracked_registered_and_resumable(tmp_path, isolated
     args = ["run", "--preset", "tiny", "--workdir", str(work)] + [a for kv in SMALL for a in ("--set", kv)]
     run_cli(args, isolated_env, timeout=1200)
 
-    report = (work / "reports" / "report.md").read_text()
+    report = (work / "reports" / "latest" / "report.md").read_text()
     assert "held-out arithmetic accuracy SFT → GRPO" in report and "## Calibration" in report
     for png in ("pretrain_loss.png", "sft_loss.png", "calibration_comparison.png"):
-        assert (work / "reports" / png).stat().st_size > 1000
+        assert (work / "reports" / "latest" / png).stat().st_size > 1000
 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
     exp = client.get_experiment_by_name("llmforge")
     runs = client.search_runs([exp.experiment_id])
-    parent = [r for r in runs if r.info.run_name == "pipeline"]
-    assert len(parent) == 1
-    children = {r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id}
+    stage_of = {r.info.run_id: r.data.tags.get("llmforge.stage") for r in runs}  # names also list the overrides
+    parent = [r for r in runs if stage_of[r.info.run_id] == "pipeline"]
+    assert len(parent) == 1 and parent[0].info.run_name.startswith("pipeline pretrain.train.max_steps=6")
+    children = {stage_of[r.info.run_id] for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id}
     assert {"data", "pretrain", "sft", "grpo", "evaluate"} <= children
-    pre = next(r for r in runs if r.info.run_name == "pretrain")
+    pre = next(r for r in runs if stage_of[r.info.run_id] == "pretrain")
     assert "unigram_ppl" in pre.data.metrics and client.get_metric_history(pre.info.run_id, "loss")
     versions = client.search_model_versions("name='llmforge-tiny'")
     assert len(versions) == 1
@@ -49,3 +50,10 @@ def test_pipeline_end_to_end_tracked_registered_and_resumable(tmp_path, isolated
     for stage in ("train-tokenizer", "tokenize-shards", "pretrain", "sft", "grpo", "evaluate"):
         assert any(f"Task run '{stage}" in line and "Cached" in line for line in log.splitlines()), (stage, log[-3000:])
     assert "launching:" not in log  # no DeepSpeed launch on the rerun
+    assert "report: " in log and "MLflow run: " in log  # the run ends saying where to look
+    # The rerun is a repeat of the first pipeline run and says so, with every stage output reused.
+    runs = client.search_runs([exp.experiment_id])
+    pipelines = [r for r in runs if r.data.tags.get("llmforge.stage") == "pipeline"]
+    assert len(pipelines) == 2
+    repeat = next(r for r in pipelines if r.info.run_id != parent[0].info.run_id)
+    assert repeat.data.tags["llmforge.repeat_of"] == parent[0].info.run_id

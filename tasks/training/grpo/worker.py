@@ -15,6 +15,7 @@ from tasks.eval.answers import AnswerScore
 from tasks.training import worker
 from tasks.training.grpo.loop import GrpoResult, heldout_score
 from tasks.training.grpo.stage import SAMPLES_FILE, GrpoJob, GrpoStageConfig, GrpoStageResult, HeldoutScore
+from tasks.training.metrics import StepClock
 
 
 def _heldout(score: AnswerScore, distinct_answers: int | None = None) -> HeldoutScore:
@@ -26,11 +27,14 @@ def _heldout(score: AnswerScore, distinct_answers: int | None = None) -> Heldout
 def step_logger(cfg: GrpoStageConfig):
     """log(metrics, step) for grpo_train: every metric to the MLflow run, a progress line now and then."""
 
+    clock = StepClock(0, cfg.steps)
+
     def log(metrics: dict, step: int) -> None:
         log_metrics(metrics, step=step)
         if "reward_mean" in metrics and (step % 5 == 0 or step == cfg.steps - 1):
             print(f"step {step + 1}/{cfg.steps} reward {metrics['reward_mean']:.3f} acc {metrics['accuracy']:.3f} "
-                  f"kl {metrics['kl']:.4f} len {metrics['completion_len']:.1f} {metrics['step_seconds']:.1f}s")
+                  f"kl {metrics['kl']:.4f} len {metrics['completion_len']:.1f} {metrics['step_seconds']:.1f}s "
+                  f"({clock.text(step + 1)})")
         elif "heldout_accuracy" in metrics:
             print(f"held-out (step {step}): accuracy {metrics['heldout_accuracy']:.3f} reward {metrics['heldout_reward']:.3f} "
                   f"n={int(metrics['heldout_problems'])}")

@@ -1,0 +1,64 @@
+"""The code version of a stage: a hash of its module's source and of every project module it reaches.
+
+A stage's cache key includes it, so an edited stage (or a helper it imports, or the
+worker a training stage launches by module name) reruns, and a moved module, whose
+pickled Prefect results name the old path, never matches a stale record.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+# Packages whose source is the project's code (what a stage's code version covers).
+PROJECT_PACKAGES = ("tasks", "models", "infra", "flows")
+
+
+def _module_file(name: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return None
+    return Path(spec.origin)
+
+
+def _project_imports(name: str, source: str, packages: tuple[str, ...]) -> set[str]:
+    """Project modules that `name`'s source imports (at any depth in the file, lazy imports included)."""
+    found: set[str] = set()
+    package = name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            # `from tasks.data import builtin_corpus` imports a module, not a name.
+            found.update(f"{base}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "WORKER_MODULE" for t in node.targets):
+            # A training stage launches its worker by module name: that code is the stage's too.
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                found.add(node.value.value)
+    return {m for m in found if m.split(".")[0] in packages and _module_file(m) is not None}
+
+
+@functools.lru_cache(maxsize=None)
+def code_version(module: str, packages: tuple[str, ...] = PROJECT_PACKAGES) -> str:
+    """sha256 over the module's name and source and those of every project module it reaches."""
+    seen: dict[str, str] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        path = _module_file(name)
+        if name in seen or path is None:
+            continue
+        source = path.read_text(encoding="utf-8")
+        seen[name] = hashlib.sha256(source.encode("utf-8")).hexdigest()
+        todo.extend(_project_imports(name, source, packages) - seen.keys())
+    return hashlib.sha256(json.dumps(sorted(seen.items())).encode()).hexdigest()

@@ -1,0 +1,112 @@
+"""What a workspace holds: its stage output folders, the MLflow runs that refer to them, and
+garbage collection of the folders nothing refers to.
+
+Every stage tags the MLflow run it ran under with its output folder
+(`llmforge.out.<store>.<key>` = `data/near/<key>`, infra/stage_cache.py), so a folder is
+in use while a run (of any status, not deleted) or a registered model version's run
+names it. `llmforge runs` lists runs with their folders and sizes; `llmforge gc` removes
+the folders no run refers to (a dry run unless told to apply).
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infra.paths import Workspace
+from infra.tracking import registered_version_refs, workspace_runs
+
+OUT_TAG = "llmforge.out."
+
+
+def folder_bytes(path: Path) -> int:
+    """Bytes of the files under `path` (links not followed)."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def output_folders(ws: Workspace) -> list[Path]:
+    """Every stage output folder in the workspace (the `latest` links and staging folders left out)."""
+    found = []
+    for store in ws.STORES:
+        folder = ws.root / store
+        if folder.is_dir():
+            found += sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))
+    return found
+
+
+def run_outputs(run: dict[str, Any]) -> list[str]:
+    """The output folders (relative to the workspace) a run's tags name."""
+    return sorted(v for k, v in run["tags"].items() if k.startswith(OUT_TAG))
+
+
+def referenced(ws: Workspace, runs: list[dict[str, Any]]) -> set[str]:
+    """Folders named by any run, or by any path-valued tag of a registered model version."""
+    refs = {out for run in runs for out in run_outputs(run)}
+    for version in registered_version_refs(ws):
+        for value in version["tags"].values():
+            path = Path(str(value))
+            if path.is_absolute() and path.is_relative_to(ws.root):
+                refs.add(str(path.relative_to(ws.root)))
+    # A path to a file inside a folder (a manifest, a model dir) keeps the folder.
+    return {"/".join(Path(r).parts[:3]) if r.startswith(("data/", "checkpoints/")) else "/".join(Path(r).parts[:2]) for r in refs}
+
+
+@dataclass
+class RunRow:
+    run_id: str
+    name: str
+    status: str
+    outputs: list[str]
+    bytes: int
+
+
+def run_rows(ws: Workspace) -> list[RunRow]:
+    """One row per MLflow run: its output folders and their size on disk (folders that still exist)."""
+    rows = []
+    for run in workspace_runs(ws):
+        outs = run_outputs(run)
+        size = sum(folder_bytes(ws.root / o) for o in outs if (ws.root / o).is_dir())
+        rows.append(RunRow(run["run_id"], run["name"] or "", run["status"], outs, size))
+    return rows
+
+
+def config_diff(ws: Workspace, run_a: str, run_b: str) -> list[tuple[str, str | None, str | None]]:
+    """(param, value in a, value in b) for every param that differs between two runs (ids or unique prefixes)."""
+    runs = workspace_runs(ws)
+
+    def find(prefix: str) -> dict[str, Any]:
+        hits = [r for r in runs if r["run_id"].startswith(prefix)]
+        if len(hits) != 1:
+            raise ValueError(f"run id '{prefix}' matches {len(hits)} runs of {ws.root}; give more of it "
+                             "(`llmforge runs` lists them)")
+        return hits[0]
+
+    a, b = find(run_a)["params"], find(run_b)["params"]
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+@dataclass
+class GcPlan:
+    remove: list[Path]
+    keep: int
+    bytes: int
+
+
+def plan_gc(ws: Workspace) -> GcPlan:
+    """The output folders no MLflow run or registered model refers to, with the bytes they hold."""
+    refs = referenced(ws, workspace_runs(ws))
+    folders = output_folders(ws)
+    remove = [f for f in folders if str(f.relative_to(ws.root)) not in refs]
+    return GcPlan(remove=remove, keep=len(folders) - len(remove), bytes=sum(folder_bytes(f) for f in remove))
+
+
+def apply_gc(ws: Workspace, plan: GcPlan) -> None:
+    """Remove the planned folders and the `latest` links left pointing at nothing (the caller
+    holds the workspace lock: no run is writing)."""
+    for folder in plan.remove:
+        shutil.rmtree(folder)
+    for store in ws.STORES:
+        link = ws.latest(store)
+        if link.is_symlink() and not link.exists():
+            link.unlink()
