@@ -22,7 +22,8 @@ RECORD_FILE = "_stage.json"
 UNRECORDED = ("checkpoints",)
 
 
-def _sha256(path: Path, chunk: int = 1 << 20) -> str:
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while block := fh.read(chunk):
@@ -45,7 +46,7 @@ def _recorded_files(out_dir: Path) -> list[Path]:
 def write_record(out_dir: Path, key: str, stage: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """List out_dir's files with their size and sha256 in out_dir/_stage.json; returns the record."""
     out_dir = Path(out_dir)
-    files = {str(p.relative_to(out_dir)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _recorded_files(out_dir)}
+    files = {str(p.relative_to(out_dir)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in _recorded_files(out_dir)}
     record = {
         "key": key,
         "stage": stage,
@@ -81,7 +82,7 @@ def verify_record(out_dir: Path) -> str | None:
         size = path.stat().st_size
         if size != want["bytes"]:
             return f"{path} has {size} bytes, recorded {want['bytes']}"
-        if _sha256(path) != want["sha256"]:
+        if sha256_file(path) != want["sha256"]:
             return f"{path} does not match its recorded sha256"
     return None
 

@@ -6,7 +6,6 @@ is never read silently.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from infra.atomic import write_text_atomic
+from infra.stage_record import sha256_file  # noqa: F401 (readers of shards import it from here)
 from tasks.data.documents import SCHEMA_VERSION
 
 
@@ -37,14 +37,6 @@ class Manifest(BaseModel):
 
 class ChecksumError(RuntimeError):
     """A shard or checkpoint does not match its recorded checksum."""
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_manifest(manifest: Manifest, path: Path) -> Path:

@@ -35,6 +35,13 @@ def make_catalog(root: Path) -> Path:
     return cat
 
 
+def make_preset(root: Path, data_yaml: str = "") -> Path:
+    """A preset whose data section reads make_catalog's sources into tiny shards (plus `data_yaml` lines)."""
+    preset = root / "preset.yaml"
+    preset.write_text(f"data:\n  catalog: {make_catalog(root)}\n{data_yaml}  shards:\n    shard_mb: 0.002\n")
+    return preset
+
+
 def run_cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
     proc = subprocess.run(CLI + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -43,9 +50,7 @@ def run_cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_data_flow_end_to_end_and_cached_rerun(tmp_path, isolated_env):
-    cat = make_catalog(tmp_path)
-    preset = tmp_path / "preset.yaml"
-    preset.write_text(f"data:\n  catalog: {cat}\n  near:\n    threshold: 0.7\n  shards:\n    shard_mb: 0.002\n")
+    preset = make_preset(tmp_path, "  near:\n    threshold: 0.7\n")
     work = tmp_path / "work"
     run_cli(["data", "--preset", str(preset), "--workdir", str(work)], isolated_env)
 

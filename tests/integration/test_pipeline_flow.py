@@ -21,7 +21,9 @@ SMALL = [
 def test_pipeline_end_to_end_tracked_registered_and_resumable(tmp_path, isolated_env):
     work = tmp_path / "work"
     args = ["run", "--preset", "tiny", "--workdir", str(work)] + [a for kv in SMALL for a in ("--set", kv)]
-    run_cli(args, isolated_env, timeout=1200)
+    first = run_cli(args, isolated_env, timeout=1200)
+    for k, name in enumerate(("data", "pretrain", "sft", "grpo", "evaluate"), start=1):
+        assert f"stage {k}/5 {name}" in first.stdout + first.stderr
 
     report = (work / "reports" / "latest" / "report.md").read_text()
     assert "held-out arithmetic accuracy SFT → GRPO" in report and "## Calibration" in report

@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.data.manifest import shard_paths
-from tests.integration.test_data_flow import make_catalog, run_cli
+from tests.integration.test_data_flow import make_preset, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -33,9 +33,8 @@ def _cache(run, store: str) -> dict[str, str]:
 
 
 def test_variants_in_one_workspace_keep_every_run_verifiable(tmp_path, isolated_env):
-    cat = make_catalog(tmp_path)
-    preset = tmp_path / "preset.yaml"
-    preset.write_text(f"data:\n  catalog: {cat}\n  shards:\n    shard_mb: 0.002\n")
+    preset = make_preset(tmp_path)
+    cat = tmp_path / "catalog"
     work = tmp_path / "work"
 
     for threshold in (0.5, 0.95, 0.5):
@@ -49,6 +48,9 @@ def test_variants_in_one_workspace_keep_every_run_verifiable(tmp_path, isolated_
     assert manifests[0].parent.parent == work / "data" / "shards"
     assert set(_cache(runs[2], "data.shards").values()) == {"hit"}
     assert set(_cache(runs[2], "data.near").values()) == {"hit"}
+    assert runs[1].info.run_name == "data near.threshold=0.95" and runs[2].data.tags["llmforge.repeat_of"] == runs[0].info.run_id
+    diff = run_cli(["runs", "--workdir", str(work), "--diff", runs[0].info.run_id[:10], runs[1].info.run_id[:10]], isolated_env)
+    assert "near.threshold: 0.5 -> 0.95" in diff.stdout and "1 config key(s) differ" in diff.stdout
 
     # A damaged cached output is found and the stage reruns, saying so.
     shard = sorted(manifests[0].parent.glob("shard-*.parquet"))[0]

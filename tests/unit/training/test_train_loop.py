@@ -211,3 +211,13 @@ def test_train_config_rejects_bad_values():
         TrainConfig(max_steps=0)
     with pytest.raises(ValueError):
         TrainConfig(unknown_key=1)
+
+
+def test_the_deepspeed_op_build_is_announced_only_when_it_is_not_cached(tmp_path, monkeypatch):
+    from tasks.training.engine import _shm_op_built
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert not _shm_op_built()
+    (tmp_path / "py311_cpu" / "deepspeed_shm_comm").mkdir(parents=True)
+    (tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"\x7fELF")
+    assert _shm_op_built()
