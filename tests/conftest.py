@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,55 @@ def isolated_env(tmp_path) -> dict[str, str]:
         LLMFORGE_HOME=str(tmp_path / "work"),
     )
     return env
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory) -> Iterator[str]:
+    """One real Prefect server (SQLite) for the session's CLI tests: each CLI run would otherwise
+    start and migrate its own temporary server, ~10 s apiece on this machine."""
+    import socket
+    import subprocess
+    import time
+
+    import httpx
+
+    home = tmp_path_factory.mktemp("prefect-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home}/prefect.db")
+    log = (home / "server.log").open("w")
+    server = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+                               "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    api = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(f"{api}/health", timeout=2).json() is True:
+                break
+        except (httpx.HTTPError, ValueError):
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            raise RuntimeError(f"the test Prefect server did not start; see {home / 'server.log'}")
+        time.sleep(0.5)
+    try:
+        yield api
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+@pytest.fixture
+def prefect_env(isolated_env, prefect_api) -> dict[str, str]:
+    """isolated_env pointed at the session's Prefect server (its own workspace and MLflow store still)."""
+    return {**isolated_env, "PREFECT_API_URL": prefect_api}
 
 
 def words(rng: random.Random, n: int) -> str:

@@ -49,10 +49,10 @@ def run_cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_data_flow_end_to_end_and_cached_rerun(tmp_path, isolated_env):
+def test_data_flow_end_to_end_and_cached_rerun(tmp_path, prefect_env):
     preset = make_preset(tmp_path, "  near:\n    threshold: 0.7\n")
     work = tmp_path / "work"
-    run_cli(["data", "--preset", str(preset), "--workdir", str(work)], isolated_env)
+    run_cli(["data", "--preset", str(preset), "--workdir", str(work)], prefect_env)
 
     manifest_path = work / "data" / "shards" / "latest" / "manifest.json"
     m = load_manifest(manifest_path)
@@ -84,7 +84,7 @@ def test_data_flow_end_to_end_and_cached_rerun(tmp_path, isolated_env):
     assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.name == "pretraining-shards"
 
     # A rerun with the same inputs and config skips every stage through Prefect's cache.
-    second = run_cli(["data", "--preset", str(preset), "--workdir", str(work)], isolated_env)
+    second = run_cli(["data", "--preset", str(preset), "--workdir", str(work)], prefect_env)
     log = second.stdout + second.stderr
     for stage in ("collect-news", "exact_dedup", "near_dedup", "quality", "mix", "write-shards"):
         assert any(stage in line and "Cached" in line for line in log.splitlines()), (stage, log[-3000:])
@@ -92,7 +92,7 @@ def test_data_flow_end_to_end_and_cached_rerun(tmp_path, isolated_env):
     assert load_manifest(manifest_path).funnel == f
 
 
-def test_cli_help_and_bad_catalog(tmp_path, isolated_env):
+def test_cli_help_and_bad_catalog(tmp_path, prefect_env):
     out = subprocess.run(CLI + ["--help"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and "data" in out.stdout
     for cmd in ("run", "data", "show-config"):
@@ -102,7 +102,7 @@ def test_cli_help_and_bad_catalog(tmp_path, isolated_env):
     bad.mkdir()
     (bad / "x.yaml").write_text("name: x\nkind: jsonl\npath: missing.jsonl\nlicence: MIT\n")
     proc = subprocess.run(
-        CLI + ["data", "--catalog", str(bad), "--workdir", str(tmp_path / "w")], cwd=ROOT, env=isolated_env,
+        CLI + ["data", "--catalog", str(bad), "--workdir", str(tmp_path / "w")], cwd=ROOT, env=prefect_env,
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 2 and "x.yaml" in proc.stderr and "key 'path'" in proc.stderr

@@ -18,10 +18,10 @@ SMALL = [
 
 
 @pytest.mark.slow
-def test_pipeline_end_to_end_tracked_registered_and_resumable(tmp_path, isolated_env):
+def test_pipeline_end_to_end_tracked_registered_and_resumable(tmp_path, prefect_env):
     work = tmp_path / "work"
     args = ["run", "--preset", "tiny", "--workdir", str(work)] + [a for kv in SMALL for a in ("--set", kv)]
-    first = run_cli(args, isolated_env, timeout=1200)
+    first = run_cli(args, prefect_env, timeout=1200)
     for k, name in enumerate(("data", "pretrain", "sft", "grpo", "evaluate"), start=1):
         assert f"stage {k}/5 {name}" in first.stdout + first.stderr
 
@@ -47,7 +47,7 @@ def test_pipeline_end_to_end_tracked_registered_and_resumable(tmp_path, isolated
     assert versions[0].tags["pipeline_run_id"] == parent[0].info.run_id and len(versions[0].tags["manifest_sha256"]) == 64
 
     # Rerun: every stage's inputs and config are unchanged, so no training runs again.
-    second = run_cli(args, isolated_env, timeout=1200)
+    second = run_cli(args, prefect_env, timeout=1200)
     log = second.stdout + second.stderr
     for stage in ("train-tokenizer", "tokenize-shards", "pretrain", "sft", "grpo", "evaluate"):
         assert any(f"Task run '{stage}" in line and "Cached" in line for line in log.splitlines()), (stage, log[-3000:])

@@ -60,8 +60,8 @@ print("REPORT " + json.dumps(report))
 
 
 @pytest.mark.slow
-def test_transient_io_errors_are_retried_and_permanent_ones_name_the_source(tmp_path, isolated_env):
-    proc = subprocess.run([sys.executable, "-c", _FLOW, str(tmp_path)], cwd=ROOT, env=isolated_env,
+def test_transient_io_errors_are_retried_and_permanent_ones_name_the_source(tmp_path, prefect_env):
+    proc = subprocess.run([sys.executable, "-c", _FLOW, str(tmp_path)], cwd=ROOT, env=prefect_env,
                           capture_output=True, text=True, timeout=400)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
     assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]

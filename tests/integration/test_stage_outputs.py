@@ -32,13 +32,13 @@ def _cache(run, store: str) -> dict[str, str]:
     return {k[len(prefix):]: v for k, v in run.data.tags.items() if k.startswith(prefix)}
 
 
-def test_variants_in_one_workspace_keep_every_run_verifiable(tmp_path, isolated_env):
+def test_variants_in_one_workspace_keep_every_run_verifiable(tmp_path, prefect_env):
     preset = make_preset(tmp_path)
     cat = tmp_path / "catalog"
     work = tmp_path / "work"
 
     for threshold in (0.5, 0.95, 0.5):
-        _data(work, preset, isolated_env, threshold)
+        _data(work, preset, prefect_env, threshold)
     runs = _data_runs(work)
     assert len(runs) == 3
     manifests = [Path(r.data.tags["llmforge.manifest"]) for r in runs]
@@ -49,32 +49,30 @@ def test_variants_in_one_workspace_keep_every_run_verifiable(tmp_path, isolated_
     assert set(_cache(runs[2], "data.shards").values()) == {"hit"}
     assert set(_cache(runs[2], "data.near").values()) == {"hit"}
     assert runs[1].info.run_name == "data near.threshold=0.95" and runs[2].data.tags["llmforge.repeat_of"] == runs[0].info.run_id
-    diff = run_cli(["runs", "--workdir", str(work), "--diff", runs[0].info.run_id[:10], runs[1].info.run_id[:10]], isolated_env)
+    diff = run_cli(["runs", "--workdir", str(work), "--diff", runs[0].info.run_id[:10], runs[1].info.run_id[:10]], prefect_env)
     assert "near.threshold: 0.5 -> 0.95" in diff.stdout and "1 config key(s) differ" in diff.stdout
 
-    # A damaged cached output is found and the stage reruns, saying so.
-    shard = sorted(manifests[0].parent.glob("shard-*.parquet"))[0]
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    shard.write_bytes(bytes(data))
-    out = _data(work, preset, isolated_env, 0.5)
-    assert "failed verification" in out.stdout + out.stderr and shard.name in out.stdout + out.stderr
-    assert shard_paths(manifests[0])
-    assert set(_cache(_data_runs(work)[-1], "data.shards").values()) == {"rerun"}
-
-    # Appending one record to one source re-collects that source only.
+    # One run for two things: one source gets a new record, the other source's cached output is
+    # damaged. The first is re-collected alone; the damage is found and that stage reruns, saying so.
     news = cat / "news.jsonl"
     news.write_text(news.read_text() + json.dumps({"text": "A new letter about rivers and bridges."}) + "\n")
-    _data(work, preset, isolated_env, 0.5)
+    (letters,) = [p for p in (work / "data" / "collect").glob("*/letters.parquet")]
+    damaged = bytearray(letters.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    letters.write_bytes(bytes(damaged))
+    out = _data(work, preset, prefect_env, 0.5)
+    log = out.stdout + out.stderr
+    assert "failed verification" in log and "letters.parquet does not match its recorded sha256" in log
     collect = _cache(_data_runs(work)[-1], "data.collect")
-    assert sorted(collect.values()) == ["hit", "miss"]
+    assert sorted(collect.values()) == ["miss", "rerun"]
+    assert collect[letters.parent.name] == "rerun" and letters.read_bytes() != bytes(damaged)
 
     # gc: nothing to do while every run exists; with the 0.95 run deleted its own folders go, the rest stay.
-    dry = run_cli(["gc", "--workdir", str(work)], isolated_env)
+    dry = run_cli(["gc", "--workdir", str(work)], prefect_env)
     assert "0 unreferenced folder(s)" in dry.stdout
     client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
     client.delete_run(runs[1].info.run_id)
-    gc = run_cli(["gc", "--workdir", str(work), "--apply"], isolated_env)
+    gc = run_cli(["gc", "--workdir", str(work), "--apply"], prefect_env)
     assert f"removing {manifests[1].parent.relative_to(work)}" in gc.stdout
     assert not manifests[1].parent.exists()
     for run in _data_runs(work):

@@ -15,7 +15,7 @@ from tests.integration.test_data_flow import make_preset
 
 
 @pytest.mark.slow
-def test_two_runs_on_one_fresh_workspace_take_turns(tmp_path, isolated_env):
+def test_two_runs_on_one_fresh_workspace_take_turns(tmp_path, prefect_env):
     preset = make_preset(tmp_path)
     work = tmp_path / "work"
     args = CLI + ["data", "--preset", str(preset), "--workdir", str(work)]
@@ -23,7 +23,7 @@ def test_two_runs_on_one_fresh_workspace_take_turns(tmp_path, isolated_env):
     # Hold the workspace until both runs are at its door, so they really start together.
     with workspace_lock(Workspace(work), wait=False):
         procs = [
-            subprocess.Popen(args + ["--set", f"data.near.threshold={t}"], cwd=ROOT, env=isolated_env,
+            subprocess.Popen(args + ["--set", f"data.near.threshold={t}"], cwd=ROOT, env=prefect_env,
                              stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
             for t, log in zip((0.6, 0.9), logs)
         ]
