@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from typing import Any
@@ -110,6 +111,15 @@ PREFECT_DEFAULTS = {
 }
 
 
+def _start_flow_services() -> None:
+    """Ctrl-C/SIGTERM handlers that stop the whole run, and Prefect's temporary server shielded from Ctrl-C."""
+    from infra.run_signals import install_stop_handlers, shielded_prefect_server
+
+    server_pid = shielded_prefect_server()
+    # The server is spared by the first signal: it records the run's end, and Prefect stops it at exit.
+    install_stop_handlers(protect=[server_pid] if server_pid else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     for key, value in PREFECT_DEFAULTS.items():
@@ -117,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     from infra.config import ConfigError
     from flows.config import load_pipeline_config
     from infra.preflight import ServiceUnavailable, check_services
+    from infra.run_signals import RunStopped
 
     from infra.workspace_lock import WorkspaceBusy
 
@@ -140,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             from infra.paths import Workspace
 
             Workspace.locate(args.workdir).ensure_writable()  # before Prefect's start-up, not inside the flow
+            _start_flow_services()
         # The flows get the override strings too: they name the MLflow runs after them.
         pairs = list(args.overrides) + ([f"data.catalog={args.catalog}"] if getattr(args, "catalog", None) else [])
         if args.command == "data":
@@ -160,6 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ServiceUnavailable, PermissionError, WorkspaceBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
+    except RunStopped as exc:
+        print(f"{exc}: the run's processes are stopped; run the same command again to resume", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 4
     return 1
 
 

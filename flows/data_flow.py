@@ -16,6 +16,7 @@ from infra.paths import Workspace
 from flows.config import DataConfig, resolve_data_config
 from infra.stage_cache import flow_key, OUT, run_cached, submit_cached
 from infra.tracking import describe_overrides, stage_run
+from infra.run_signals import stop_on_cancel
 from infra.workspace_lock import workspace_lock
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import collect_source_task, merge_collected_task, source_inputs
@@ -45,7 +46,7 @@ def data_flow(config: DataConfig | None = None, workdir: str | None = None, pres
     config = resolve_data_config(config, preset, overrides)
     ws = Workspace.locate(workdir).ensure_writable()
     catalog = load_catalog(config.catalog, only=config.sources)  # a bad catalog fails before any work
-    with workspace_lock(ws), stage_run(
+    with stop_on_cancel(), workspace_lock(ws), stage_run(
         ws, "data", config, tags={"llmforge.config_hash": config_hash(config)},
         run_name=f"data {describe_overrides(overrides or [], 'data')}".strip(),
         run_key=flow_key("data", __name__, config, {s.name: source_inputs(catalog, s) for s in catalog.sources}),

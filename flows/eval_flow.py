@@ -8,6 +8,7 @@ from prefect import flow
 from infra.paths import Workspace
 from infra.stage_cache import flow_key, OUT, run_into
 from infra.tracking import stage_run
+from infra.run_signals import stop_on_cancel
 from infra.workspace_lock import workspace_lock
 from tasks.eval.evaluate import EvalConfig, EvalResult, evaluate_checkpoint_task
 from tasks.reports.eval import log_comparison
@@ -17,7 +18,7 @@ from tasks.reports.eval import log_comparison
 def eval_flow(config: EvalConfig, models: dict[str, str], tokens: str, tokenizer: str, workdir: str = "work") -> dict[str, EvalResult]:
     """Evaluate each named model (cached per model) and log their comparison; results by name."""
     ws = Workspace.locate(workdir).ensure_writable()
-    with workspace_lock(ws), stage_run(ws, "evaluate", config, run_key=flow_key(
+    with stop_on_cancel(), workspace_lock(ws), stage_run(ws, "evaluate", config, run_key=flow_key(
             "evaluate", __name__, config, {"models": [Path(m) for m in models.values()], "tokens": Path(tokens)})) as run:
         done = {
             name: run_into(evaluate_checkpoint_task, ws, "eval", Path(model_dir), Path(tokens), Path(tokenizer), config, OUT, name)

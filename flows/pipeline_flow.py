@@ -20,6 +20,7 @@ from infra.config import config_hash
 from infra.paths import Workspace
 from infra.stage_cache import flow_key
 from infra.tracking import describe_overrides, stage_run
+from infra.run_signals import stop_on_cancel
 from infra.workspace_lock import workspace_lock
 from tasks.eval.evaluate import EvalResult
 from tasks.data.catalog import load_catalog
@@ -56,7 +57,7 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = No
     root = str(ws.root)
     catalog = load_catalog(config.data.catalog, only=config.data.sources)
     sources = {s.name: source_inputs(catalog, s) for s in catalog.sources}
-    with workspace_lock(ws), stage_run(
+    with stop_on_cancel(), workspace_lock(ws), stage_run(
         ws, "pipeline", config, tags={"llmforge.config_hash": config_hash(config)},
         run_name=f"pipeline {describe_overrides(overrides or [])}".strip(),
         run_key=flow_key("pipeline", __name__, config, sources),

@@ -8,6 +8,7 @@ from prefect import flow
 from infra.paths import Workspace
 from infra.stage_cache import flow_key, OUT, run_cached
 from infra.tracking import stage_run
+from infra.run_signals import stop_on_cancel
 from infra.workspace_lock import workspace_lock
 from tasks.training.grpo.stage import GrpoStageConfig, GrpoStageResult, grpo_task
 from tasks.training.sft.stage import SftConfig, SftResult, sft_task
@@ -16,7 +17,7 @@ from tasks.training.sft.stage import SftConfig, SftResult, sft_task
 @flow(name="sft", log_prints=True)
 def sft_flow(config: SftConfig, base_model: str, tokenizer: str, workdir: str = "work") -> SftResult:
     ws = Workspace.locate(workdir).ensure_writable()
-    with workspace_lock(ws), stage_run(ws, "sft", config, run_key=flow_key("sft", __name__, config, {"base": Path(base_model)})) as run:
+    with stop_on_cancel(), workspace_lock(ws), stage_run(ws, "sft", config, run_key=flow_key("sft", __name__, config, {"base": Path(base_model)})) as run:
         return run_cached(
             sft_task, ws, "checkpoints/sft", Path(base_model), Path(tokenizer), OUT, config, str(ws.root),
             mlflow_run_id=run.info.run_id,
@@ -26,7 +27,7 @@ def sft_flow(config: SftConfig, base_model: str, tokenizer: str, workdir: str = 
 @flow(name="grpo", log_prints=True)
 def grpo_flow(config: GrpoStageConfig, sft_model: str, tokenizer: str, workdir: str = "work") -> GrpoStageResult:
     ws = Workspace.locate(workdir).ensure_writable()
-    with workspace_lock(ws), stage_run(ws, "grpo", config, run_key=flow_key("grpo", __name__, config, {"sft": Path(sft_model)})) as run:
+    with stop_on_cancel(), workspace_lock(ws), stage_run(ws, "grpo", config, run_key=flow_key("grpo", __name__, config, {"sft": Path(sft_model)})) as run:
         result = run_cached(
             grpo_task, ws, "checkpoints/grpo", Path(sft_model), Path(tokenizer), OUT, config, str(ws.root),
             mlflow_run_id=run.info.run_id,

@@ -11,6 +11,7 @@ from infra.paths import Workspace
 from flows.config import PretrainStageConfig
 from infra.stage_cache import flow_key, OUT, run_cached, run_into
 from infra.tracking import stage_run
+from infra.run_signals import stop_on_cancel
 from infra.workspace_lock import workspace_lock
 from tasks.training.pretrain.stage import pretrain_task
 from tasks.reports.pretrain import log_pretrain_report
@@ -33,7 +34,7 @@ class PretrainFlowOutput(BaseModel):
 @flow(name="pretrain", log_prints=True)
 def pretrain_flow(config: PretrainStageConfig, manifest: str, workdir: str = "work") -> PretrainFlowOutput:
     ws = Workspace.locate(workdir).ensure_writable()
-    with workspace_lock(ws), stage_run(ws, "pretrain", config, run_key=flow_key("pretrain", __name__, config, {"manifest": Path(manifest)})) as run:
+    with stop_on_cancel(), workspace_lock(ws), stage_run(ws, "pretrain", config, run_key=flow_key("pretrain", __name__, config, {"manifest": Path(manifest)})) as run:
         tokenizer = run_cached(train_tokenizer_task, ws, "tokenizer", Path(manifest), OUT, config.tokenizer)
         _, tokens = run_into(tokenize_shards_task, ws, "tokens", Path(manifest), tokenizer, OUT, config.tokenize)
         result = run_cached(

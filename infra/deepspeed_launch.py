@@ -10,13 +10,14 @@ from __future__ import annotations
 import collections
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
+
+from infra.process_tree import SUPERVISOR_ENV, stop_tree, supervisor_token
 
 DS_CONFIG_DIR = Path(__file__).parent / "deepspeed"
 ZERO_STAGES = ("zero0", "zero1", "zero2", "zero3", "zero2_offload")
@@ -25,6 +26,10 @@ Precision = Literal["fp32", "bf16", "auto"]
 # DeepSpeed prints throughput every `steps_per_print` steps; we log our own metrics.
 _QUIET_STEPS_PER_PRINT = 10**9
 _LOG_TAIL_LINES = 60
+# DeepSpeed's CPU all-reduce maps one /dev/shm file per rank, named
+# deepspeed_allreduce_buffer_<uid>_<master addr>_<master port>_<rank>, and never unlinks it.
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "deepspeed_allreduce_buffer"
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE")
 
 
@@ -150,18 +155,20 @@ def launch_env(num_procs: int, env: dict[str, str] | None = None) -> dict[str, s
     return full
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the launcher's process group (launcher + ranks), then SIGKILL what is left after 10 s."""
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def shm_buffers(master_port: int, rank: int | None = None) -> list[Path]:
+    """The /dev/shm all-reduce buffers of the launch on `master_port` (one rank's, or all)."""
+    if not SHM_DIR.is_dir():
+        return []
+    tail = f"_{master_port}_{rank}" if rank is not None else f"_{master_port}_*"
+    return sorted(SHM_DIR.glob(f"{SHM_PREFIX}_{os.getuid()}_*{tail}"))
+
+
+def remove_shm_buffers(master_port: int, rank: int | None = None) -> int:
+    """Unlink those buffers (memory already mapped stays valid until unmapped); how many there were."""
+    found = shm_buffers(master_port, rank)
+    for path in found:
+        path.unlink(missing_ok=True)
+    return len(found)
 
 
 def launch(
@@ -178,12 +185,17 @@ def launch(
 
     Raises RuntimeError with the last lines of output when the launcher exits non-zero.
     """
+    master_port = master_port or free_port()
     cmd = launch_command(module, args, num_procs=num_procs, hostfile=hostfile, master_port=master_port)
     full_env = launch_env(num_procs, env)
+    # The ranks watch this process and exit when it is gone, even SIGKILLed (infra/process_tree.py).
+    full_env[SUPERVISOR_ENV] = supervisor_token()
     log(f"launching: {' '.join(cmd)}")
     tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
     with subprocess.Popen(
-        cmd,
+        # The launcher gets SIGTERM when this process dies: set through an exec wrapper, as
+        # preexec_fn is unsafe in a threaded process (Prefect runs tasks in threads).
+        [sys.executable, "-m", "infra.process_tree", *cmd],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -191,8 +203,8 @@ def launch(
         env=full_env,
         cwd=str(cwd) if cwd else None,
         errors="replace",
-        # Its own process group, so an interrupted launch can stop the launcher and every rank.
-        start_new_session=True,
+        # Not a session of its own: Ctrl-C in a terminal reaches the launcher and every rank
+        # together with this process, and a kill of this process group takes them all.
     ) as proc:
         assert proc.stdout is not None
         try:
@@ -201,9 +213,10 @@ def launch(
                 tail.append(line)
                 log(line)
             rc = proc.wait()
-        except BaseException:
-            _stop_group(proc)
-            raise
+        finally:
+            # On an interrupt or error: the launcher and every rank; after a clean exit: stragglers.
+            stop_tree(proc.pid)
+            remove_shm_buffers(master_port)
     if rc != 0:
         joined = "\n".join(tail)
         raise RuntimeError(

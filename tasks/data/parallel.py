@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, TypeVar
+
+from infra.process_tree import descendants, die_with_parent, stop_processes
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -41,6 +44,16 @@ def plan_workers(n_items: int, batch_size: int, workers: int = 0, *, parallel_fr
     return max(1, min(cores, batches))
 
 
+def _worker_init() -> None:
+    """In each pool worker: die with the stage's process, and leave Ctrl-C to it.
+
+    A terminal's Ctrl-C reaches every process of its group; the stage's process then stops
+    the pool itself, instead of each worker printing a KeyboardInterrupt traceback.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(signal.SIGKILL)
+
+
 def ordered_map(fn: Callable[..., R], jobs: Iterable[tuple[T, tuple[Any, ...]]], workers: int) -> Iterator[tuple[T, R]]:
     """Yield (tag, fn(*args)) for each (tag, args) of `jobs`, in input order.
 
@@ -52,7 +65,9 @@ def ordered_map(fn: Callable[..., R], jobs: Iterable[tuple[T, tuple[Any, ...]]],
         for tag, args in jobs:
             yield tag, fn(*args)
         return
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_init)
+    finished = False
     try:
         window: deque[tuple[T, Future]] = deque()
         for tag, args in jobs:
@@ -63,5 +78,10 @@ def ordered_map(fn: Callable[..., R], jobs: Iterable[tuple[T, tuple[Any, ...]]],
         while window:
             done_tag, fut = window.popleft()
             yield done_tag, fut.result()
+        finished = True
     finally:
+        if not finished:
+            # Interrupted or failed: do not wait for the batches in flight.
+            worker_pids = set(getattr(pool, "_processes", None) or {})
+            stop_processes([p for p in descendants() if p.pid in worker_pids], grace_s=5.0)
         pool.shutdown(cancel_futures=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from infra.deepspeed_launch import build_ds_config, free_port, resolve_precision
+from infra.deepspeed_launch import build_ds_config, free_port, remove_shm_buffers, resolve_precision
 from models.optim import GuardedAdamW, ScheduleConfig, build_adamw, build_scheduler
 
 
@@ -72,7 +72,24 @@ def init_distributed() -> tuple[int, int]:
             print("building DeepSpeed's CPU shared-memory communication op (first launch on this machine only; "
                   "it can take a few minutes)", flush=True)
         deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
+        _unlink_shm_names()
     return dist.get_rank(), dist.get_world_size()
+
+
+def _unlink_shm_names() -> None:
+    """Unlink this rank's /dev/shm all-reduce buffer once every rank has mapped every buffer.
+
+    DeepSpeed's CPU all-reduce maps the buffers at init and never unlinks them, so each launch
+    left one file per rank behind (66 MB each). Unlinked, the memory lives while the ranks have it
+    mapped and goes back to the kernel however they end, a SIGKILL included.
+    """
+    import torch.distributed as dist
+
+    if os.environ.get("DS_ACCELERATOR") != "cpu" or "MASTER_PORT" not in os.environ:
+        return
+    if dist.get_world_size() > 1:
+        dist.barrier()  # every rank is past DeepSpeed's init, which opens all the others' buffers
+    remove_shm_buffers(int(os.environ["MASTER_PORT"]), dist.get_rank())
 
 
 def build_engine(model: torch.nn.Module, spec: EngineSpec, schedule: ScheduleConfig | None = None):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,8 @@ import torch
 from pydantic import BaseModel
 
 from infra.atomic import write_json_atomic
+from infra.deepspeed_launch import remove_shm_buffers
+from infra.process_tree import watch_supervisor
 from infra.paths import Workspace
 from infra.tracking import log_artifact, log_metrics, stage_run
 from tasks.training.engine import full_parameters, init_distributed
@@ -42,11 +46,20 @@ def main(argv: Sequence[str] | None, job_type: type[J], run_rank: Callable[[J, i
     threads = getattr(job.config, "torch_threads", None)
     if threads is not None:
         torch.set_num_threads(threads)
-    rank, world = init_distributed()
-    run_rank(job, rank, world)
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    port, rank_env = os.environ.get("MASTER_PORT"), int(os.environ.get("RANK", "0"))
+    # A rank's parent is DeepSpeed's launcher; this ends it when the run's own process is gone
+    # (its shared-memory buffer too, in case that happens before init_distributed unlinks it).
+    watch_supervisor(on_lost=lambda: remove_shm_buffers(int(port), rank_env) if port else None)
+    try:
+        rank, world = init_distributed()
+        run_rank(job, rank, world)
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+    except KeyboardInterrupt:
+        # Ctrl-C reaches every rank of the terminal's process group; one line each, not a traceback.
+        print(f"rank {rank_env}: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

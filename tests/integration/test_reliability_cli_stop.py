@@ -1,0 +1,119 @@
+"""`llmforge run` stops when told: Ctrl-C in its terminal, then a cancel from Prefect, during real pretraining.
+
+After each stop: the CLI has exited, no process of the run is left, no new /dev/shm file, no MLflow
+run is RUNNING and the Prefect flow runs are Crashed or Cancelled. The second run reuses the
+first one's data stages, so both stops cost one data flow.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import CLI, ROOT
+
+pytestmark = pytest.mark.slow
+STOP_WITHIN_S = 30.0
+
+
+def _start_until_pretraining(env: dict[str, str]) -> tuple[subprocess.Popen, str, list[str]]:
+    """`llmforge run` in a session of its own (as from a terminal), returned once a pretraining rank trains."""
+    proc = subprocess.Popen(CLI + ["run"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    flow_run = None
+    for line in proc.stdout:
+        lines.append(line)
+        if m := re.search(r"Beginning flow run '([\w-]+)' for flow 'pipeline'", line):
+            flow_run = m.group(1)
+        if "tasks.training.pretrain.worker" in line and "spawned" in line:
+            break
+    else:
+        pytest.fail("the run ended before pretraining:\n" + "".join(lines[-60:]))
+    assert flow_run is not None
+    # Keep draining the output (a full pipe would stall the run) while the rank starts training.
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    deadline = time.monotonic() + 120
+    while not any(re.search(r"step \d+/", x) for x in lines) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return proc, flow_run, lines
+
+
+def _tree(proc: subprocess.Popen) -> list[psutil.Process]:
+    root = psutil.Process(proc.pid)
+    return [root] + root.children(recursive=True)
+
+
+def _left(tree: list[psutil.Process], within_s: float) -> list[str]:
+    _, alive = psutil.wait_procs(tree, timeout=within_s)
+    return [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in alive if p.is_running() and p.status() != "zombie"]
+
+
+def _flow_states(api: str, name: str) -> str:
+    """State of flow run `name`."""
+    runs = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [name]}}}, timeout=10).json()
+    assert len(runs) == 1, runs
+    return runs[0]["state"]["name"]
+
+
+def _mlflow_statuses(ws: Path) -> dict[str, str]:
+    db = sqlite3.connect(ws / "mlflow.db")
+    try:
+        return {f"{name} {rid[:8]}": status for rid, name, status in db.execute("select run_uuid, name, status from runs")}
+    finally:
+        db.close()
+
+
+def _check_stopped(proc, tree, lines, shm_before, ws, expected_rc):
+    t0 = time.monotonic()
+    try:
+        proc.wait(timeout=STOP_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the CLI did not stop within 30 s:\n" + "".join(lines[-60:]))
+    out = "".join(lines)
+    assert proc.returncode in expected_rc, out[-5000:]
+    assert _left(tree, max(1.0, STOP_WITHIN_S - (time.monotonic() - t0))) == []
+    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    statuses = _mlflow_statuses(ws)
+    assert "RUNNING" not in statuses.values(), statuses
+    return out, statuses
+
+
+def test_ctrl_c_then_prefect_cancel_during_pretraining(prefect_env, prefect_api):
+    ws = Path(prefect_env["LLMFORGE_HOME"])
+    env = {**prefect_env, "DS_ACCELERATOR": "cpu"}
+    shm_before = set(os.listdir("/dev/shm"))
+
+    # 1. Ctrl-C in the terminal: SIGINT to the whole foreground process group.
+    proc, flow_run, lines = _start_until_pretraining(env)
+    tree = _tree(proc)
+    assert any("pretrain.worker" in " ".join(p.cmdline()) for p in tree)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, statuses = _check_stopped(proc, tree, lines, shm_before, ws, expected_rc={130})
+    assert "stopped by SIGINT" in out
+    assert _flow_states(prefect_api, flow_run) == "Crashed"
+    assert {s for k, s in statuses.items() if k.startswith(("pipeline", "pretrain"))} == {"KILLED"}
+
+    # 2. The same command again (data stages cached), cancelled from Prefect during pretraining.
+    proc, flow_run, lines = _start_until_pretraining(env)
+    tree = _tree(proc)
+    run_id = httpx.post(f"{prefect_api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [flow_run]}}},
+                        timeout=10).json()[0]["id"]
+    cancel = subprocess.run([str(Path(CLI[0]).parent / "prefect"), "flow-run", "cancel", run_id], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    out, statuses = _check_stopped(proc, tree, lines, shm_before, ws, expected_rc={143})
+    assert "was cancelled in Prefect" in out
+    assert _flow_states(prefect_api, flow_run) in ("Cancelled", "Crashed")
+    assert "RUNNING" not in statuses.values()
