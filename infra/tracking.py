@@ -8,11 +8,14 @@ outside `stage_run` is a clear error instead of MLflow silently opening a stray 
 A new stage run says where it came from: the git commit (and whether the tree was dirty),
 the entry point, and, inside a Prefect flow run, that flow run's id and UI link, with a
 Prefect artifact on the flow run linking back to the MLflow run. It ends FINISHED, FAILED
-(an exception) or KILLED (an interrupt, a signal, a Prefect cancellation).
+(an exception) or KILLED (an interrupt, a signal, a Prefect cancellation). When MLflow's own
+store is on a full disk, so that logging to the run or ending it fails, the run's code gets
+an OSError(ENOSPC) that names the store (`StoreFullError`).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import subprocess
@@ -153,9 +156,12 @@ def stage_run(
             _link_prefect_to_run(stage, run, flow_run)
         yield run
     except BaseException as exc:
-        _end_run(run, end_status(exc))
+        _end_run(ws, run, end_status(exc), after=exc)
+        full = store_full_error(ws, run, exc)
+        if full is not None:
+            raise full from exc
         raise
-    _end_run(run, "FINISHED")
+    _end_run(ws, run, "FINISHED")
 
 
 def _continue_or_link(experiment_id: str, run_key: str, tags: dict[str, str] | None) -> tuple[str | None, dict[str, str]]:
@@ -203,13 +209,69 @@ def end_status(exc: BaseException) -> str:
     return "KILLED" if isinstance(exc, (ExternalSignal, PrefectSignal, CancelledRun)) else "FAILED"
 
 
-def _end_run(run: Any, status: str) -> None:
-    """End `run` with `status` if it is still the active run (a worker may have ended it already)."""
+class StoreFullError(OSError):
+    """MLflow's store is on a full disk: an OSError with errno ENOSPC whose message names the store."""
+
+
+def _store_location(ws: Workspace) -> str:
+    """The store's file (a SQLite tracking URI), else the tracking URI with any credentials hidden."""
+    uri = tracking_uri(ws)
+    if uri.startswith("sqlite:///"):
+        return uri.removeprefix("sqlite:///")
+    return redact("uri", uri)
+
+
+def _is_store_full(exc: BaseException, ws: Workspace, stop: BaseException | None = None) -> bool:
+    """Whether `exc` (or what caused it, up to `stop`) says MLflow's store ran out of space:
+    SQLite's "database or disk is full", or ENOSPC/EDQUOT on a file of the store or its artifacts."""
+    store_files = (ws.mlflow_db, ws.mlflow_artifacts)
+    seen: BaseException | None = exc
+    while seen is not None and seen is not stop:
+        if "database or disk is full" in str(seen):
+            return True
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT) and seen.filename:
+            path = Path(os.fsdecode(seen.filename)).resolve()
+            if any(path == f or f in path.parents for f in (Path(p).resolve() for p in store_files)):
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def store_full_error(ws: Workspace, run: Any, exc: BaseException, status: str | None = None,
+                     after: BaseException | None = None) -> StoreFullError | None:
+    """A StoreFullError when `exc` is MLflow's store running out of space, else None.
+
+    `status`: the status `run` could not be given; `after`: the error the run's code raised first.
+    """
+    if isinstance(exc, StoreFullError) or not _is_store_full(exc, ws, stop=after):
+        return None
+    logging_failed = after is not None and _is_store_full(after, ws)
+    if status is None:
+        what = f"logging to run {run.info.run_id} failed"
+    else:
+        what = f"{'logging to run failed and ' if logging_failed else ''}run {run.info.run_id} could not be marked {status}"
+    first = f"; the run had failed with: {after}" if after is not None and not logging_failed else ""
+    return StoreFullError(errno.ENOSPC, f"MLflow's store at {_store_location(ws)} is on a full disk (No space left "
+                                        f"on device): {what}{first}. Make room there (or point MLFLOW_TRACKING_URI "
+                                        "at another store) and rerun")
+
+
+def _end_run(ws: Workspace, run: Any, status: str, after: BaseException | None = None) -> None:
+    """End `run` with `status` if it is still the active run (a worker may have ended it already).
+
+    A store on a full disk raises StoreFullError; `after` is the error the run's code raised, if any.
+    """
     import mlflow
 
     active = mlflow.active_run()
     if active is not None and active.info.run_id == run.info.run_id:
-        mlflow.end_run(status)
+        try:
+            mlflow.end_run(status)
+        except Exception as exc:
+            full = store_full_error(ws, run, exc, status=status, after=after)
+            if full is None:
+                raise
+            raise full from exc
 
 
 def describe_overrides(overrides: list[str] | Mapping[str, Any], stage: str | None = None) -> str:
