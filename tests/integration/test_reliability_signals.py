@@ -69,7 +69,9 @@ def _start_driver(tmp_path: Path, ranks: int, wait_s: float) -> tuple[subprocess
     script = tmp_path / "driver.py"
     script.write_text(DRIVER, encoding="utf-8")
     port = free_port()
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1"}
+    # A private temp folder: whatever the launch leaves in it outlived the launch.
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.Popen(
         [sys.executable, str(script), str(tmp_path), str(ranks), str(wait_s), str(port)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -81,6 +83,10 @@ def _start_driver(tmp_path: Path, ranks: int, wait_s: float) -> tuple[subprocess
         if sum(chunk.count(" ready") for chunk in lines) >= ranks or "driver: done" in line:
             break
     return proc, port, lines
+
+
+def _no_temp_left(tmp_path: Path) -> list[str]:
+    return sorted(os.listdir(tmp_path / "tmp"))
 
 
 def _tree(proc: subprocess.Popen) -> list[int]:
@@ -104,6 +110,7 @@ def test_clean_launch_leaves_no_shm_buffer(tmp_path, no_new_shm):
     assert proc.returncode == 0, out
     assert "rank 0/2 ready" in out and "rank 1/2 ready" in out
     assert shm_buffers(port) == []
+    assert _no_temp_left(tmp_path) == []
 
 
 @pytest.mark.slow
@@ -124,6 +131,7 @@ def test_signal_stops_launcher_and_every_rank(tmp_path, no_new_shm, how):
     assert "stopping the run" in out and f"driver: stopped by {'SIGINT' if expected == 130 else 'SIGTERM'}" in out
     assert _wait_gone(tree, STOP_WITHIN_S - (time.monotonic() - t0)) == []
     assert shm_buffers(port) == []
+    assert _no_temp_left(tmp_path) == []
 
 
 @pytest.mark.slow
@@ -134,6 +142,7 @@ def test_sigkill_of_the_driver_leaves_no_rank_10s_later(tmp_path, no_new_shm):
     proc.wait()
     assert _wait_gone(tree, 10.0) == []
     assert shm_buffers(port) == []
+    assert _no_temp_left(tmp_path) == []
 
 
 def test_second_signal_forces_a_stop(tmp_path):
