@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from tests.conftest import CLI, ROOT
+from tests.integration.test_reliability_signals import new_shm_files
 
 pytestmark = pytest.mark.slow
 STOP_WITHIN_S = 30.0
@@ -84,7 +85,7 @@ def _check_stopped(proc, tree, lines, shm_before, ws, expected_rc):
     out = "".join(lines)
     assert proc.returncode in expected_rc, out[-5000:]
     assert _left(tree, max(1.0, STOP_WITHIN_S - (time.monotonic() - t0))) == []
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert new_shm_files(shm_before) == set()
     statuses = _mlflow_statuses(ws)
     assert "RUNNING" not in statuses.values(), statuses
     return out, statuses

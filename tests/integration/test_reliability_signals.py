@@ -46,6 +46,19 @@ def _shm_files() -> set[str]:
     return set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
 
 
+def new_shm_files(before: set[str], settle_s: float = 5.0) -> set[str]:
+    """/dev/shm files absent from `before` that are still there `settle_s` later.
+
+    Another test's launch running alongside (pytest -n) holds its buffers for the seconds of its
+    start-up; a leak is what stays.
+    """
+    new = _shm_files() - before
+    if new:
+        time.sleep(settle_s)
+        new &= _shm_files()
+    return new
+
+
 def _alive(pids: list[int]) -> list[int]:
     out = []
     for pid in pids:
@@ -98,9 +111,7 @@ def no_new_shm():
     """Fails the test when it leaves a /dev/shm file behind."""
     before = _shm_files()
     yield
-    deadline = time.monotonic() + 5
-    while (new := _shm_files() - before) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    new = new_shm_files(before)
     assert not new, f"left in {SHM_DIR}: {sorted(new)}"
 
 
