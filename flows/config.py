@@ -3,16 +3,23 @@
 A preset is a YAML file in `infra/presets/`; `load_pipeline_config` validates it (unknown
 keys are errors naming the file and the key) and applies dotted overrides, given as
 `key=value` strings by the CLI's `--set` and by the flows' `overrides` parameter alike.
+A flow's `preset` parameter (set in a deployment, the UI or the API) may only name a preset
+or a YAML file inside the checkout or the workspace; the CLI's `--preset` may name any YAML file.
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
-from infra.config import ConfigError, StrictModel, load_config, parse_config, set_dotted
+from infra.config import ConfigError, StrictModel, YamlAliasRefused, load_config, parse_config, parse_yaml, set_dotted
+from infra.paths import Workspace
+from tasks.eval.rewards import REWARDS
 from tasks.eval.evaluate import EvalConfig
 from tasks.data.exact_dedup import ExactDedupConfig
 from tasks.training.grpo.stage import GrpoStageConfig
@@ -25,7 +32,9 @@ from tasks.data.shards import ShardConfig
 from tasks.tokenizer.tokenize_shards import TokenizeConfig
 from tasks.tokenizer.train import TokenizerConfig
 
-PRESETS_DIR = Path(__file__).resolve().parents[1] / "infra" / "presets"
+CHECKOUT = Path(__file__).resolve().parents[1]
+PRESETS_DIR = CHECKOUT / "infra" / "presets"
+PRESET_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class DataConfig(StrictModel):
@@ -53,20 +62,76 @@ class PipelineConfig(StrictModel):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     registered_model: str = "llmforge-tiny"  # MLflow model registry name of the final model
 
+    # The GRPO worker looks its rewards up by name hours into a run; an unknown name fails here instead.
+    @field_validator("grpo")
+    @classmethod
+    def _grpo_rewards_known(cls, grpo: GrpoStageConfig) -> GrpoStageConfig:
+        if not grpo.rewards:
+            raise _reward_error("grpo.rewards is empty; give at least one {name: weight}")
+        _check_rewards("grpo.rewards", list(grpo.rewards))
+        _check_rewards("grpo.accuracy_reward", [grpo.accuracy_reward])
+        return grpo
 
-def preset_path(name: str) -> Path:
-    path = Path(name)
-    if path.suffix in (".yaml", ".yml"):
-        return path
-    found = PRESETS_DIR / f"{name}.yaml"
-    if not found.is_file():
-        known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
-        raise ConfigError(f"unknown preset '{name}'; known presets: {known} (or give a path to a YAML file)")
-    return found
+    @field_validator("eval")
+    @classmethod
+    def _eval_reward_known(cls, cfg: EvalConfig) -> EvalConfig:
+        _check_rewards("eval.reward", [cfg.reward])
+        return cfg
 
 
-def load_pipeline_config(preset: str, overrides: dict[str, Any] | None = None) -> PipelineConfig:
-    return load_config(PipelineConfig, preset_path(preset), overrides)
+def _reward_error(detail: str) -> PydanticCustomError:
+    return PydanticCustomError("unknown_reward", "{detail}", {"detail": detail})
+
+
+def _check_rewards(key: str, names: list[str]) -> None:
+    unknown = [n for n in names if n not in REWARDS]
+    if unknown:
+        shown = [n[:80] for n in unknown[:5]]
+        raise _reward_error(f"{key} names unknown reward(s) {shown}; registered rewards: {sorted(REWARDS)} "
+                            "(add one with @register_reward in tasks/eval/rewards.py)")
+
+
+def known_presets() -> list[str]:
+    """The preset names in infra/presets/."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml") if PRESET_NAME.fullmatch(p.stem))
+
+
+def preset_roots(workdir: str | Path | None = None) -> list[Path]:
+    """The folders a flow's preset file may lie in: the checkout and the workspace (`Workspace.locate(workdir)`)."""
+    return [CHECKOUT, Workspace.locate(workdir).root]
+
+
+def preset_path(name: str, within: Sequence[Path] | None = None) -> Path:
+    """The YAML file of preset `name`: a name in infra/presets/, or a .yaml/.yml path (inside `within`, when given).
+
+    Links are resolved before the check, so a link inside the folders that points outside them is refused.
+    """
+    name = str(name)
+    if PRESET_NAME.fullmatch(name):
+        path = PRESETS_DIR / f"{name}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"unknown preset '{name}'; known presets: {known_presets()} (or give a path to a .yaml file)")
+    elif Path(name).suffix in (".yaml", ".yml"):
+        path = Path(name)
+        if not path.is_file():
+            raise ConfigError(f"preset {name}: file not found (or not a regular file); known presets: {known_presets()}")
+    else:
+        shown = name[:80] + ("..." if len(name) > 80 else "")
+        raise ConfigError(f"preset '{shown}' is neither a preset name ([A-Za-z0-9_-]+) nor a .yaml/.yml file; "
+                          f"known presets: {known_presets()}")
+    if within is not None:
+        real, roots = path.resolve(), [Path(r).resolve() for r in within]
+        if not any(real.is_relative_to(r) for r in roots):
+            raise ConfigError(f"preset {name}: {real} is outside the checkout and the workspace "
+                              f"({', '.join(map(str, roots))}); move it inside one of them, or use a preset name: "
+                              f"{known_presets()}")
+    return path
+
+
+def load_pipeline_config(preset: str, overrides: dict[str, Any] | None = None,
+                         within: Sequence[Path] | None = None) -> PipelineConfig:
+    """The preset's config with `overrides` ({dotted key: value}) applied; `within`: see `preset_path`."""
+    return load_config(PipelineConfig, preset_path(preset, within), overrides)
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -77,17 +142,23 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ConfigError(f"override '{pair}': expected key=value (e.g. data.near.threshold=0.7)")
         try:
-            out[key.strip()] = yaml.safe_load(value)
+            out[key.strip()] = parse_yaml(value)
+        except YamlAliasRefused as exc:
+            raise ConfigError(f"override '{pair}': {exc}") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"override '{pair}': value is not valid YAML: {exc}") from None
     return out
 
 
-def resolve_pipeline_config(config: PipelineConfig | None, preset: str, overrides: list[str] | None) -> PipelineConfig:
-    """`config`, else the preset, with `overrides` (`key=value` strings, as `llmforge --set`) applied on top."""
+def resolve_pipeline_config(config: PipelineConfig | None, preset: str, overrides: list[str] | None,
+                            workdir: str | Path | None = None) -> PipelineConfig:
+    """`config`, else the preset, with `overrides` (`key=value` strings, as `llmforge --set`) applied on top.
+
+    `preset` comes from a flow's parameters, so a file must lie inside the checkout or the workspace at `workdir`.
+    """
     parsed = parse_overrides(overrides or [])
     if config is None:
-        return load_pipeline_config(preset, parsed)
+        return load_pipeline_config(preset, parsed, within=preset_roots(workdir))
     if not parsed:
         return config
     data = config.model_dump(mode="json")
@@ -96,10 +167,11 @@ def resolve_pipeline_config(config: PipelineConfig | None, preset: str, override
     return parse_config(PipelineConfig, data, "overrides")
 
 
-def resolve_data_config(config: DataConfig | None, preset: str, overrides: list[str] | None) -> DataConfig:
+def resolve_data_config(config: DataConfig | None, preset: str, overrides: list[str] | None,
+                        workdir: str | Path | None = None) -> DataConfig:
     """The data section of `resolve_pipeline_config`; overrides name pipeline keys (`data.near.threshold=0.7`)."""
     outside = [o for o in overrides or [] if not o.strip().startswith("data.")]
     if outside:
         raise ConfigError(f"overrides {outside}: the data flow only reads keys under 'data.' (e.g. data.near.threshold=0.7)")
     whole = None if config is None else PipelineConfig(data=config)
-    return resolve_pipeline_config(whole, preset, overrides).data
+    return resolve_pipeline_config(whole, preset, overrides, workdir).data

@@ -2,6 +2,9 @@
 
 Every stage defines its own config class (in its module) on top of `StrictModel`;
 `flows.config` composes them. Errors name the file and the key.
+
+YAML is read without anchors and aliases (`&name`, `*name`): a few hundred bytes of nested
+aliases expand into billions of values ("billion laughs"), and config files have no need of them.
 """
 from __future__ import annotations
 
@@ -22,18 +25,61 @@ class ConfigError(ValueError):
 
 
 class StrictModel(BaseModel):
-    """Base for every typed config: unknown keys are errors, values are validated on assignment."""
+    """Base for every typed config: unknown keys are errors, every float is finite, values are validated on assignment."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    # allow_inf_nan=False: `lr: 1e400` or `.nan` would otherwise pass as inf/nan and fail hours later.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
+
+
+SHOWN_CHARS = 80  # of a wrong key or value in an error message
+
+
+def _shown(value: Any) -> str | None:
+    """A short printable form of a scalar input for an error message; None for anything else."""
+    if isinstance(value, str):
+        return repr(value[:SHOWN_CHARS]) + ("..." if len(value) > SHOWN_CHARS else "")
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return repr(value)
+    if isinstance(value, int):  # a huge int has no repr (sys.set_int_max_str_digits)
+        return repr(value) if value.bit_length() <= 64 else f"an integer of {value.bit_length()} bits"
+    return None  # containers and models: their repr can be huge, so only the key is named
 
 
 def format_validation_error(err: ValidationError, origin: str) -> str:
-    """Pydantic's error as lines naming `origin` and each wrong key."""
+    """Pydantic's error as lines naming `origin`, each wrong key and (shortened) the value it got."""
     lines = [f"{origin}: invalid configuration"]
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        lines.append(f"  key '{key}': {e['msg']}")
+        key = ".".join(str(p)[:SHOWN_CHARS] for p in e["loc"]) or "<root>"
+        value = e.get("input")
+        got = _shown(value) if e["type"] != "missing" else None
+        if isinstance(value, str) and value in e["msg"]:
+            got = None  # the message already shows it
+        lines.append(f"  key '{key}': {e['msg']}" + (f" (got {got})" if got is not None else ""))
     return "\n".join(lines)
+
+
+class YamlAliasRefused(yaml.YAMLError):
+    """A YAML anchor or alias, which config files may not use."""
+
+
+class _SafeNoAliasLoader(yaml.SafeLoader):
+    """SafeLoader that refuses anchors and aliases as the parser meets them, before anything is built."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            sign, what = ("*", "alias") if isinstance(event, yaml.AliasEvent) else ("&", "anchor")
+            raise YamlAliasRefused(
+                f"line {event.start_mark.line + 1}: YAML {what} '{sign}{anchor[:SHOWN_CHARS]}' is not accepted "
+                "(anchors and aliases are refused in config files); write the values out in full"
+            )
+        return super().compose_node(parent, index)
+
+
+def parse_yaml(text: str) -> Any:
+    """`yaml.safe_load` without anchors and aliases (YamlAliasRefused, naming the line)."""
+    return yaml.load(text, Loader=_SafeNoAliasLoader)  # a SafeLoader subclass
 
 
 def _read_mapping(path: Path, parse: Callable[[str], Any], errors: tuple[type[Exception], ...], kind: str) -> dict[str, Any]:
@@ -43,6 +89,8 @@ def _read_mapping(path: Path, parse: Callable[[str], Any], errors: tuple[type[Ex
         raise ConfigError(f"{path}: file not found")
     try:
         data = parse(path.read_text(encoding="utf-8"))
+    except YamlAliasRefused as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except errors as exc:
         raise ConfigError(f"{path}: not valid {kind}: {exc}") from exc
     if data is None:
@@ -54,7 +102,7 @@ def _read_mapping(path: Path, parse: Callable[[str], Any], errors: tuple[type[Ex
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping, with an error naming the file when it is not one."""
-    return _read_mapping(path, yaml.safe_load, (yaml.YAMLError,), "YAML")
+    return _read_mapping(path, parse_yaml, (yaml.YAMLError,), "YAML")
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from prefect import get_run_logger, task
 from pydantic import Field
 
 from infra.deepspeed_launch import build_ds_config
+from infra.hostfile import HostfilePath
 from models.losses import next_token_loss
 from tasks.training.launch import (
     LOOP_RESUME_NEUTRAL,
@@ -46,7 +47,7 @@ class PretrainConfig(TrainConfig):
     model: str = "demo"  # a models.llama.PRESETS name
     model_overrides: dict[str, int | float | bool] = Field(default_factory=dict)
     num_procs: int = Field(default=1, gt=0)  # ranks per node (GPUs, or CPU processes)
-    hostfile: Path | None = None  # DeepSpeed hostfile for multi-node runs
+    hostfile: HostfilePath | None = None  # DeepSpeed hostfile for multi-node runs (checked on load)
     export_hf: bool = True  # also write a transformers.LlamaForCausalLM folder
 
 

@@ -26,6 +26,7 @@ from pydantic import Field
 
 from infra.config import StrictModel
 from infra.deepspeed_launch import build_ds_config
+from infra.hostfile import HostfilePath
 from models.chat_template import ChatEncoding, collate
 from models.losses import next_token_loss
 from tasks.training.launch import (
@@ -72,7 +73,7 @@ class SftConfig(TrainConfig):
     weight_decay: float = Field(default=0.0, ge=0.0)
     data: SftDataConfig = Field(default_factory=SftDataConfig)
     num_procs: int = Field(default=1, gt=0)  # ranks per node (GPUs, or CPU processes)
-    hostfile: Path | None = None  # DeepSpeed hostfile for multi-node runs
+    hostfile: HostfilePath | None = None  # DeepSpeed hostfile for multi-node runs (checked on load)
     export_hf: bool = True  # also write a transformers.LlamaForCausalLM folder
     # Intra-op threads per rank; tiny models on a shared CPU run far faster on 1 than on many.
     torch_threads: int | None = Field(default=None, gt=0)

@@ -1,0 +1,155 @@
+"""A config is refused when it is loaded, not hours later: non-finite floats, unknown rewards,
+bad hostfiles, and presets that are neither a preset name nor a YAML file where one belongs."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from flows.cli import main
+from flows.config import CHECKOUT, PRESETS_DIR, load_pipeline_config, preset_path, resolve_data_config, resolve_pipeline_config
+from infra.config import ConfigError
+from tasks.data.catalog import load_catalog
+from tasks.eval.rewards import REWARDS
+
+
+def refused(overrides: list[str]) -> str:
+    with pytest.raises(ConfigError) as err:
+        resolve_pipeline_config(None, "tiny", overrides)
+    return str(err.value)
+
+
+# ----------------------------------------------------------------------------- finite floats
+
+
+@pytest.mark.parametrize("override, key", [
+    ("pretrain.train.lr=1e400", "pretrain.train.lr"),  # PyYAML reads 1e400 as a string; float() makes it inf
+    ("pretrain.train.lr=.inf", "pretrain.train.lr"),
+    ("sft.lr=nan", "sft.lr"),
+    ("data.near.threshold=.nan", "data.near.threshold"),
+    ("pretrain.train.peak_flops=.inf", "pretrain.train.peak_flops"),  # float | None
+    ("pretrain.train.betas=[0.9, .inf]", "pretrain.train.betas.1"),  # tuple[float, float]
+    ("grpo.rewards={format: .inf}", "grpo.rewards.format"),  # dict[str, float]
+    ("grpo.lr=-.inf", "grpo.lr"),
+    ("pretrain.train.model_overrides={rope_theta: .nan}", "pretrain.train.model_overrides.rope_theta.float"),
+])
+def test_non_finite_floats_are_refused(override, key):
+    msg = refused([override])
+    assert f"key '{key}': Input should be a finite number" in msg, msg
+
+
+def test_catalog_weights_must_be_finite(tmp_path):
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "docs.yaml").write_text(
+        "name: docs\nkind: builtin\nbuiltin: python_docs\nlicence: PSF-2.0\nweight: .inf\nmax_epochs: .inf\n")
+    with pytest.raises(ConfigError) as err:
+        load_catalog(catalog)
+    msg = str(err.value)
+    assert "docs.yaml" in msg and "key 'weight': Input should be a finite number" in msg and "key 'max_epochs'" in msg
+
+
+# ----------------------------------------------------------------------------- rewards
+
+
+@pytest.mark.parametrize("override, key", [
+    ("grpo.rewards={nonexistent: 1.0}", "grpo.rewards"),
+    ("grpo.rewards={format: 0.1, arithmetc_exact: 1.0}", "grpo.rewards"),
+    ("grpo.accuracy_reward=nonexistent", "grpo.accuracy_reward"),
+    ("eval.reward=nonexistent", "eval.reward"),
+])
+def test_unknown_rewards_are_refused_listing_the_registered_ones(override, key):
+    msg = refused([override])
+    assert f"{key} names unknown reward(s)" in msg and str(sorted(REWARDS)) in msg, msg
+
+
+def test_rewards_need_one_entry_and_known_ones_pass():
+    assert "grpo.rewards is empty" in refused(["grpo.rewards={}"])
+    cfg = resolve_pipeline_config(None, "tiny", ["grpo.rewards={format: 0.5}", "grpo.accuracy_reward=format"])
+    assert cfg.grpo.rewards == {"format": 0.5}
+
+
+# ----------------------------------------------------------------------------- hostfiles
+
+
+@pytest.mark.parametrize("section", ["pretrain.train", "sft"])
+def test_a_deepspeed_hostfile_is_accepted(tmp_path, section):
+    f = tmp_path / "hostfile"
+    f.write_text("# two nodes\nworker-0 slots=8\n\n  worker-1\tslots=4   # the small one\n")
+    cfg = resolve_pipeline_config(None, "tiny", [f"{section}.hostfile={f}"])
+    assert (cfg.pretrain.train if section != "sft" else cfg.sft).hostfile == f
+
+
+@pytest.mark.parametrize("text, why", [
+    (None, "file not found"),
+    ("worker-0 slots=8\nworker-1\n", "line 2 'worker-1' is not '<host> slots=<N>'"),
+    ("worker-0 slots=0\n", "line 1 'worker-0 slots=0'"),
+    ("worker-0 slots=8gpus\n", "line 1"),
+    ("worker-0 slots=8\nworker-0 slots=8\n", "line 2: host 'worker-0' is already listed on line 1"),
+    ("# nothing\n\n", "lists no nodes"),
+])
+def test_a_bad_hostfile_is_refused_naming_file_and_line(tmp_path, text, why):
+    f = tmp_path / "hostfile"
+    if text is not None:
+        f.write_text(text)
+    msg = refused([f"pretrain.train.hostfile={f}"])
+    assert f"key 'pretrain.train.hostfile': hostfile {f}: {why}" in msg and "'<host> slots=<N>' with N >= 1" in msg, msg
+
+
+def test_etc_passwd_is_not_a_hostfile():
+    msg = refused(["sft.hostfile=/etc/passwd"])
+    assert "hostfile /etc/passwd: line 1 " in msg and "is not '<host> slots=<N>'" in msg, msg
+    assert "hostfile /etc: not a regular file" in refused(["sft.hostfile=/etc"])
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+@pytest.mark.parametrize("preset", ["../../etc/passwd", "/etc/passwd", "tiny/../../x", "no_such_preset", "tiny.txt", ""])
+def test_a_preset_must_be_a_name_or_a_yaml_file(preset):
+    with pytest.raises(ConfigError, match=re.escape("known presets: ['tiny']")):
+        load_pipeline_config(preset)
+    with pytest.raises(ConfigError, match=re.escape("known presets: ['tiny']")):
+        resolve_pipeline_config(None, preset, None)
+
+
+def test_flow_presets_lie_in_the_checkout_or_the_workspace(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    tiny = (PRESETS_DIR / "tiny.yaml").read_text()
+    (work / "mine.yaml").write_text(tiny)
+    outside = tmp_path / "outside.yml"
+    outside.write_text(tiny)
+    (work / "link.yaml").symlink_to(outside)
+    (work / "dir.yaml").mkdir()
+
+    assert resolve_pipeline_config(None, "tiny", None, workdir=work) == load_pipeline_config("tiny")
+    assert resolve_pipeline_config(None, str(PRESETS_DIR / "tiny.yaml"), None, workdir=work).name == "tiny"
+    assert resolve_pipeline_config(None, str(work / "mine.yaml"), None, workdir=work).name == "tiny"
+    assert resolve_data_config(None, str(work / "mine.yaml"), None, workdir=work) == load_pipeline_config("tiny").data
+    for bad in (outside, work / "link.yaml"):
+        with pytest.raises(ConfigError, match=re.escape(f"{outside} is outside the checkout and the workspace ({CHECKOUT}, {work})")):
+            resolve_pipeline_config(None, str(bad), None, workdir=work)
+        with pytest.raises(ConfigError, match="outside the checkout"):
+            resolve_data_config(None, str(bad), None, workdir=work)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        resolve_pipeline_config(None, str(work / "dir.yaml"), None, workdir=work)
+    # The CLI's --preset names the user's own file, which may lie anywhere.
+    assert load_pipeline_config(str(work / "link.yaml")).name == "tiny"
+    assert preset_path("tiny", within=[CHECKOUT]) == PRESETS_DIR / "tiny.yaml"
+
+
+# ----------------------------------------------------------------------------- what the CLI says
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--set", "pretrain.train.lr=1e400"], "key 'pretrain.train.lr': Input should be a finite number (got '1e400')"),
+    (["--set", "grpo.rewards={nonexistent: 1.0}"], "grpo.rewards names unknown reward(s) ['nonexistent']; registered rewards:"),
+    (["--set", "pretrain.train.hostfile=/etc/passwd"], "hostfile /etc/passwd: line 1"),
+    (["--preset", "../../etc/passwd"], "preset '../../etc/passwd' is neither a preset name"),
+    (["--set", "name=[&a 1, *a]"], "line 1: YAML anchor '&a' is not accepted"),
+])
+def test_show_config_refuses_with_the_message(capsys, args, expected):
+    assert main(["show-config", *args]) == 2
+    err = capsys.readouterr().err
+    assert expected in err, err
