@@ -43,7 +43,7 @@ def data_flow(config: DataConfig | None = None, workdir: str | None = None, pres
 
     `workdir` None is the workspace of `Workspace.locate`: `$LLMFORGE_HOME`, else ./work.
     """
-    config = resolve_data_config(config, preset, overrides)
+    config = resolve_data_config(config, preset, overrides, workdir)
     ws = Workspace.locate(workdir).ensure_writable()
     catalog = load_catalog(config.catalog, only=config.sources)  # a bad catalog fails before any work
     with stop_on_cancel(), workspace_lock(ws), stage_run(

@@ -50,7 +50,7 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = No
 
     `workdir` None is the workspace of `Workspace.locate`: `$LLMFORGE_HOME`, else ./work.
     """
-    config = resolve_pipeline_config(config, preset, overrides)
+    config = resolve_pipeline_config(config, preset, overrides, workdir)
     started = time.time()
     ws = Workspace.locate(workdir).ensure_writable()
     record_attempt(ws, config, started)  # the report sums the attempts of this config
