@@ -1,4 +1,11 @@
-"""SIGKILL a pretraining run (launcher and ranks) after its first checkpoint; the rerun resumes to the same loss."""
+"""SIGKILL a training stage (its driver, DeepSpeed's launcher and the ranks) after a checkpoint; the rerun
+resumes to the same result as an uninterrupted run.
+
+The machinery is shared with test_reliability_post_training_kill.py: `straight_and_killed` runs the
+uninterrupted stage (in a thread of this process) while a driver subprocess, in a session of
+its own, runs the same stage into another folder and is SIGKILLed, its whole process group at
+once, as soon as 'latest' names the first checkpoint.
+"""
 from __future__ import annotations
 
 import os
@@ -6,35 +13,101 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
+from pydantic import BaseModel
 
-from tasks.training.checkpoint import CKPT_SUMS_FILE, latest_checkpoint_step
+from tasks.training.checkpoint import latest_checkpoint_step
 from tasks.training.pretrain.stage import run_pretrain
 from tests.conftest import ROOT, tiny_pretrain_config
 
+# Every stage's run_* takes (input, tokenizer, out_dir, cfg, mlflow_run_id, ws_root).
 _DRIVER = """
-import sys
+import importlib, sys
 from pathlib import Path
-from tasks.training.pretrain.stage import PretrainConfig, run_pretrain
-cfg = PretrainConfig.model_validate_json(sys.argv[4])
-run_pretrain(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), cfg, None, sys.argv[5])
+stage = importlib.import_module(sys.argv[1])
+run, config = getattr(stage, sys.argv[2]), getattr(stage, sys.argv[3])
+inputs, tokenizer, out, ws = map(Path, sys.argv[5:9])
+run(inputs, tokenizer, out, config.model_validate_json(sys.argv[4]), None, ws)
 """
 
 
-def _kill_tree(proc: subprocess.Popen) -> int:
-    """SIGKILL the driver and every process group under it (the launcher runs in its own session)."""
-    parent = psutil.Process(proc.pid)
-    groups = {os.getpgid(c.pid) for c in parent.children(recursive=True) if c.is_running()}
-    for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.kill()
-    proc.wait()
-    return len(groups)
+def _latest_step(ckpt_dir: Path) -> int | None:
+    try:
+        return latest_checkpoint_step(ckpt_dir)
+    except (OSError, ValueError):  # not there yet
+        return None
+
+
+def _wait_for_group_to_end(pgid: int, others: list[psutil.Process], timeout: float = 60) -> None:
+    """Until no process of group `pgid` (nor any of `others`) is alive; zombies count as gone."""
+    psutil.wait_procs(others, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = []
+        for p in psutil.process_iter(["status"]):
+            try:
+                if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                    left.append(p.pid)
+            except (ProcessLookupError, psutil.Error):
+                continue
+        if not left:
+            return
+        assert time.monotonic() < deadline, f"processes {left} of the killed group are still alive"
+        time.sleep(0.05)
+
+
+def run_killed(stage: str, run_fn: str, cfg: BaseModel, inputs: Path, tokenizer: Path, out: Path, ws: Path,
+               total_steps: int, timeout: float = 300) -> int:
+    """Run `stage.run_fn` into `out` in a driver subprocess and SIGKILL its process group once 'latest'
+    names a checkpoint; the step of the checkpoint a rerun resumes from."""
+    ckpt = out / "checkpoints"
+    log_path = out.parent / f"{out.name}-killed.log"
+    args = [stage, run_fn, type(cfg).__name__, cfg.model_dump_json(), str(inputs), str(tokenizer), str(out), str(ws)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
+    with open(log_path, "w") as log:
+        # A session of its own: the launcher and the ranks run in the driver's process group.
+        proc = subprocess.Popen([sys.executable, "-c", _DRIVER, *args], cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    pgid = proc.pid
+    try:
+        deadline = time.monotonic() + timeout
+        while _latest_step(ckpt) is None:
+            assert proc.poll() is None, (f"the run exited (rc={proc.returncode}) before its first checkpoint:\n"
+                                         + log_path.read_text()[-3000:])
+            assert time.monotonic() < deadline, f"no checkpoint within {timeout} s"
+            time.sleep(0.005)
+        # Also whatever might have left the group (a launcher in a session of its own).
+        others = psutil.Process(proc.pid).children(recursive=True)
+        os.killpg(pgid, signal.SIGKILL)
+        for p in others:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    _wait_for_group_to_end(pgid, others)
+    killed_at = _latest_step(ckpt)
+    assert killed_at is not None and killed_at < total_steps, f"the run finished before the kill ({killed_at})"
+    assert not (out / "result.json").exists()
+    return killed_at
+
+
+def straight_and_killed(straight: Callable[[], Any], killed: Callable[[], int]) -> tuple[Any, int]:
+    """The uninterrupted run (a thread here) and the killed one (a subprocess) side by side: two launches'
+    time for one on two cores."""
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(straight)
+        killed_at = killed()
+        return future.result(), killed_at
 
 
 @pytest.mark.slow
@@ -42,28 +115,16 @@ def test_sigkilled_pretraining_resumes_to_the_uninterrupted_loss(tmp_path, pretr
     tokenizer, tokens = pretrain_inputs
     cfg = tiny_pretrain_config(max_steps=40, warmup_steps=2, lr=3e-3, ckpt_every=5, keep_checkpoints=2, log_every=5,
                                eval_batches=2, zero="zero0", num_procs=1, peak_flops=1e11, export_hf=False)
-    straight = run_pretrain(tokens, tokenizer, tmp_path / "straight", cfg, None, tmp_path / "ws", log=lambda _: None)
-
     out = tmp_path / "killed"
-    first = out / "checkpoints" / "step00000005" / CKPT_SUMS_FILE
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
-    proc = subprocess.Popen([sys.executable, "-c", _DRIVER, str(tokens), str(tokenizer), str(out), cfg.model_dump_json(),
-                             str(tmp_path / "ws")], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while not first.exists():
-            assert proc.poll() is None, f"the run exited (rc={proc.returncode}) before its first checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint within 300 s"
-            time.sleep(0.01)
-        groups = _kill_tree(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    killed_at = latest_checkpoint_step(out / "checkpoints")
-    assert groups >= 1 and killed_at is not None and killed_at < cfg.max_steps, "the run finished before the kill"
-    assert not (out / "result.json").exists()
+    straight, killed_at = straight_and_killed(
+        lambda: run_pretrain(tokens, tokenizer, tmp_path / "straight", cfg, None, tmp_path / "ws-straight",
+                             log=lambda _: None),
+        lambda: run_killed("tasks.training.pretrain.stage", "run_pretrain", cfg, tokens, tokenizer, out,
+                           tmp_path / "ws", cfg.max_steps))
 
-    resumed = run_pretrain(tokens, tokenizer, out, cfg, None, tmp_path / "ws", log=lambda _: None)
+    said: list[str] = []
+    resumed = run_pretrain(tokens, tokenizer, out, cfg, None, tmp_path / "ws", log=said.append)
+    assert any(f"resuming from step {killed_at} " in line for line in said)
     assert resumed.steps == straight.steps == cfg.max_steps
     assert abs(resumed.final_train_loss - straight.final_train_loss) < 1e-5
     assert abs(resumed.val_loss - straight.val_loss) < 1e-5

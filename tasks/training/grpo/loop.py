@@ -11,19 +11,26 @@
             loss = grpo_loss(policy_logp, old_logp, ref_logp, advantages, completion mask)
             engine.backward(loss); engine.step()
         log(reward_mean, reward_std, accuracy, kl, clip_fraction, completion_len, entropy, ...)
+        every cfg.ckpt_every steps: checkpoint (tasks/training/checkpoint.py) -> a rerun resumes there
 
 Prompts use the chat template (models/chat_template.py) and generation stops at <|end|>.
 Old log-probs are the ones the sampler computed (temperature-1 policy log-probs); with a
 rollout temperature other than 1 the tempered sampler is then treated as the policy
 itself, the usual approximation, so use temperature 1.0 for exactly on-policy ratios.
+
+A checkpoint holds the policy and optimizer (DeepSpeed), the RNG states, the problem cycle's
+position, the metrics, samples and held-out score so far, and the reference model's sha256,
+so a resumed run ends exactly where an uninterrupted one does, and never against another reference.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
@@ -35,7 +42,8 @@ from models.grpo import group_advantages, grpo_loss
 from models.losses import IGNORE_INDEX, token_logprobs
 from tasks.eval.answers import AnswerScore, greedy_answers, score_answers
 from tasks.eval.rewards import combined_reward, get_reward
-from tasks.training.engine import EngineSpec, build_engine
+from tasks.training.checkpoint import load_latest, save_checkpoint
+from tasks.training.engine import EngineSpec, build_engine, init_distributed
 
 
 class Problem(Protocol):
@@ -74,6 +82,8 @@ class GrpoConfig(StrictModel):
     eval_prompts: int = Field(default=64, ge=0)  # held-out prompts scored greedily before and after
     samples_every: int = Field(default=10, gt=0)  # keep sample completions every this many steps
     samples_per_step: int = Field(default=2, ge=0)
+    ckpt_every: int = Field(default=10, ge=0)  # 0: only at the end (when grpo_train is given a ckpt_dir)
+    keep_checkpoints: int = Field(default=2, gt=0)  # older checkpoint folders are deleted
 
 
 @dataclass
@@ -114,6 +124,7 @@ class GrpoResult:
     eval_after: AnswerScore | None = None
     seconds: float = 0.0
     skipped_steps: int = 0  # steps whose loss was non-finite (their updates were skipped)
+    resumed_from: int | None = None  # the checkpoint step this session started from; None for a fresh run
 
     def samples_text(self) -> str:
         """Sample completions as plain text, for an MLflow artifact."""
@@ -252,6 +263,17 @@ class _ProblemCycle:
         self.rng.shuffle(self.order)
         self.cursor = 0
 
+    def state(self) -> dict[str, Any]:
+        """Where the cycle stands: the current order, the position in it and the shuffling RNG."""
+        return {"order": list(self.order), "cursor": self.cursor, "rng": self.rng.getstate()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if len(state["order"]) != len(self.problems):
+            raise ValueError(f"the checkpoint cycles {len(state['order'])} problems, this run has "
+                             f"{len(self.problems)}; resume with the same problems or start over")
+        self.order, self.cursor = list(state["order"]), int(state["cursor"])
+        self.rng.setstate(state["rng"])
+
     def take(self, k: int) -> list[Problem]:
         picked = []
         for _ in range(k):
@@ -353,6 +375,62 @@ def _check_models(policy: torch.nn.Module, reference: torch.nn.Module, tokenizer
             raise ValueError(f"{name} vocab_size={mcfg.vocab_size} is smaller than the tokenizer's {vocab}")
 
 
+def module_sha256(module: torch.nn.Module) -> str:
+    """sha256 of a module's state (names, dtypes, shapes and bytes), e.g. to recognise the reference model."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}\n".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class _Checkpoints:
+    """Where a run's checkpoints go and what every one of them must match: the reference model."""
+
+    ckpt_dir: Path
+    reference_sha256: str
+    rank: int
+    world: int
+
+    def resume(self, engine, result: GrpoResult, cycle: _ProblemCycle, generator: torch.Generator,
+               echo: Callable[[str], Any] | None) -> int:
+        """Load the latest checkpoint into the engine, `result`, `cycle` and `generator`; the step to continue from."""
+        client = load_latest(engine, self.ckpt_dir, self.rank, self.world, echo)
+        if not client:
+            return 0
+        if client["reference_sha256"] != self.reference_sha256:
+            raise ValueError(
+                f"{self.ckpt_dir} holds GRPO checkpoints trained against a reference model with sha256 "
+                f"{client['reference_sha256'][:12]}…, but this run's reference has {self.reference_sha256[:12]}…; "
+                f"resume with the model the run started from, or delete {self.ckpt_dir} to start over"
+            )
+        cycle.restore(client["cycle"])
+        generator.set_state(client["generator"])
+        result.history = list(client["history"])
+        result.samples = list(client["samples"])
+        before = client.get("eval_before")
+        result.eval_before = AnswerScore(**before) if before is not None else None
+        result.seconds = float(client["seconds"])
+        step = int(client["step"])
+        if echo:
+            echo(f"resuming GRPO from step {step} ({self.ckpt_dir}): steps {step + 1} onwards")
+        return step
+
+    def save(self, engine, step: int, result: GrpoResult, cycle: _ProblemCycle, generator: torch.Generator,
+             seconds: float, keep: int) -> None:
+        state = {
+            "step": step, "world_size": self.world, "reference_sha256": self.reference_sha256,
+            "cycle": cycle.state(),
+            # Reseeded from (seed, step) before every step today; kept so a resume stays exact if that changes.
+            "generator": generator.get_state(),
+            "history": result.history, "samples": result.samples, "seconds": seconds,
+            "eval_before": asdict(result.eval_before) if result.eval_before is not None else None,
+        }
+        save_checkpoint(engine, self.ckpt_dir, step, state, self.rank, self.world, keep)
+
+
 def _keep_samples(result: GrpoResult, rollouts: Sequence[Rollout], step: int, n_groups: int, cfg: GrpoConfig) -> None:
     """The first completion of the first cfg.samples_per_step groups, every cfg.samples_every steps and at the end."""
     if step % cfg.samples_every == 0 or step == cfg.steps - 1:
@@ -369,13 +447,17 @@ def grpo_train(
     cfg: GrpoConfig,
     log: MetricsLog | None = None,
     eval_problems: Sequence[Problem] | None = None,
+    ckpt_dir: Path | None = None,
+    echo: Callable[[str], Any] | None = None,
 ) -> GrpoResult:
     """Train `policy` with GRPO on `problems`; `reference` stays frozen. Metrics go to `log(metrics, step)`.
 
     With `eval_problems`, the first cfg.eval_prompts of them are scored greedily before and
     after training (eval_before / eval_after; logged as heldout_accuracy / heldout_reward / heldout_problems).
-    The returned result holds the trained module (the engine's), every step's metrics and
-    sample completions.
+    With `ckpt_dir`, a checkpoint is saved every cfg.ckpt_every steps and at the end, and a run
+    resumes from the latest one there (refusing one taken against another reference model);
+    `echo` gets the line that says so. The returned result holds the trained module (the
+    engine's), every step's metrics and sample completions.
     """
     if not problems:
         raise ValueError("grpo_train needs at least one problem")
@@ -395,20 +477,33 @@ def grpo_train(
 
     result = GrpoResult(policy=engine.module)
     evals = list(eval_problems or [])[: cfg.eval_prompts]
-    if evals:
+    cycle = _ProblemCycle(problems, cfg.seed)
+    ckpts = None
+    start = 0
+    if ckpt_dir is not None:
+        rank, world = init_distributed()
+        ckpts = _Checkpoints(Path(ckpt_dir), module_sha256(reference), rank, world)
+        ckpts.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        start = ckpts.resume(engine, result, cycle, generator, echo)
+    seconds_before = result.seconds
+    if evals and not start:
         result.eval_before = heldout_score(engine.module, tokenizer, evals, cfg)
         log(eval_metrics(result.eval_before), 0)
-    cycle = _ProblemCycle(problems, cfg.seed)
-    for step in range(cfg.steps):
+    for step in range(start, cfg.steps):
         picked = cycle.take(cfg.prompts_per_step)
         metrics, rollouts = grpo_step(engine, reference, tokenizer, picked, cfg, scorer, generator, step)
         result.history.append({"step": step, **metrics})
         log(metrics, step)
         _keep_samples(result, rollouts, step, len(picked), cfg)
+        done = step + 1
+        if ckpts is not None and (done == cfg.steps or (cfg.ckpt_every and done % cfg.ckpt_every == 0)):
+            ckpts.save(engine, done, result, cycle, generator, seconds_before + time.perf_counter() - t_start,
+                       cfg.keep_checkpoints)
     if evals:
         result.eval_after = heldout_score(engine.module, tokenizer, evals, cfg)
         log(eval_metrics(result.eval_after), cfg.steps)
-    result.seconds = time.perf_counter() - t_start
+    result.seconds = seconds_before + time.perf_counter() - t_start
+    result.resumed_from = start or None
     # GuardedAdamW / ZeRO skip the update of a non-finite loss; count them so a caller can tell.
     result.skipped_steps = sum(not math.isfinite(h["loss"]) for h in result.history)
     return result

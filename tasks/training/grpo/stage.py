@@ -3,6 +3,7 @@
     run_grpo(sft_model_dir, tokenizer_path, out_dir, cfg, mlflow_run_id, ws_root)
       out_dir/grpo_config.json   resolved config
       out_dir/samples.txt        sample completions during training
+      out_dir/checkpoints/       DeepSpeed checkpoints every ckpt_every steps; a rerun with the same out_dir resumes
       out_dir/model/             the trained policy (models.export.save_model), out_dir/hf/ for transformers
       out_dir/result.json        held-out accuracy and mean reward before (= the SFT model) and after GRPO
 
@@ -44,8 +45,11 @@ from tasks.training.launch import (
 CONFIG_FILE = "grpo_config.json"
 SAMPLES_FILE = "samples.txt"
 WORKER_MODULE = "tasks.training.grpo.worker"
-# No checkpoints: a rerun trains from the SFT model again.
-STAGE = StageSpec(name="grpo", label="GRPO", worker_module=WORKER_MODULE, config_file=CONFIG_FILE)
+# A resume may change only how often it checkpoints and how it runs; the checkpoints also
+# carry the reference model's sha256, which the loop checks.
+STAGE = StageSpec(name="grpo", label="GRPO", worker_module=WORKER_MODULE, config_file=CONFIG_FILE,
+                  resume_neutral=frozenset({"ckpt_every", "keep_checkpoints", "torch_threads", "export_hf"}),
+                  resume_identity={"sft_model": "SFT model"})
 
 
 class GrpoStageConfig(GrpoConfig):
@@ -94,7 +98,8 @@ class GrpoStageResult(ExportedModel):
     after: HeldoutScore  # the GRPO policy
     final_train_reward: float | None  # mean reward of the last step's rollouts
     skipped_steps: int
-    seconds: float
+    seconds: float  # training and scoring, summed over the launches of a resumed run
+    resumed_from: int | None = None  # the checkpoint step the last launch resumed from
 
 
 def run_grpo(

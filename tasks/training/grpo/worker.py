@@ -1,9 +1,9 @@
 """The GRPO rank: `deepspeed --module tasks.training.grpo.worker --job out_dir/job.json` (one rank).
 
 Loads the SFT model as the policy and a frozen copy as the reference, scores both ends
-on the held-out eval problems (greedy), runs tasks.training.grpo.loop.grpo_train, logs every
-step's metrics and the sample completions to the MLflow run it was given, exports the
-policy and writes result.json.
+on the held-out eval problems (greedy), runs tasks.training.grpo.loop.grpo_train (checkpoints
+in out_dir/checkpoints, resumed by a rerun), logs every step's metrics and the sample
+completions to the MLflow run it was given, exports the policy and writes result.json.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tasks.eval.answers import AnswerScore
 from tasks.training import worker
 from tasks.training.grpo.loop import GrpoResult, heldout_score
 from tasks.training.grpo.stage import SAMPLES_FILE, GrpoJob, GrpoStageConfig, GrpoStageResult, HeldoutScore
+from tasks.training.launch import CHECKPOINTS_DIR
 from tasks.training.metrics import StepClock
 
 
@@ -28,9 +29,13 @@ def step_logger(cfg: GrpoStageConfig):
     """log(metrics, step) for grpo_train: every metric to the MLflow run, a progress line now and then."""
 
     clock = StepClock(0, cfg.steps)
+    trained = False
 
     def log(metrics: dict, step: int) -> None:
+        nonlocal trained
         log_metrics(metrics, step=step)
+        if "reward_mean" in metrics and not trained:
+            clock.first_step, trained = step, True  # after a resume, the ETA counts from the resumed step
         if "reward_mean" in metrics and (step % 5 == 0 or step == cfg.steps - 1):
             print(f"step {step + 1}/{cfg.steps} reward {metrics['reward_mean']:.3f} acc {metrics['accuracy']:.3f} "
                   f"kl {metrics['kl']:.4f} len {metrics['completion_len']:.1f} {metrics['step_seconds']:.1f}s "
@@ -69,7 +74,7 @@ def stage_result(job: GrpoJob, res: GrpoResult, before: HeldoutScore, n_train_pr
         steps=cfg.steps, n_train_problems=n_train_problems, before=before,
         after=_heldout(res.eval_after),
         final_train_reward=res.history[-1]["reward_mean"] if res.history else None,
-        skipped_steps=res.skipped_steps, seconds=res.seconds,
+        skipped_steps=res.skipped_steps, seconds=res.seconds, resumed_from=res.resumed_from,
     )
 
 
@@ -88,7 +93,7 @@ def run_worker(job: GrpoJob, rank: int, world: int) -> GrpoStageResult:
     eval_problems = make_problems(cfg.eval_prompts, cfg.problem_seed, cfg.max_operand, cfg.ops, split="eval")
     with worker.rank0_run(job, "grpo", rank) as run:
         res = grpo_train(policy, reference, tokenizer, train_problems, cfg.grpo_config(), log=step_logger(cfg),
-                         eval_problems=eval_problems)
+                         eval_problems=eval_problems, ckpt_dir=job.out_dir / CHECKPOINTS_DIR, echo=print)
         assert res.eval_before is not None  # eval_prompts >= 1 is checked at launch
         # The reference is the untouched SFT model, so it stands in for "before" in the distinct answers.
         distinct_before = heldout_score(reference, tokenizer, eval_problems, cfg).distinct_answers

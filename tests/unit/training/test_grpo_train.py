@@ -174,3 +174,87 @@ def test_right_padding_does_not_change_completion_logprobs(tok):
         la = token_logprobs(model(a.input_ids), a.targets)
         lb = token_logprobs(model(b.input_ids), b.targets)
     assert torch.allclose(la[a.mask], lb[b.mask], atol=1e-6)
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def _ckpt_cfg(**overrides) -> GrpoConfig:
+    base = dict(group_size=4, prompts_per_step=3, max_new_tokens=6, lr=1e-2, updates_per_batch=2, steps=6,
+                rewards={"test_frac_target": 1.0}, accuracy_reward="test_frac_target", eval_prompts=3,
+                samples_every=2, ckpt_every=2, keep_checkpoints=2)
+    return GrpoConfig(**{**base, **overrides})
+
+
+def _comparable(result) -> tuple:
+    """Everything a run ends with but its timings."""
+    history = [{k: v for k, v in h.items() if k != "step_seconds"} for h in result.history]
+    weights = {k: v.clone() for k, v in result.policy.state_dict().items()}
+    return history, result.samples, result.eval_before, result.eval_after, weights
+
+
+def _same(a: tuple, b: tuple) -> None:
+    assert a[:4] == b[:4]  # metrics, samples and held-out scores exactly
+    assert a[4].keys() == b[4].keys() and all(torch.equal(a[4][k], b[4][k]) for k in a[4])
+
+
+def test_checkpoints_change_nothing_and_a_crashed_run_resumes_exactly(tok, rewards, tmp_path):
+    """Steps 0-5 with checkpoints after 2, 4, 6: same as without; a crash in step 5 resumes from 4 to the same end."""
+    from tasks.training.checkpoint import checkpoint_tags, latest_checkpoint_step
+
+    problems, evals = make_problems(7, seed=0, split="grpo"), make_problems(3, seed=0, split="eval")
+    cfg = _ckpt_cfg()
+
+    def run(ckpt_dir, log=None, seed=0):
+        policy = tiny_model(tok.get_vocab_size(), seed=seed)
+        reference = tiny_model(tok.get_vocab_size())  # the same initial model every time
+        return grpo_train(policy, reference, tok, problems, cfg, log=log, eval_problems=evals, ckpt_dir=ckpt_dir,
+                          echo=said.append)
+
+    said: list[str] = []
+    plain = _comparable(run(None))
+    with_ckpts = run(tmp_path / "a")
+    _same(plain, _comparable(with_ckpts))
+    assert checkpoint_tags(tmp_path / "a") == ["step00000004", "step00000006"] and with_ckpts.resumed_from is None
+
+    def crash_in_step_5(metrics, step):
+        if step == 4 and "reward_mean" in metrics:
+            raise Crash("killed during step 5")
+
+    with pytest.raises(Crash):
+        run(tmp_path / "b", log=crash_in_step_5)
+    assert latest_checkpoint_step(tmp_path / "b") == 4
+    torch.manual_seed(1234)  # the resumed run must not depend on the process' RNG state
+    logged: list[int] = []
+    resumed = run(tmp_path / "b", log=lambda m, s: logged.append(s), seed=99)  # the policy comes from the checkpoint
+    assert resumed.resumed_from == 4 and said[-1].startswith("resuming GRPO from step 4 ")
+    assert logged == [4, 5, 6]  # steps 5 and 6, then the held-out score after; the score before is not redone
+    _same(plain, _comparable(resumed))
+    # 7 problems, 3 per step: the resume continued mid-epoch, past a reshuffle.
+    assert 2 * cfg.prompts_per_step < len(problems) < cfg.steps * cfg.prompts_per_step
+
+    with pytest.raises(ValueError, match=r"trained against a reference model with sha256 .* delete .* to start over"):
+        grpo_train(tiny_model(tok.get_vocab_size()), tiny_model(tok.get_vocab_size(), seed=5), tok, problems, cfg,
+                   ckpt_dir=tmp_path / "b")
+
+
+def test_grpo_resume_refuses_changed_settings(tmp_path):
+    """A rerun into an out_dir with GRPO checkpoints may change only how it checkpoints and runs."""
+    import json
+
+    from tasks.training.grpo.stage import CONFIG_FILE, STAGE, GrpoStageConfig
+    from tasks.training.launch import CHECKPOINTS_DIR, check_resume_compatible
+
+    def resolved(**changes):
+        return {"grpo": GrpoStageConfig(**changes).model_dump(mode="json"), "sft_model": "/m"}
+
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(resolved()))
+    (tmp_path / CHECKPOINTS_DIR).mkdir()
+    (tmp_path / CHECKPOINTS_DIR / "latest").write_text("step00000010")
+    check_resume_compatible(STAGE, tmp_path, resolved(ckpt_every=5, keep_checkpoints=3, torch_threads=1))
+    with pytest.raises(ValueError, match=r"different settings \(lr\)"):
+        check_resume_compatible(STAGE, tmp_path, resolved(lr=1e-3))
+    other_model = {**resolved(), "sft_model": "/other"}
+    with pytest.raises(ValueError, match="SFT model"):
+        check_resume_compatible(STAGE, tmp_path, other_model)

@@ -1,0 +1,91 @@
+"""SIGKILL SFT and GRPO through the real DeepSpeed launcher after a checkpoint; each rerun resumes to the
+uninterrupted run's result (machinery: test_reliability_train_kill.py)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+from models.export import load_model, save_model  # noqa: E402
+from tasks.training.grpo.stage import GrpoStageConfig, run_grpo  # noqa: E402
+from tasks.training.sft.data import ArithmeticSftOptions  # noqa: E402
+from tasks.training.sft.stage import SftConfig, SftDataConfig, run_sft  # noqa: E402
+from tests.conftest import saved_tokenizer, small_alphabet_bpe, tiny_llama  # noqa: E402
+from tests.integration.test_grpo_stage import quick_sft  # noqa: E402
+from tests.integration.test_reliability_train_kill import run_killed, straight_and_killed  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return small_alphabet_bpe(64)
+
+
+@pytest.fixture(autouse=True)
+def _no_outside_mlflow(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+def _same_weights(a, b, atol: float) -> None:
+    sa, sb = load_model(a).state_dict(), load_model(b).state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.allclose(sa[k], sb[k], atol=atol, rtol=0), k
+
+
+def test_sigkilled_sft_resumes_to_the_uninterrupted_loss(tmp_path, tok):
+    tok_path = saved_tokenizer(tok, tmp_path)
+    base_dir = save_model(tiny_llama(tok.get_vocab_size()), tmp_path / "base")
+    cfg = SftConfig(seq_len=48, micro_batch_size=8, max_steps=40, lr=3e-3, warmup_steps=2, ckpt_every=5,
+                    log_every=5, eval_batches=2, peak_flops=1e9, torch_threads=1, export_hf=False,
+                    data=SftDataConfig(builtin=["arithmetic"], val_fraction=0.2,
+                                       arithmetic=ArithmeticSftOptions(n=50, max_operand=9, ops="+")))
+    out = tmp_path / "killed"
+    straight, killed_at = straight_and_killed(
+        lambda: run_sft(base_dir, tok_path, tmp_path / "straight", cfg, None, tmp_path / "ws-straight",
+                        log=lambda _: None),
+        lambda: run_killed("tasks.training.sft.stage", "run_sft", cfg, base_dir, tok_path, out, tmp_path / "ws",
+                           cfg.max_steps))
+
+    said: list[str] = []
+    resumed = run_sft(base_dir, tok_path, out, cfg, None, tmp_path / "ws", log=said.append)
+    assert any(f"resuming from step {killed_at} " in line for line in said)
+    assert resumed.steps == straight.steps == cfg.max_steps
+    assert abs(resumed.final_train_loss - straight.final_train_loss) < 1e-5
+    assert abs(resumed.val_loss - straight.val_loss) < 1e-5
+    _same_weights(resumed.model_dir, straight.model_dir, atol=1e-5)
+    print(f"SFT killed with checkpoint step {killed_at} of {cfg.max_steps}; final loss "
+          f"{resumed.final_train_loss:.6f} vs {straight.final_train_loss:.6f} uninterrupted")
+
+
+def test_sigkilled_grpo_resumes_to_the_uninterrupted_rewards(tmp_path, tok):
+    tok_path = saved_tokenizer(tok, tmp_path)
+    sft_dir = save_model(quick_sft(tiny_llama(tok.get_vocab_size()), tok), tmp_path / "sft")
+    cfg = GrpoStageConfig(group_size=4, prompts_per_step=2, max_new_tokens=12, steps=16, lr=1e-3, eval_prompts=6,
+                          n_train_problems=10, max_operand=9, ops="+", samples_every=3, ckpt_every=3,
+                          torch_threads=1, export_hf=False)
+    out = tmp_path / "killed"
+    straight, killed_at = straight_and_killed(
+        lambda: run_grpo(sft_dir, tok_path, tmp_path / "straight", cfg, None, tmp_path / "ws-straight",
+                         log=lambda _: None),
+        lambda: run_killed("tasks.training.grpo.stage", "run_grpo", cfg, sft_dir, tok_path, out, tmp_path / "ws",
+                           cfg.steps))
+
+    resumed = run_grpo(sft_dir, tok_path, out, cfg, None, tmp_path / "ws", log=lambda _: None)
+    assert resumed.resumed_from == killed_at and straight.resumed_from is None
+    # Rewards, held-out scores and the samples kept before the kill: exactly the uninterrupted run's.
+    assert resumed.final_train_reward == straight.final_train_reward
+    assert resumed.before == straight.before and resumed.after == straight.after
+    assert (out / "samples.txt").read_text() == (tmp_path / "straight" / "samples.txt").read_text()
+    _same_weights(resumed.model_dir, straight.model_dir, atol=1e-6)
+    saved = json.loads((out / "result.json").read_text())
+    assert saved["steps"] == cfg.steps and saved["resumed_from"] == killed_at
+    print(f"GRPO killed with checkpoint step {killed_at} of {cfg.steps}; final reward {resumed.final_train_reward:.4f}"
+          f" vs {straight.final_train_reward:.4f}, held-out {resumed.after.n_correct}/{resumed.after.n} vs "
+          f"{straight.after.n_correct}/{straight.after.n} uninterrupted")
