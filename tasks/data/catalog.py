@@ -16,6 +16,10 @@ from infra.config import ConfigError, StrictModel, parse_config, read_yaml
 
 SourceKind = Literal["jsonl", "parquet", "text_dir", "hf_dataset", "builtin"]
 BUILTINS = ("python_docs", "python_stdlib")
+# Per compressed file. A bomb costs CPU per inflated byte (about 4 s per GiB of blank lines,
+# most of it zlib), so 1 GiB keeps one to seconds, while real shards are under it (published
+# JSONL.gz shards are typically 0.1-1 GB inflated); a source with bigger ones raises it.
+MAX_INFLATED_BYTES = 1 << 30
 
 
 class HfDatasetOptions(StrictModel):
@@ -52,6 +56,10 @@ class SourceConfig(SourceBase):
     filters: dict[str, Any] = Field(default_factory=dict)  # a tasks.data.quality_rules.FilterSpec
     builtin: Literal["python_docs", "python_stdlib"] | None = None
     max_line_bytes: int = Field(default=8 << 20, gt=0)  # longer JSONL lines are quarantined
+    # jsonl: a compressed file inflating past this quarantines its rest as one oversize_file record
+    max_inflated_bytes: int = Field(default=MAX_INFLATED_BYTES, gt=0)
+    # text_dir: a bigger file is quarantined (oversize_file) with its first 64 KiB and sha256, not read whole
+    max_file_bytes: int = Field(default=10 << 20, gt=0)
 
     @field_validator("weight")
     @classmethod

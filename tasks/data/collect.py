@@ -2,7 +2,7 @@
 
 Each record becomes either a document (stable id, source, licence, path, locator) or a
 quarantined row with the reason it was rejected (malformed JSON, invalid UTF-8, missing
-or non-string text field, empty text, binary file, over-long line); the run goes on.
+or non-string text field, empty text, binary file, over-long line, oversize file); the run goes on.
 """
 from __future__ import annotations
 
@@ -25,7 +25,17 @@ from tasks.data.documents import (
     make_doc_id,
     removed_table,
 )
-from tasks.data.readers import Rejection, check_string, decode_utf8, hf_dataset, jsonl_lines, parse_json_line, parquet_columns, parquet_records
+from tasks.data.readers import (
+    Rejection,
+    check_string,
+    decode_utf8,
+    hf_dataset,
+    jsonl_lines,
+    parquet_columns,
+    parquet_records,
+    parse_json_line,
+    read_capped_file,
+)
 from tasks.data.step import DataStep, StageResult
 
 STAGE = "collect"
@@ -41,7 +51,7 @@ def check_text(value: Any, field: str) -> str:
 
 def read_jsonl(path: Path, source: SourceConfig) -> Iterator[tuple[str, Any]]:
     """Yield (locator, text-or-Rejection) for each line of a JSONL(.gz) file."""
-    for locator, raw in jsonl_lines(path, source.max_line_bytes):
+    for locator, raw in jsonl_lines(path, source.max_line_bytes, source.max_inflated_bytes):
         yield locator, raw if isinstance(raw, Rejection) else _json_text(raw, source)
 
 
@@ -81,8 +91,10 @@ def _column_texts(records: Iterable[tuple[str, dict]], source: SourceConfig) -> 
             yield locator, rej
 
 
-def read_text_file(path: Path) -> Any:
-    raw = path.read_bytes()
+def read_text_file(path: Path, max_file_bytes: int) -> Any:
+    raw = read_capped_file(path, max_file_bytes)
+    if isinstance(raw, Rejection):
+        return raw
     if b"\x00" in raw[:8192]:
         return Rejection("binary_file", "NUL byte in the first 8 KiB", raw=raw[:65536])
     try:
@@ -126,7 +138,7 @@ def iter_records(catalog: Catalog, source: SourceConfig, files: list[Path]) -> I
                 yield str(path), locator, rec
         elif source.kind == "text_dir":
             rel = path.relative_to(catalog.resolve(source))
-            yield str(path), f"file:{rel}", read_text_file(path)
+            yield str(path), f"file:{rel}", read_text_file(path, source.max_file_bytes)
 
 
 def source_inputs(catalog: Catalog, source: SourceConfig) -> list[Path]:

@@ -1,6 +1,9 @@
 """Exact dedup: keep the first copy (input order) of each normalised text.
 
-Kept documents carry the normalised text, so later stages see one canonical form.
+Kept documents carry the normalised text (tasks/data/text_normalize.py `normalize_text`:
+invisible and control characters stripped, NFC), so later stages and the shards see that
+form, not the one with zero-width padding or bidi overrides; copies are compared by its
+NFKC fold (`dedup_key`), which is hashed but not kept because NFKC changes meaning ("x²").
 Documents that normalise to nothing are removed as "empty_after_normalize"; later
 copies of a text are removed as "exact_duplicate" with `duplicate_of` = the kept id.
 Streams record batches; memory grows only with the set of 32-byte digests seen.
@@ -16,7 +19,7 @@ from prefect import task
 from infra.config import StrictModel
 from tasks.data.documents import DOCUMENT_SCHEMA, as_documents, iter_batches, removed_from_documents
 from tasks.data.step import DataStep, StageResult
-from tasks.data.text_normalize import normalize_text
+from tasks.data.text_normalize import dedup_key, normalize_text
 
 STAGE = "exact_dedup"
 EMPTY = "empty_after_normalize"
@@ -43,10 +46,13 @@ def exact_dedup(in_path: Path, out_path: Path, removed_path: Path, cfg: ExactDed
 
 def _dedup_batch(step: DataStep, table: pa.Table, first_id: dict[bytes, str], normalize: bool) -> None:
     """Keep the first copy of each text of `table` (updating `first_id`), remove the others."""
-    texts = table.column("text").to_pylist()
+    raw = table.column("text").to_pylist()
     ids = table.column("doc_id").to_pylist()
-    if normalize:
-        texts = [normalize_text(t) for t in texts]
+    texts = [normalize_text(t) for t in raw] if normalize else raw
+    # The key is taken of the collected text, not of the kept form: NFKC turns some characters
+    # the kept form keeps (U+3000 in an indent) into blanks it would have handled otherwise.
+    # For ASCII the two forms are one string, so most documents pay for one normalisation.
+    keys = [text if not normalize or r.isascii() else dedup_key(r) for r, text in zip(raw, texts)]
     keep_rows: list[int] = []
     drop_rows: list[int] = []
     reasons: list[str] = []
@@ -57,7 +63,7 @@ def _dedup_batch(step: DataStep, table: pa.Table, first_id: dict[bytes, str], no
             reasons.append(EMPTY)
             dup_of.append(None)
             continue
-        digest = hashlib.sha256(text.encode("utf-8")).digest()
+        digest = hashlib.sha256(keys[i].encode("utf-8")).digest()
         original = first_id.get(digest)
         if original is None:
             first_id[digest] = ids[i]

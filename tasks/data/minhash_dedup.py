@@ -3,8 +3,10 @@
 Signatures are computed batch-wise with numpy (hash every word n-gram shingle once,
 apply all permutations as one broadcast, min-reduce per document) in worker
 processes, and are bit-identical to `datasketch.MinHash(num_perm, seed=seed)`
-updated with the same shingles as UTF-8. The LSH index is datasketch's
-`MinHashLSH` over `LeanMinHash` sketches.
+updated with the same shingles as UTF-8. Shingles are taken of the text's dedup key
+(tasks/data/text_normalize.py: invisible characters stripped, NFKC), the form exact dedup
+compares, so a copy padded with zero-width spaces shares its words with the original.
+The LSH index is datasketch's `MinHashLSH` over `LeanMinHash` sketches.
 
 Keep rule (deterministic): documents are visited in input order; a document is
 removed as "near_duplicate" when an already-kept LSH candidate has estimated
@@ -37,6 +39,7 @@ from infra.config import StrictModel
 from tasks.data import parallel
 from tasks.data.documents import as_documents, iter_batches, removed_from_documents
 from tasks.data.step import DataStep, StageResult
+from tasks.data.text_normalize import dedup_key
 
 T = TypeVar("T")
 
@@ -108,13 +111,13 @@ def permutations(cfg: NearDedupConfig) -> np.ndarray:
 
 
 def _hash_shingles(texts: Sequence[str], ngram: int, scheme: Scheme) -> tuple[np.ndarray, np.ndarray]:
-    """First 4 (8 for affine64) little-endian bytes of SHA-1 of each shingle, as datasketch's
-    sha1_hash32/64, and the number of shingles per text."""
+    """First 4 (8 for affine64) little-endian bytes of SHA-1 of each shingle of each text's
+    dedup key, as datasketch's sha1_hash32/64, and the number of shingles per text."""
     sha1 = hashlib.sha1
     digests: list[bytes] = []
     counts = np.empty(len(texts), dtype=np.int64)
     for i, text in enumerate(texts):
-        grams = shingles(text, ngram)
+        grams = shingles(dedup_key(text), ngram)
         counts[i] = len(grams)
         digests.extend([sha1(g.encode("utf-8")).digest() for g in grams])
     width = 8 if scheme == "affine64" else 4

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from infra.config import ConfigError, parse_config
 from tasks.data.documents import REMOVED_SCHEMA, Document, documents_table, write_table_atomic
 from tasks.data.exact_dedup import ExactDedupConfig, exact_dedup
-from tasks.data.text_normalize import normalize_text
+from tasks.data.text_normalize import dedup_key, normalize_text
 
 
 def write_docs(path: Path, docs: list[Document]) -> Path:
@@ -40,11 +40,13 @@ def test_normalize_text(raw, expected):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=st.sampled_from(list(" \t\n\r\x00\x0c\x85ab\u00e9\u0301e\u00a0")), max_size=40))
+@given(st.text(alphabet=st.sampled_from(list(" \t\n\r\x00\x0c\x85ab\u00e9\u0301e\u00a0\u200b\u202e\ufeff\u00b2\u3000")), max_size=40))
 def test_normalize_is_idempotent_and_clean(text):
     once = normalize_text(text)
     assert normalize_text(once) == once
+    assert dedup_key(dedup_key(text)) == dedup_key(text)
     assert "\r" not in once and "\x00" not in once and "\n\n\n\n" not in once
+    assert not {"\u200b", "\u202e", "\ufeff"} & set(once)
     assert once == once.strip()
     assert all(line == line.rstrip(" \t") for line in once.split("\n"))
 

@@ -24,6 +24,8 @@ BAD_VALUES = {
     "max_documents": [0, -3, "ten", 1.5],
     "max_epochs": [0, -1, "x"],
     "max_line_bytes": [0, -1, "big"],
+    "max_inflated_bytes": [0, -1, "1GiB"],
+    "max_file_bytes": [0, -5, "10MB", 1.5],
     "name": ["", "bad name", "../escape", "/abs", 7, None, "-dash-first"],
     "kind": ["csv", "", None, 3, "JSONL"],
     "text_field": [None, 3, ["text"], {"k": "v"}],
@@ -39,6 +41,8 @@ GOOD_VALUES = {
     "text_field": ["body", "content"],
     "id_field": ["id", None],
     "max_epochs": [0.5, 10],
+    "max_inflated_bytes": [1, 1 << 34],
+    "max_file_bytes": [1, 10 << 20],
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import unicodedata
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -20,6 +21,10 @@ from tasks.data.collect import collect_source
 MAX_LINE = 1 << 16  # deep nesting below it reaches the JSON parser (RecursionError), above it is cut
 REASONS = {"malformed_json", "invalid_utf8", "invalid_unicode", "missing_field", "wrong_type", "empty_text",
            "not_an_object", "line_too_long"}
+# Characters that show nothing (zero-width, bidi controls), listed here rather than taken from
+# tasks/data/text_normalize.py, so the oracle stays independent of the reader.
+INVISIBLE = {chr(c) for r in ((0x200B, 0x2010), (0x202A, 0x202F), (0x2060, 0x2065), (0x2066, 0x206A)) for c in range(*r)}
+INVISIBLE |= {"\u061c", "\ufeff"}
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
@@ -30,6 +35,8 @@ json_values = st.recursive(
 line = st.one_of(
     st.binary(max_size=80).map(lambda b: b.replace(b"\n", b" ")),  # arbitrary bytes
     st.text(max_size=60).map(lambda t: json.dumps({"text": t}).encode()),  # good or empty text
+    st.text(alphabet=st.sampled_from(sorted(INVISIBLE) + [" ", "\n", "\x00", "a", "\u00e9"]), max_size=8).map(
+        lambda t: json.dumps({"text": t}).encode()),  # invisible only, or nearly
     st.text(max_size=60).map(lambda t: json.dumps({"text": t}, ensure_ascii=False).encode("utf-8", "surrogatepass")),
     json_values.map(lambda v: json.dumps({"text": v}).encode()),  # wrong types for the field
     json_values.map(lambda v: json.dumps(v).encode()),  # not an object / no field
@@ -49,7 +56,10 @@ def _expected_text(raw: bytes) -> str | None:
         text.encode("utf-8")
     except Exception:  # noqa: BLE001 (anything wrong means "quarantined")
         return None
-    return text if isinstance(text, str) and text.strip() else None
+    # Kept only with a character that shows: not whitespace, not a control (Cc), not invisible.
+    visible = isinstance(text, str) and any(
+        not (c.isspace() or unicodedata.category(c) == "Cc" or c in INVISIBLE) for c in text)
+    return text if visible else None
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
