@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PRESET ?= tiny
+# Two pytest workers: much of the suite waits on subprocesses, servers and launchers.
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
@@ -24,10 +26,10 @@ run: $(STAMP)
 	DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu} $(BIN)/llmforge run --preset $(PRESET)
 
 test: $(STAMP)
-	DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu} $(BIN)/python -m pytest -q
+	DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-fast: $(STAMP)
-	DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu} $(BIN)/python -m pytest -q -m "not slow"
+	DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"
 
 bench: $(STAMP)
 	$(BIN)/python bench/dedup.py

@@ -12,6 +12,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first (a stable sort): with `-n 2` a long end-to-end test started last would
+    leave one worker idle for minutes."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def _tracking_uri_stays_put() -> Iterator[None]:
+    """Fail a test that leaves MLFLOW_TRACKING_URI changed (mlflow.set_tracking_uri exports it):
+    every later test in the process would log to that test's store."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    after = os.environ.get("MLFLOW_TRACKING_URI")
+    if after != before:
+        os.environ.pop("MLFLOW_TRACKING_URI", None) if before is None else os.environ.update(MLFLOW_TRACKING_URI=before)
+        pytest.fail(f"the test left MLFLOW_TRACKING_URI={after!r} (was {before!r}); use MlflowClient(uri) instead")
+
+
 @pytest.fixture
 def isolated_env(tmp_path) -> dict[str, str]:
     """Env for a CLI subprocess: its own Prefect home (ephemeral API on SQLite) and MLflow store."""

@@ -136,8 +136,9 @@ def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, pretrain_inpu
     assert result.loss_curve is not None and result.loss_curve.stat().st_size > 1000
     assert any("step 6/6" in line for line in lines)  # rank 0's progress streamed back
     # Rank 0 logged to MLflow.
-    mlflow.set_tracking_uri(tracking_uri(Workspace(tmp_path / "ws")))
-    history = mlflow.tracking.MlflowClient().get_metric_history(result.mlflow_run_id, "loss")
+    # A client of its own: mlflow.set_tracking_uri would export the URI to os.environ for every later test.
+    history = mlflow.tracking.MlflowClient(tracking_uri(Workspace(tmp_path / "ws"))).get_metric_history(
+        result.mlflow_run_id, "loss")
     assert [m.step for m in history] == [2, 4, 6]
 
 
