@@ -19,7 +19,7 @@ def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help="preset name in infra/presets/ or a YAML path (default: tiny)")
-    p.add_argument("--workdir", default=os.environ.get("LLMFORGE_HOME", "work"), help="workspace folder for all outputs (default: ./work)")
+    _workdir(p)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. --set data.near.threshold=0.7 (repeatable)")
 
 
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _workdir(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workdir", default=os.environ.get("LLMFORGE_HOME", "work"), help="workspace folder (default: ./work)")
+    p.add_argument("--workdir", default=os.environ.get("LLMFORGE_HOME", "work"), help="workspace folder for all outputs (default: $LLMFORGE_HOME, else ./work)")
 
 
 def _say_where(workdir: str, run_id: str, what: str) -> None:
