@@ -3,10 +3,21 @@
 The total size defaults to the data we have, capped so that no source is repeated more
 than its `max_epochs`; sources above their share are down-sampled, those below are
 up-sampled by whole repeats plus a seeded sample. Deterministic for a seed.
+
+Two streaming passes, so memory does not grow with the corpus:
+1. per source, the total size and a histogram of sizes over `HASH_BUCKETS` buckets of a
+   seeded per-document hash (of seed, source, doc_id); from these each source's whole
+   repeats `full` and the cut: the smallest number of hash buckets whose documents cover
+   the remainder;
+2. each document is written `full` times, plus once more when its hash bucket lies below
+   the cut; documents written zero times are removed as "downsampled".
+Precision: the sampled remainder overshoots its target by less than one hash bucket's
+units, about 1/65,536 of the source (the old in-memory sampler overshot by under one
+document; on small sources, where buckets hold at most one document, the two agree).
+The result does not depend on batch sizes or on the order of documents.
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Literal
 
@@ -14,15 +25,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import xxhash
 from prefect import task
 from pydantic import Field
 
 from infra.config import StrictModel
 from tasks.data.documents import DOCUMENT_SCHEMA, removed_from_documents
-from tasks.data.step import DataStep, StageResult, count_by_source
+from tasks.data.step import DataStep, StageResult
 
 STAGE = "mix"
 REPEAT_COLUMN = "repeat"  # 0 for the first copy of a document, 1.. for up-sampled copies
+HASH_BITS = 16
+HASH_BUCKETS = 1 << HASH_BITS  # histogram resolution of pass 1: 512 KiB per source
+BATCH_ROWS = 4096
 
 
 class MixConfig(StrictModel):
@@ -32,23 +47,82 @@ class MixConfig(StrictModel):
     total: int | None = Field(default=None, gt=0)  # target size in units; None = all the data we have
 
 
-def _rng(seed: int, source: str) -> np.random.Generator:
-    digest = hashlib.sha256(f"{seed}:{source}".encode()).digest()
-    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+def hash_buckets(seed: int, source: str, doc_ids: list[str]) -> np.ndarray:
+    """The seeded hash bucket (0 .. HASH_BUCKETS-1) of each document: its place in the sampling order."""
+    prefix = f"{seed}\x1f{source}\x1f"
+    shift = 64 - HASH_BITS
+    return np.fromiter((xxhash.xxh3_64_intdigest(prefix + d) >> shift for d in doc_ids), dtype=np.int64, count=len(doc_ids))
+
+
+class _Sizer:
+    """Sizes of documents in the mix unit (tokens when a tokenizer is known), batch by batch."""
+
+    def __init__(self, cfg: MixConfig):
+        self.tok = None
+        if cfg.unit == "tokens":
+            if cfg.tokenizer is None:
+                raise ValueError("mix.unit is 'tokens' but mix.tokenizer is not set; give a tokenizer.json or use unit: chars")
+            from tokenizers import Tokenizer
+
+            self.tok = Tokenizer.from_file(str(cfg.tokenizer))
+
+    def __call__(self, texts: pa.ChunkedArray | pa.Array) -> np.ndarray:
+        if self.tok is None:
+            return pc.utf8_length(texts).to_numpy(zero_copy_only=False).astype(np.int64)
+        batch = texts.to_pylist()
+        return np.asarray([len(e.ids) for e in self.tok.encode_batch(batch)] if batch else [], dtype=np.int64)
 
 
 def document_sizes(table: pa.Table, cfg: MixConfig) -> np.ndarray:
     """Size of each document in the mix unit (tokens when a tokenizer is known)."""
-    if cfg.unit == "tokens":
-        if cfg.tokenizer is None:
-            raise ValueError("mix.unit is 'tokens' but mix.tokenizer is not set; give a tokenizer.json or use unit: chars")
-        from tokenizers import Tokenizer
+    return _Sizer(cfg)(table.column("text"))
 
-        tok = Tokenizer.from_file(str(cfg.tokenizer))
-        texts = table.column("text").to_pylist()
-        sizes = [len(e.ids) for e in tok.encode_batch(texts)] if texts else []
-        return np.asarray(sizes, dtype=np.int64)
-    return pc.utf8_length(table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)
+
+def plan_cuts(
+    histograms: dict[str, np.ndarray],
+    weights: dict[str, float],
+    max_epochs: dict[str, float],
+    total: int | None = None,
+) -> tuple[dict[str, tuple[int, int]], dict]:
+    """(full repeats, hash-bucket cut) per source from its size histogram, and the report of
+    target vs achieved shares. A document is written `full` times, once more if its bucket < cut."""
+    have = {s: int(h.sum()) for s, h in histograms.items()}
+    present = [s for s in histograms if have[s] > 0]
+    wsum = sum(weights[s] for s in present)
+    share = {s: weights[s] / wsum for s in present}
+    cap = min((have[s] * max_epochs[s] / share[s] for s in present), default=0.0)
+    budget = min(total if total is not None else sum(have.values()), cap)
+    plan: dict[str, tuple[int, int]] = {}
+    achieved: dict[str, int] = {}
+    for source, hist in histograms.items():
+        if source not in present:
+            plan[source], achieved[source] = (0, 0), 0
+            continue
+        want = share[source] * budget
+        full = int(want // have[source])
+        rest = want - full * have[source]
+        cum = np.cumsum(hist)
+        # The fewest buckets (in hash order) whose documents cover the remainder.
+        cut = int(np.searchsorted(cum, rest, side="left")) + 1 if rest > 0 else 0
+        cut = min(cut, len(hist))
+        plan[source] = (full, cut)
+        achieved[source] = full * have[source] + (int(cum[cut - 1]) if cut else 0)
+    total_units = sum(achieved.values()) or 1
+    report = {
+        "unit": None,
+        "budget": float(budget),
+        "sources": {
+            s: {
+                "target": round(share.get(s, 0.0), 6),
+                "achieved": round(achieved[s] / total_units, 6),
+                "available": have[s],
+                "sampled": achieved[s],
+                "epochs": round(achieved[s] / max(have[s], 1), 4),
+            }
+            for s in histograms
+        },
+    }
+    return plan, report
 
 
 def plan_mix(
@@ -57,46 +131,35 @@ def plan_mix(
     max_epochs: dict[str, float],
     seed: int,
     total: int | None = None,
+    doc_ids: dict[str, list[str]] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict]:
-    """Repeat counts per document of each source, and a report of target vs achieved shares."""
-    present = {s: v for s, v in sizes_by_source.items() if v.sum() > 0}
-    wsum = sum(weights[s] for s in present)
-    share = {s: weights[s] / wsum for s in present}
-    have = {s: int(v.sum()) for s, v in present.items()}
-    cap = min((have[s] * max_epochs[s] / share[s] for s in present), default=0.0)
-    budget = min(total if total is not None else sum(have.values()), cap)
-    repeats: dict[str, np.ndarray] = {}
-    for source, sizes in sizes_by_source.items():
-        if source not in present:
-            repeats[source] = np.zeros(len(sizes), dtype=np.int64)
-            continue
-        want = share[source] * budget
-        full = int(want // have[source])
-        rest = want - full * have[source]
-        order = _rng(seed, source).permutation(len(sizes))
-        cum = np.cumsum(sizes[order])
-        # Take documents in shuffled order until the remainder is covered.
-        extra = order[: int(np.searchsorted(cum, rest, side="left")) + (1 if rest > 0 else 0)]
-        counts = np.full(len(sizes), full, dtype=np.int64)
-        counts[extra] += 1
-        repeats[source] = counts
-    achieved_units = {s: int((sizes_by_source[s] * repeats[s]).sum()) for s in sizes_by_source}
-    total_units = sum(achieved_units.values()) or 1
-    report = {
-        "unit": None,
-        "budget": float(budget),
-        "sources": {
-            s: {
-                "target": round(share.get(s, 0.0), 6),
-                "achieved": round(achieved_units[s] / total_units, 6),
-                "available": int(sizes_by_source[s].sum()),
-                "sampled": achieved_units[s],
-                "epochs": round(achieved_units[s] / max(int(sizes_by_source[s].sum()), 1), 4),
-            }
-            for s in sizes_by_source
-        },
+    """Repeat counts per document of each source (in memory), and a report of target vs achieved
+    shares; the same method as `rebalance_mix`. Documents are hashed by `doc_ids`, else by index."""
+    buckets = {
+        s: hash_buckets(seed, s, doc_ids[s] if doc_ids else [str(i) for i in range(len(v))])
+        for s, v in sizes_by_source.items()
     }
+    hists = {s: np.bincount(buckets[s], weights=v, minlength=HASH_BUCKETS).astype(np.int64) for s, v in sizes_by_source.items()}
+    plan, report = plan_cuts(hists, weights, max_epochs, total)
+    repeats = {s: plan[s][0] + (buckets[s] < plan[s][1]).astype(np.int64) for s in sizes_by_source}
     return repeats, report
+
+
+def _sources_of(batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:
+    """(code of each row, source name of each code) of a batch's source column."""
+    enc = pc.dictionary_encode(batch.column("source"))
+    return enc.indices.to_numpy(zero_copy_only=False), enc.dictionary.to_pylist()
+
+
+def _batch_buckets(batch: pa.RecordBatch, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(hash bucket, source code) of each row, and the source names."""
+    codes, names = _sources_of(batch)
+    ids = batch.column("doc_id").to_pylist()
+    buckets = np.empty(batch.num_rows, dtype=np.int64)
+    for c, name in enumerate(names):
+        rows = np.flatnonzero(codes == c)
+        buckets[rows] = hash_buckets(seed, name, [ids[i] for i in rows.tolist()])
+    return buckets, codes, names
 
 
 def rebalance_mix(
@@ -106,36 +169,46 @@ def rebalance_mix(
     weights: dict[str, float],
     max_epochs: dict[str, float],
     cfg: MixConfig,
+    batch_rows: int = BATCH_ROWS,
 ) -> StageResult:
     """Write the sampled rows (with a `repeat` column) and the down-sampled documents."""
-    table = pq.read_table(in_path, schema=DOCUMENT_SCHEMA, memory_map=True)
-    sources = table.column("source").to_numpy(zero_copy_only=False)
-    sizes = document_sizes(table, cfg)
-    names = sorted(set(sources.tolist()) | set(weights))
-    missing = [s for s in set(sources.tolist()) if s not in weights]
-    if missing:
-        raise ValueError(f"documents from source(s) {missing} have no mix weight; add them to the catalog")
-    index = {s: np.flatnonzero(sources == s) for s in names}
-    repeats, report = plan_mix(
-        {s: sizes[index[s]] for s in names}, weights, max_epochs, cfg.seed, cfg.total
-    )
+    pf = pq.ParquetFile(in_path)
+    sizer = _Sizer(cfg)
+    hists: dict[str, np.ndarray] = {s: np.zeros(HASH_BUCKETS, dtype=np.int64) for s in weights}
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=["doc_id", "source", "text"]):
+        buckets, codes, names = _batch_buckets(batch, cfg.seed)
+        missing = [s for s in names if s not in weights]
+        if missing:
+            raise ValueError(f"documents from source(s) {missing} have no mix weight; add them to the catalog")
+        sizes = sizer(batch.column("text"))
+        for c, name in enumerate(names):
+            rows = codes == c
+            # float64 weights are exact below 2**53 units per bucket
+            hists[name] += np.bincount(buckets[rows], weights=sizes[rows], minlength=HASH_BUCKETS).astype(np.int64)
+    names_all = sorted(hists)
+    plan, report = plan_cuts({s: hists[s] for s in names_all}, weights, max_epochs, cfg.total)
     report["unit"] = cfg.unit
-    counts_all = np.zeros(table.num_rows, dtype=np.int64)
-    for s in names:
-        counts_all[index[s]] = repeats[s]
-    picked = np.repeat(np.arange(table.num_rows), counts_all)
-    # repeat number of each emitted row: 0 for the first copy, 1.. for up-sampled copies
-    starts = np.repeat(np.cumsum(counts_all) - counts_all, counts_all)
-    rep_no = np.arange(len(picked)) - starts
-    out = table.take(pa.array(picked, pa.int64())).append_column(REPEAT_COLUMN, pa.array(rep_no, pa.int32()))
+    del hists
     schema = DOCUMENT_SCHEMA.append(pa.field(REPEAT_COLUMN, pa.int32()))
+    rows_out = dict.fromkeys(names_all, 0)
     with DataStep(STAGE, out_path, removed_path, schema=schema) as step:
-        step.read(table)
-        step.keep(out, counted=table.filter(pa.array(counts_all > 0)))
-        dropped = table.filter(pa.array(counts_all == 0))
-        step.remove(removed_from_documents(dropped, STAGE, ["downsampled"] * dropped.num_rows))
-    rows = count_by_source(out)
-    return step.result({f"rows:{s}": int(rows.get(s, 0)) for s in names}, report=report)
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=DOCUMENT_SCHEMA.names):
+            table = pa.Table.from_batches([batch]).cast(DOCUMENT_SCHEMA)
+            buckets, codes, names = _batch_buckets(batch, cfg.seed)
+            full = np.array([plan[n][0] for n in names], dtype=np.int64)[codes]
+            cut = np.array([plan[n][1] for n in names], dtype=np.int64)[codes]
+            counts = full + (buckets < cut)
+            step.read(table)
+            picked = np.repeat(np.arange(table.num_rows), counts)
+            # repeat number of each emitted row: 0 for the first copy, 1.. for up-sampled copies
+            rep_no = np.arange(len(picked)) - np.repeat(np.cumsum(counts) - counts, counts)
+            out = table.take(pa.array(picked, pa.int64())).append_column(REPEAT_COLUMN, pa.array(rep_no, pa.int32()))
+            step.keep(out, counted=table.filter(pa.array(counts > 0)))
+            for c, name in enumerate(names):
+                rows_out[name] += int(counts[codes == c].sum())
+            dropped = table.filter(pa.array(counts == 0))
+            step.remove(removed_from_documents(dropped, STAGE, ["downsampled"] * dropped.num_rows))
+    return step.result({f"rows:{s}": rows_out[s] for s in names_all}, report=report)
 
 
 rebalance_mix_task = task(rebalance_mix, name="mix")

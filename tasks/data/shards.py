@@ -3,18 +3,28 @@
 The shard folder is built under a temporary name and swapped into place in one rename,
 so readers see either the previous complete set or the new one, never a partial shard;
 `manifest.json` (per-shard rows, bytes, sha256, the funnel and the mix) is written last.
+
+The shuffle holds one bucket, not the corpus: pass 1 sends each row to one of B temporary
+bucket files by a seeded hash of (doc_id, repeat), B chosen so a bucket holds about
+`bucket_mb` of text; pass 2 loads one bucket at a time, permutes it with an RNG seeded by
+(seed, bucket) and streams its rows into shards cut at `shard_mb` / `max_rows`. A row's
+bucket and its place in the bucket depend only on the input rows and the config, not on
+batch sizes, so a rerun writes byte-identical shards.
 """
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
-from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import xxhash
 from prefect import task
 from pydantic import Field
 
@@ -22,6 +32,10 @@ from infra.config import StrictModel
 from tasks.data.manifest import Manifest, ShardInfo, sha256_file, write_manifest
 
 MANIFEST = "manifest.json"
+BATCH_ROWS = 4096
+# Pass 1 keeps one open file per bucket; the cap stays well under the usual 1024 descriptors.
+MAX_BUCKETS = 512
+_BUCKETS_DIR = "buckets.tmp"  # inside the staging folder, removed before the swap
 
 
 class ShardConfig(StrictModel):
@@ -30,20 +44,105 @@ class ShardConfig(StrictModel):
     shuffle: bool = True
     seed: int = 0
     compression: str = "zstd"
+    # Shuffle memory: about this much uncompressed data per bucket is held at a time
+    # (more on corpora over MAX_BUCKETS x bucket_mb, where the bucket count is capped).
+    bucket_mb: float = Field(default=64.0, gt=0)
 
 
-def _shard_bounds(text_bytes: np.ndarray, cfg: ShardConfig) -> list[tuple[int, int]]:
-    limit = int(cfg.shard_mb * (1 << 20))
-    bounds, start, acc = [], 0, 0
-    for i, b in enumerate(text_bytes.tolist()):
-        full = acc + b > limit or (cfg.max_rows is not None and i - start >= cfg.max_rows)
-        if full and i > start:
-            bounds.append((start, i))
-            start, acc = i, 0
-        acc += b
-    if start < len(text_bytes):
-        bounds.append((start, len(text_bytes)))
-    return bounds
+def _text_bytes(table: pa.Table | pa.RecordBatch) -> np.ndarray:
+    return pc.binary_length(table.column("text").cast(pa.binary())).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _bucket_of_rows(batch: pa.RecordBatch, seed: int, n_buckets: int) -> np.ndarray:
+    """Seeded bucket of each row, from (doc_id, repeat): the copies of a document spread apart."""
+    ids = batch.column("doc_id").to_pylist()
+    reps = batch.column("repeat").to_pylist() if "repeat" in batch.schema.names else [0] * len(ids)
+    prefix = f"{seed}\x1f"
+    h = np.fromiter((xxhash.xxh3_64_intdigest(f"{prefix}{d}\x1f{r}") for d, r in zip(ids, reps)), dtype=np.uint64, count=len(ids))
+    return (h % np.uint64(n_buckets)).astype(np.int64)
+
+
+def _n_buckets(pf: pq.ParquetFile, cfg: ShardConfig) -> int:
+    """Buckets so that each holds about `bucket_mb` of (uncompressed) data."""
+    md = pf.metadata
+    data_bytes = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+    return min(MAX_BUCKETS, max(1, math.ceil(data_bytes / (cfg.bucket_mb * (1 << 20)))))
+
+
+def _bucket_files(pf: pq.ParquetFile, cfg: ShardConfig, folder: Path, batch_rows: int) -> list[Path]:
+    """Pass 1: split the rows into seeded buckets (Arrow IPC files, in input order within each)."""
+    n = _n_buckets(pf, cfg)
+    folder.mkdir()
+    paths = [folder / f"bucket-{b:05d}.arrow" for b in range(n)]
+    schema = pf.schema_arrow
+    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    writers = [pa.ipc.new_file(p, schema, options=options) for p in paths]
+    try:
+        for batch in pf.iter_batches(batch_size=batch_rows):
+            buckets = _bucket_of_rows(batch, cfg.seed, n)
+            order = np.argsort(buckets, kind="stable")
+            bounds = np.searchsorted(buckets[order], np.arange(n + 1))
+            sorted_batch = batch.take(pa.array(order))
+            for b in np.flatnonzero(np.diff(bounds)).tolist():
+                writers[b].write_batch(sorted_batch.slice(bounds[b], bounds[b + 1] - bounds[b]))
+    finally:
+        for w in writers:
+            w.close()
+    return paths
+
+
+def _shuffled_rows(pf: pq.ParquetFile, cfg: ShardConfig, folder: Path, batch_rows: int) -> Iterator[pa.Table]:
+    """The rows in shuffled order (or input order without shuffle), a table at a time."""
+    if not cfg.shuffle:
+        for batch in pf.iter_batches(batch_size=batch_rows):
+            yield pa.Table.from_batches([batch])
+        return
+    for b, path in enumerate(_bucket_files(pf, cfg, folder, batch_rows)):
+        with pa.memory_map(str(path)) as source:
+            table = pa.ipc.open_file(source).read_all()
+        path.unlink()
+        if table.num_rows:
+            rng = np.random.default_rng([cfg.seed, b])
+            yield table.take(pa.array(rng.permutation(table.num_rows)))
+        del table
+
+
+class _ShardWriter:
+    """Cuts a stream of rows into shards of at most `shard_mb` of text / `max_rows` rows."""
+
+    def __init__(self, staging: Path, cfg: ShardConfig):
+        self.staging, self.cfg = staging, cfg
+        self.limit = int(cfg.shard_mb * (1 << 20))
+        self.parts: list[pa.Table] = []
+        self.rows = self.acc = 0
+        self.shards: list[ShardInfo] = []
+        self.total_rows = self.total_bytes = 0
+
+    def add(self, table: pa.Table) -> None:
+        sizes = _text_bytes(table)
+        self.total_rows += table.num_rows
+        self.total_bytes += int(sizes.sum())
+        start = 0
+        for i, b in enumerate(sizes.tolist()):
+            full = self.acc + b > self.limit or (self.cfg.max_rows is not None and self.rows >= self.cfg.max_rows)
+            if full and self.rows:
+                self.parts.append(table.slice(start, i - start))
+                self.flush()
+                start = i
+            self.acc += b
+            self.rows += 1
+        self.parts.append(table.slice(start))
+
+    def flush(self) -> None:
+        part = pa.concat_tables(self.parts).combine_chunks()
+        self.parts, self.rows, self.acc = [], 0, 0
+        if not part.num_rows:
+            return
+        path = self.staging / f"shard-{len(self.shards):05d}.parquet"
+        pq.write_table(part, path, compression=self.cfg.compression)
+        src = {d["values"]: d["counts"] for d in pc.value_counts(part.column("source")).to_pylist()}
+        self.shards.append(ShardInfo(file=path.name, rows=part.num_rows, bytes=path.stat().st_size, sha256=sha256_file(path),
+                                     sources=dict(sorted(src.items()))))
 
 
 def write_shards(
@@ -54,13 +153,10 @@ def write_shards(
     mix_report: dict[str, Any],
     removed_files: list[Path],
     config_hash: str = "",
+    batch_rows: int = BATCH_ROWS,
 ) -> Path:
     """Shard `mixed_path` into `out_dir` and return the manifest's path."""
-    table = pq.read_table(mixed_path, memory_map=True)
-    if cfg.shuffle and table.num_rows:
-        order = np.random.default_rng(cfg.seed).permutation(table.num_rows)
-        table = table.take(pa.array(order, pa.int64()))
-    sizes = pa.compute.binary_length(table.column("text").cast(pa.binary())).to_numpy(zero_copy_only=False)
+    pf = pq.ParquetFile(mixed_path)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     # A writer killed earlier leaves its hidden staging folder behind; it was never visible.
@@ -68,22 +164,19 @@ def write_shards(
         shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        shards = []
-        for k, (a, b) in enumerate(_shard_bounds(sizes, cfg)):
-            part = table.slice(a, b - a)
-            path = staging / f"shard-{k:05d}.parquet"
-            pq.write_table(part, path, compression=cfg.compression)
-            src = Counter(part.column("source").to_pylist())
-            shards.append(
-                ShardInfo(file=path.name, rows=part.num_rows, bytes=path.stat().st_size, sha256=sha256_file(path), sources=dict(src))
-            )
+        writer = _ShardWriter(staging, cfg)
+        for table in _shuffled_rows(pf, cfg, staging / _BUCKETS_DIR, batch_rows):
+            writer.add(table)
+        if writer.parts:
+            writer.flush()
+        shutil.rmtree(staging / _BUCKETS_DIR, ignore_errors=True)
         manifest = Manifest(
             config_hash=config_hash,
-            shards=shards,
+            shards=writer.shards,
             funnel=funnel,
             mix=mix_report,
             removed_files=[str(Path(p).resolve()) for p in removed_files],
-            stats={"rows": table.num_rows, "text_bytes": int(sizes.sum())},
+            stats={"rows": writer.total_rows, "text_bytes": writer.total_bytes},
         )
         write_manifest(manifest, staging / MANIFEST)
         _swap_into_place(staging, out_dir)
