@@ -1,36 +1,44 @@
-"""Near-duplicate removal with MinHash signatures and LSH banding (datasketch).
+"""Near-duplicate removal with MinHash signatures and LSH banding, out of core.
 
-Signatures are computed batch-wise with numpy (hash every word n-gram shingle once,
-apply all permutations as one broadcast, min-reduce per document) in worker
-processes, and are bit-identical to `datasketch.MinHash(num_perm, seed=seed)`
-updated with the same shingles as UTF-8. Shingles are taken of the text's dedup key
-(tasks/data/text_normalize.py: invisible characters stripped, NFKC), the form exact dedup
-compares, so a copy padded with zero-width spaces shares its words with the original.
-The LSH index is datasketch's `MinHashLSH` over `LeanMinHash` sketches.
+Signatures (tasks/data/minhash_signatures.py) are word n-gram MinHashes of each text's
+dedup key, computed batch-wise in the data stages' one process pool
+(tasks/data/parallel.py, whose spawned workers need the usual
+`if __name__ == "__main__":` guard in a script).
 
 Keep rule (deterministic): documents are visited in input order; a document is
 removed as "near_duplicate" when an already-kept LSH candidate has estimated
 Jaccard >= threshold (`duplicate_of` = the most similar one, earliest on ties),
-otherwise it is kept and indexed. Documents with no words are kept and never
-indexed: the Jaccard similarity of empty sets is undefined, and exact dedup has
-already dropped empty texts in the pipeline.
+otherwise it is kept. Documents with no words are kept and never indexed: the Jaccard
+similarity of empty sets is undefined, and exact dedup has already dropped empty texts.
 
-Signatures are computed in the data stages' one process pool (tasks/data/parallel.py),
-whose spawned workers need the usual `if __name__ == "__main__":` guard in a script.
+Memory does not grow with the corpus (besides one byte per document and the ids of the
+documents that others duplicate): everything else is spilled to a folder next to the
+output (tasks/data/lsh_buckets.py) and read back in bounded pieces, in four passes:
+1. signatures: stream the input, append signatures to a file and (band hash, document)
+   records to partition files by hash;
+2. candidates: per partition, sort the records and write the (earlier, later) pairs of
+   documents sharing a bucket, into files by the later document's block of rows;
+3. keep rule: per block in input order, verify each pair's estimated Jaccard from the two
+   signatures and visit the later documents in order with a kept flag per document: a
+   document is removed iff a verified earlier document is kept. This is the greedy rule
+   over an index of kept documents, exactly, as long as every same-bucket pair is a
+   candidate: a bucket member is only paired with the `bucket_cap` earliest members
+   before it (stats `bucket_cap_hits` counts how often that cut pairs);
+4. output: stream the input once more, writing kept and removed documents (DataStep).
 """
 from __future__ import annotations
 
-import hashlib
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from datasketch import LeanMinHash, MinHash, MinHashLSH
+from datasketch.lsh import _optimal_param
 from prefect import task
 from pydantic import Field, model_validator
 from tqdm.auto import tqdm
@@ -38,28 +46,17 @@ from tqdm.auto import tqdm
 from infra.config import StrictModel
 from tasks.data import parallel
 from tasks.data.documents import as_documents, iter_batches, removed_from_documents
+from tasks.data.lsh_buckets import BandSpill, PairSpill, SignatureFile, band_hashes, candidate_pairs, read_pair_chunks
+from tasks.data.minhash_signatures import DTYPE, Scheme, permutations, shingles, signature_job
 from tasks.data.step import DataStep, StageResult
-from tasks.data.text_normalize import dedup_key
+
+__all__ = ["NearDedupConfig", "compute_signatures", "near_dedup", "near_dedup_task", "plan_workers", "shingles", "banding"]
 
 T = TypeVar("T")
 
 STAGE = "near_dedup"
 REASON = "near_duplicate"
 
-# datasketch's permutation schemes: its default since 2.0 is "affine32"; "legacy" is the
-# (a*h + b) mod (2^61 - 1), truncated to 32 bits, of datasketch < 2.0.
-Scheme = Literal["affine32", "affine64", "legacy"]
-_MERSENNE_PRIME = np.uint64((1 << 61) - 1)
-_MAX_HASH = {"affine32": np.uint32(0xFFFFFFFF), "affine64": np.uint64(0xFFFFFFFFFFFFFFFF), "legacy": np.uint64(0xFFFFFFFF)}
-_DTYPE = {"affine32": np.uint32, "affine64": np.uint64, "legacy": np.uint64}
-# MurmurHash3 finaliser (shift, multiplier, shift, multiplier, shift), as datasketch pre-mixes affine schemes.
-_FMIX = {
-    "affine32": (16, 0x85EBCA6B, 13, 0xC2B2AE35, 16),
-    "affine64": (33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33),
-}
-# Cells of the [num_perm, shingles] permutation matrix computed at once: bounds worker memory
-# (4-8 MB) and keeps it near the CPU caches; measured fastest among 2^18..2^22.
-_CHUNK_CELLS = 1 << 20
 # (false positive, false negative) weights for datasketch's choice of banding. Every candidate
 # is verified against the threshold, so a spurious candidate costs one vector comparison while a
 # missed one is a duplicate kept: lean to recall. At threshold 0.8 and 128 permutations this gives
@@ -68,18 +65,26 @@ _LSH_WEIGHTS = (0.1, 0.9)
 # Below this many documents, auto (workers=0) stays in one process: spawning a worker costs
 # 2-5 s of imports (prefect, datasketch/scipy), about what it would save on ~16k documents.
 _AUTO_PARALLEL_MIN_DOCS = 16384
+# Band records per partition file (12 bytes each): a partition is loaded and sorted whole.
+_PARTITION_RECORDS = 1 << 20
+# Bytes of later documents' signatures read at once in pass 3.
+_BLOCK_BYTES = 8 << 20
 
 
 class NearDedupConfig(StrictModel):
-    num_perm: int = Field(128, ge=2, le=4096)  # MinHashLSH needs at least 2 permutations
+    num_perm: int = Field(128, ge=2, le=4096)  # LSH banding needs at least 2 permutations
     ngram: int = Field(5, ge=1)  # words per shingle; shorter documents are one shingle
     threshold: float = Field(0.8, gt=0.0, lt=1.0)  # estimated Jaccard at or above which a document is a duplicate
-    bands: int | None = Field(None, ge=2)  # explicit LSH banding; None = chosen from the threshold (make_lsh)
+    bands: int | None = Field(None, ge=2)  # explicit LSH banding; None = chosen from the threshold (banding)
     rows: int | None = Field(None, ge=1)
-    seed: int = Field(1, ge=0, lt=2**32)  # permutation seed (numpy RandomState range)
-    scheme: Scheme = "affine32"  # datasketch permutation scheme the signatures match
+    seed: int = Field(1, ge=0, lt=2**32)  # permutation and word-hash seed
+    # xxh3: fast (see minhash_signatures); affine32/affine64/legacy: bit-identical to datasketch's schemes
+    scheme: Scheme = "xxh3"
     workers: int = Field(0, ge=0)  # signature processes; 0 = all usable cores for large inputs (see plan_workers)
     batch_size: int = Field(2048, ge=1)  # documents per signature job and per Parquet read
+    # Each member of an LSH bucket is compared with at most this many earliest members before it:
+    # bounds a bucket of k documents to k * bucket_cap pairs instead of k^2 / 2.
+    bucket_cap: int = Field(256, ge=1)
 
     @model_validator(mode="after")
     def _check_banding(self) -> "NearDedupConfig":
@@ -96,78 +101,13 @@ class NearDedupConfig(StrictModel):
         return self
 
 
-def shingles(text: str, n: int) -> list[str]:
-    """Word n-grams of `text` (split on whitespace, joined by one space); a text of
-    fewer than n words is one shingle, a text with no words has none."""
-    words = text.split()
-    if len(words) <= n:
-        return [" ".join(words)] if words else []
-    return [" ".join(words[i : i + n]) for i in range(len(words) - n + 1)]
-
-
-def permutations(cfg: NearDedupConfig) -> np.ndarray:
-    """The (a, b) permutation parameters, shape [2, num_perm], exactly as datasketch draws them."""
-    return np.asarray(MinHash(cfg.num_perm, seed=cfg.seed, scheme=cfg.scheme).permutations, dtype=_DTYPE[cfg.scheme])
-
-
-def _hash_shingles(texts: Sequence[str], ngram: int, scheme: Scheme) -> tuple[np.ndarray, np.ndarray]:
-    """First 4 (8 for affine64) little-endian bytes of SHA-1 of each shingle of each text's
-    dedup key, as datasketch's sha1_hash32/64, and the number of shingles per text."""
-    sha1 = hashlib.sha1
-    digests: list[bytes] = []
-    counts = np.empty(len(texts), dtype=np.int64)
-    for i, text in enumerate(texts):
-        grams = shingles(dedup_key(text), ngram)
-        counts[i] = len(grams)
-        digests.extend([sha1(g.encode("utf-8")).digest() for g in grams])
-    width = 8 if scheme == "affine64" else 4
-    raw = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, 20)[:, :width]
-    hashes = np.ascontiguousarray(raw).view("<u8" if width == 8 else "<u4").ravel()
-    return hashes.astype(_DTYPE[scheme], copy=False), counts
-
-
-def _fmix(h: np.ndarray, scheme: Scheme) -> np.ndarray:
-    s1, m1, s2, m2, s3 = (_DTYPE[scheme](c) for c in _FMIX[scheme])
-    h = h ^ (h >> s1)
-    h = h * m1
-    h = h ^ (h >> s2)
-    h = h * m2
-    return h ^ (h >> s3)
-
-
-def _signature_job(
-    texts: Sequence[str] | pa.Array, ngram: int, perms: np.ndarray, scheme: Scheme
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """Signatures [len(texts), num_perm] of one batch, shingles per text, and the CPU seconds it took."""
-    start = time.process_time()
-    if isinstance(texts, (pa.Array, pa.ChunkedArray)):
-        texts = texts.to_pylist()
-    hashes, counts = _hash_shingles(texts, ngram, scheme)
-    num_perm = perms.shape[1]
-    a, b = perms[0][:, None], perms[1][:, None]
-    # Transposed [num_perm, shingles] layout: reduceat then runs along contiguous rows,
-    # about 4x faster than reducing over axis 0 of [shingles, num_perm].
-    out = np.full((num_perm, len(texts)), _MAX_HASH[scheme], dtype=_DTYPE[scheme])
-    if scheme != "legacy":
-        hashes = _fmix(hashes, scheme)
-    doc_of = np.repeat(np.arange(len(texts)), counts)
-    step = max(1, _CHUNK_CELLS // num_perm)
-    # Chunks of shingles may split a document; np.minimum into `out` merges the parts.
-    with np.errstate(over="ignore"):
-        for s0 in range(0, len(hashes), step):
-            h = hashes[None, s0 : s0 + step]
-            docs = doc_of[s0 : s0 + step]
-            phv = a * h
-            phv += b  # uint arithmetic wraps mod 2^width: for affine schemes that is the permutation
-            if scheme == "legacy":
-                # datasketch's uint64 products also wrap mod 2^64 before the prime modulus.
-                phv %= _MERSENNE_PRIME
-                phv &= _MAX_HASH["legacy"]
-            starts = np.flatnonzero(np.r_[True, docs[1:] != docs[:-1]])
-            seg_docs = docs[starts]
-            out[:, seg_docs] = np.minimum(out[:, seg_docs], np.minimum.reduceat(phv, starts, axis=1))
-    out = np.ascontiguousarray(out.T)
-    return out, counts, time.process_time() - start
+def banding(cfg: NearDedupConfig) -> tuple[int, int]:
+    """(bands, rows): the configured ones, or datasketch's optimum for the threshold under
+    recall-leaning weights (_LSH_WEIGHTS)."""
+    if cfg.bands is not None:
+        return cfg.bands, cfg.rows
+    b, r = _optimal_param(cfg.threshold, cfg.num_perm, *_LSH_WEIGHTS)
+    return int(b), int(r)
 
 
 def plan_workers(cfg: NearDedupConfig, n_docs: int) -> int:
@@ -180,138 +120,238 @@ def plan_workers(cfg: NearDedupConfig, n_docs: int) -> int:
 
 
 def _signature_jobs(tagged_texts: Iterable[tuple[T, Sequence[str] | pa.Array]], cfg: NearDedupConfig) -> Iterator[tuple[T, tuple]]:
-    perms = permutations(cfg)
+    perms = permutations(cfg.num_perm, cfg.seed, cfg.scheme)
     for tag, texts in tagged_texts:
-        yield tag, (texts, cfg.ngram, perms, cfg.scheme)
+        yield tag, (texts, cfg.ngram, perms, cfg.scheme, cfg.seed)
 
 
 def compute_signatures(texts: list[str], cfg: NearDedupConfig) -> np.ndarray:
-    """MinHash signatures of `texts`, shape [n, num_perm], dtype as datasketch stores the
-    scheme (uint32 for affine32, uint64 otherwise); a text with no words gets the empty
-    sketch (all maximum hash). Uses `cfg.workers` processes for more than one batch."""
+    """MinHash signatures of `texts`, shape [n, num_perm] (uint32 for xxh3 and affine32,
+    uint64 otherwise, as datasketch stores its schemes); a text with no words gets the
+    empty sketch (all maximum hash). Uses `cfg.workers` processes for more than one batch."""
     batches = ((None, texts[i : i + cfg.batch_size]) for i in range(0, len(texts), cfg.batch_size))
     jobs = _signature_jobs(batches, cfg)
-    parts = [sigs for _, (sigs, _, _) in parallel.ordered_map(_signature_job, jobs, plan_workers(cfg, len(texts)))]
+    parts = [sigs for _, (sigs, _, _) in parallel.ordered_map(signature_job, jobs, plan_workers(cfg, len(texts)))]
     if not parts:
-        return np.empty((0, cfg.num_perm), dtype=_DTYPE[cfg.scheme])
+        return np.empty((0, cfg.num_perm), dtype=DTYPE[cfg.scheme])
     return np.concatenate(parts)
-
-
-def make_lsh(cfg: NearDedupConfig) -> MinHashLSH:
-    """An in-memory LSH index with the configured banding, or datasketch's optimum for the
-    threshold under recall-leaning weights (_LSH_WEIGHTS)."""
-    params = (cfg.bands, cfg.rows) if cfg.bands is not None else None
-    return MinHashLSH(threshold=cfg.threshold, num_perm=cfg.num_perm, params=params, weights=_LSH_WEIGHTS)
-
-
-class _KeptIndex:
-    """Kept documents: LSH index keyed by kept ordinal, their signatures and doc ids."""
-
-    def __init__(self, cfg: NearDedupConfig):
-        self.cfg = cfg
-        self.lsh = make_lsh(cfg)
-        self.sigs = np.empty((1024, cfg.num_perm), dtype=_DTYPE[cfg.scheme])
-        self.ids: list[str] = []
-
-    def best_match(self, sketch: LeanMinHash) -> tuple[int, float] | None:
-        """The kept document most similar to `sketch` among LSH candidates (earliest on ties)."""
-        found = self.lsh.query(sketch)
-        if not found:
-            return None
-        keys = np.sort(np.fromiter(found, dtype=np.int64, count=len(found)))
-        sims = np.count_nonzero(self.sigs[keys] == sketch.hashvalues, axis=1) / self.cfg.num_perm
-        best = int(np.argmax(sims))
-        return int(keys[best]), float(sims[best])
-
-    def add(self, doc_id: str, sketch: LeanMinHash) -> None:
-        key = len(self.ids)
-        if key == len(self.sigs):
-            self.sigs = np.concatenate([self.sigs, np.empty_like(self.sigs)])
-        self.sigs[key] = sketch.hashvalues
-        self.ids.append(doc_id)
-        self.lsh.insert(key, sketch, check_duplication=False)
 
 
 @dataclass
 class _Tally:
-    """What near dedup measures besides the counts: removals, similarities, seconds."""
+    """What near dedup measures besides the counts."""
 
-    dup_targets: set[str] = field(default_factory=set)
-    similarities: list[float] = field(default_factory=list)
     unindexed: int = 0
     sig_seconds: float = 0.0
     lsh_seconds: float = 0.0
     lsh_cpu: float = 0.0
+    band_records: int = 0
+    candidate_pairs: int = 0
+    verified_pairs: int = 0
+    cap_hits: int = 0
+    spill_bytes: int = 0
+    partitions: int = 0
+    clusters: int = 0
+    removed: int = 0
+    similarity_sum: float = 0.0
+
+    def lsh_time(self, wall0: float, cpu0: float) -> None:
+        self.lsh_seconds += time.perf_counter() - wall0
+        self.lsh_cpu += time.thread_time() - cpu0
+
+
+DECISION = np.dtype([("doc", "<u4"), ("target", "<u4"), ("similarity", "<f8")])
 
 
 def near_dedup(in_path: Path, out_path: Path, removed_path: Path, cfg: NearDedupConfig) -> StageResult:
     """Remove near-duplicate documents of `in_path` (see module docstring); write kept and removed files."""
-    in_path = Path(in_path)
+    in_path, out_path = Path(in_path), Path(out_path)
     if not in_path.is_file():
         raise FileNotFoundError(f"near_dedup: input {in_path} does not exist; run the exact_dedup stage first")
-    total_rows = pq.ParquetFile(in_path).metadata.num_rows
-    workers = plan_workers(cfg, total_rows)
-    index = _KeptIndex(cfg)
+    started = time.perf_counter()
+    n_docs = pq.ParquetFile(in_path).metadata.num_rows
+    if n_docs >= 2**32:
+        raise ValueError(f"near_dedup: {in_path} has {n_docs} documents; split it into files under 2^32 documents")
+    workers = plan_workers(cfg, n_docs)
+    bands, rows = banding(cfg)
     tally = _Tally()
-    tables = (as_documents(b) for b in iter_batches(in_path, batch_size=cfg.batch_size))
-    jobs = _signature_jobs(((t, t.column("text")) for t in tables), cfg)
-    with DataStep(STAGE, out_path, removed_path) as step, tqdm(total=total_rows, unit="doc", desc=STAGE, disable=None) as progress:
-        for table, (sigs, n_shingles, secs) in parallel.ordered_map(_signature_job, jobs, workers):
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    # Next to the output: on the same disk as the data, and removed with the folder on failure.
+    with tempfile.TemporaryDirectory(prefix=".near-spill-", dir=out_path.parent) as spill_dir:
+        spill = Path(spill_dir)
+        sigs, indexed = _pass_signatures(in_path, n_docs, cfg, bands, rows, spill, workers, tally)
+        decisions = _pass_keep_rule(sigs, indexed, cfg, spill, tally)
+        with DataStep(STAGE, out_path, removed_path) as step:
+            _pass_output(step, in_path, n_docs, decisions, cfg)
+    return step.result(_stats(tally, bands, rows, workers, time.perf_counter() - started), duplicate_reason=REASON)
+
+
+def _pass_signatures(
+    in_path: Path, n_docs: int, cfg: NearDedupConfig, bands: int, rows: int, spill: Path, workers: int, tally: _Tally
+) -> tuple[SignatureFile, np.ndarray]:
+    """Pass 1: signatures to a file, band records to partition files; which documents are indexed."""
+    partitions = max(1, min(1024, -(-n_docs * bands // _PARTITION_RECORDS)))
+    sigs = SignatureFile(spill / "signatures.bin", cfg.num_perm, DTYPE[cfg.scheme])
+    band_spill = BandSpill(spill, partitions)
+    indexed = np.zeros(n_docs, dtype=np.bool_)
+    texts = (((b.num_rows), b.column("text")) for b in pq.ParquetFile(in_path).iter_batches(cfg.batch_size, columns=["text"]))
+    start = 0
+    with tqdm(total=n_docs, unit="doc", desc=f"{STAGE} 1/4 signatures", disable=None) as progress:
+        for n, (batch_sigs, n_shingles, secs) in parallel.ordered_map(signature_job, _signature_jobs(texts, cfg), workers):
+            wall0, cpu0 = time.perf_counter(), time.thread_time()
             tally.sig_seconds += secs
-            _dedup_batch(step, table, sigs, n_shingles, index, tally)
-            progress.update(table.num_rows)
-    return step.result(_stats(tally, index, workers, step.elapsed), duplicate_reason=REASON)
+            sigs.append(batch_sigs)
+            has = n_shingles > 0
+            indexed[start : start + n] = has
+            rows_idx = np.flatnonzero(has)
+            band_spill.add(band_hashes(batch_sigs[rows_idx], bands, rows), rows_idx + start)
+            start += n
+            tally.lsh_time(wall0, cpu0)
+            progress.update(n)
+    sigs.close_writing()
+    band_spill.close()
+    tally.unindexed = int(n_docs - indexed.sum())
+    tally.band_records = band_spill.records
+    tally.partitions = partitions
+    tally.spill_bytes = sigs.rows * sigs.row_bytes + band_spill.files.bytes_written
+    return sigs, indexed
 
 
-def _dedup_batch(
-    step: DataStep, table: pa.Table, sigs: np.ndarray, n_shingles: np.ndarray, index: _KeptIndex, tally: _Tally
-) -> None:
-    """Keep or remove each document of one batch, in order, against the kept index."""
-    cfg = index.cfg
-    t0, c0 = time.perf_counter(), time.thread_time()
-    keep_rows: list[int] = []
-    drop_rows: list[int] = []
-    dup_of: list[str] = []
-    sims: list[float] = []
-    for i, doc_id in enumerate(table.column("doc_id").to_pylist()):
-        if n_shingles[i] == 0:
-            tally.unindexed += 1
-            keep_rows.append(i)
+def _pass_keep_rule(sigs: SignatureFile, indexed: np.ndarray, cfg: NearDedupConfig, spill: Path, tally: _Tally) -> Path:
+    """Passes 2 and 3: candidate pairs by bucket, verified and resolved in input order.
+    Returns the file of decisions (removed document, kept target, similarity), in document order."""
+    wall0, cpu0 = time.perf_counter(), time.thread_time()
+    n_docs = len(indexed)
+    block_rows = max(1, _BLOCK_BYTES // sigs.row_bytes)
+    pairs = PairSpill(spill, n_docs, block_rows)
+    band_files = sorted(spill.glob("bands-*.bin"))
+    for path in tqdm(band_files, unit="partition", desc=f"{STAGE} 2/4 candidates", disable=None):
+        for earlier, later, hits in candidate_pairs(path, cfg.bucket_cap):
+            tally.cap_hits += hits
+            pairs.add(earlier, later)
+        path.unlink()
+    pair_files = pairs.close()
+    tally.candidate_pairs = pairs.pairs
+    tally.spill_bytes += pairs.files.bytes_written
+    kept = np.ones(n_docs, dtype=np.bool_)
+    decisions_path = spill / "decisions.bin"
+    targets: set[int] = set()
+    with open(decisions_path, "wb") as out:
+        for q, path in enumerate(tqdm(pair_files, unit="block", desc=f"{STAGE} 3/4 keep rule", disable=None)):
+            lo, hi = q * block_rows, min(n_docs, (q + 1) * block_rows)
+            edges = _verified_edges(path, sigs, lo, hi, cfg, tally)
+            removed = _resolve_block(edges, kept)
+            tally.removed += len(removed)
+            tally.similarity_sum += float(removed["similarity"].sum())
+            targets.update(removed["target"].tolist())
+            out.write(removed.tobytes())
+            path.unlink()
+    tally.clusters = len(targets)
+    tally.lsh_time(wall0, cpu0)
+    return decisions_path
+
+
+def _verified_edges(path: Path, sigs: SignatureFile, lo: int, hi: int, cfg: NearDedupConfig, tally: _Tally) -> np.ndarray:
+    """Candidate pairs of later documents lo..hi-1 whose estimated Jaccard reaches the threshold,
+    sorted by (later, earlier), with their similarity."""
+    later_sigs = None
+    parts = []
+    for rec in read_pair_chunks(path):
+        if later_sigs is None:
+            later_sigs = sigs.read_range(lo, hi)
+        earlier = rec["earlier"].astype(np.int64)
+        uniq, inverse = np.unique(earlier, return_inverse=True)
+        inside = uniq >= lo  # earlier documents of this block are already in memory
+        earlier_sigs = np.empty((len(uniq), sigs.num_perm), dtype=sigs.dtype)
+        earlier_sigs[inside] = later_sigs[uniq[inside] - lo]
+        earlier_sigs[~inside] = sigs.read_rows(uniq[~inside])
+        equal = np.count_nonzero(later_sigs[rec["later"].astype(np.int64) - lo] == earlier_sigs[inverse], axis=1)
+        sim = equal / sigs.num_perm
+        ok = sim >= cfg.threshold
+        edge = np.empty(int(ok.sum()), dtype=DECISION)
+        edge["doc"], edge["target"], edge["similarity"] = rec["later"][ok], rec["earlier"][ok], sim[ok]
+        parts.append(edge)
+    edges = np.concatenate(parts) if parts else np.empty(0, dtype=DECISION)
+    tally.verified_pairs += len(edges)
+    # Chunks are each sorted by (later, earlier) but may overlap; duplicates are harmless.
+    return edges[np.lexsort((edges["target"], edges["doc"]))]
+
+
+def _resolve_block(edges: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """The greedy keep rule over one block's verified edges, in document order: a document
+    with a kept earlier neighbour is removed (marked in `kept`); its target is the most
+    similar kept neighbour, earliest on ties. Returns the block's removals."""
+    if len(edges) == 0:
+        return edges
+    docs, targets, sims = edges["doc"], edges["target"], edges["similarity"]
+    bounds = np.flatnonzero(np.r_[True, docs[1:] != docs[:-1], True]).tolist()
+    out = []
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        alive = kept[targets[s:e]]
+        if not alive.any():
             continue
-        sketch = LeanMinHash(seed=cfg.seed, hashvalues=sigs[i], scheme=cfg.scheme)
-        match = index.best_match(sketch)
-        if match is not None and match[1] >= cfg.threshold:
-            drop_rows.append(i)
-            dup_of.append(index.ids[match[0]])
-            sims.append(match[1])
-        else:
-            keep_rows.append(i)
-            index.add(doc_id, sketch)
-    tally.lsh_seconds += time.perf_counter() - t0
-    tally.lsh_cpu += time.thread_time() - c0
-    if keep_rows:
-        step.keep(table.take(pa.array(keep_rows, pa.int64())))
-    if drop_rows:
-        gone = table.take(pa.array(drop_rows, pa.int64()))
-        step.remove(removed_from_documents(gone, STAGE, [REASON] * len(drop_rows), duplicate_of=dup_of, similarity=sims))
-        tally.dup_targets.update(dup_of)
-        tally.similarities.extend(sims)
-    step.read(table)
+        cand = np.where(alive, sims[s:e], -1.0)
+        best = s + int(np.argmax(cand))  # first maximum: earliest target on ties
+        kept[docs[s]] = False
+        out.append(best)
+    return edges[np.asarray(out, dtype=np.int64)]
 
 
-def _stats(tally: _Tally, index: _KeptIndex, workers: int, seconds: float) -> dict[str, float | int]:
+def _pass_output(step: DataStep, in_path: Path, n_docs: int, decisions_path: Path, cfg: NearDedupConfig) -> None:
+    """Pass 4: stream the input again, write kept documents and removed ones with their target's id."""
+    decisions = np.fromfile(decisions_path, dtype=DECISION)  # one row per removed document
+    wanted = np.unique(decisions["target"]).astype(np.int64)
+    target_ids: dict[int, str] = {}
+    cursor = 0
+    start = 0
+    with tqdm(total=n_docs, unit="doc", desc=f"{STAGE} 4/4 output", disable=None) as progress:
+        for batch in iter_batches(in_path, batch_size=cfg.batch_size):
+            table = as_documents(batch)
+            n = table.num_rows
+            lo, hi = np.searchsorted(wanted, [start, start + n])
+            if hi > lo:
+                ids = table.column("doc_id").take(pa.array(wanted[lo:hi] - start)).to_pylist()
+                target_ids.update(zip(wanted[lo:hi].tolist(), ids))
+            end = cursor + int(np.searchsorted(decisions["doc"][cursor:], start + n))
+            mine = decisions[cursor:end]
+            cursor = end
+            drop = mine["doc"].astype(np.int64) - start
+            keep_mask = np.ones(n, dtype=np.bool_)
+            keep_mask[drop] = False
+            if keep_mask.any():
+                step.keep(table.filter(pa.array(keep_mask)))
+            if len(drop):
+                step.remove(
+                    removed_from_documents(
+                        table.take(pa.array(drop)), STAGE, [REASON] * len(drop),
+                        duplicate_of=[target_ids[t] for t in mine["target"].tolist()],
+                        similarity=mine["similarity"].tolist(),
+                    )
+                )
+            step.read(table)
+            start += n
+            progress.update(n)
+
+
+def _stats(tally: _Tally, bands: int, rows: int, workers: int, seconds: float) -> dict[str, float | int]:
     return {
-        "clusters_with_removals": len(tally.dup_targets),
-        "mean_similarity_removed": round(float(np.mean(tally.similarities)), 6) if tally.similarities else 0.0,
+        "clusters_with_removals": tally.clusters,
+        "mean_similarity_removed": round(tally.similarity_sum / tally.removed, 6) if tally.removed else 0.0,
         # CPU seconds stay comparable on a busy machine; these are summed over worker processes.
         "cpu_seconds_signatures": round(tally.sig_seconds, 3),
-        "seconds_lsh": round(tally.lsh_seconds, 3),  # wall seconds of query + insert, in this process
+        "seconds_lsh": round(tally.lsh_seconds, 3),  # wall seconds of banding, candidates and keep rule, in this process
         "cpu_seconds_lsh": round(tally.lsh_cpu, 3),
         "seconds_total": round(seconds, 3),
-        "lsh_bands": index.lsh.b,
-        "lsh_rows": index.lsh.r,
+        "lsh_bands": bands,
+        "lsh_rows": rows,
         "workers": workers,
         "unindexed_empty": tally.unindexed,
+        "band_records": tally.band_records,
+        "candidate_pairs": tally.candidate_pairs,
+        "verified_pairs": tally.verified_pairs,
+        "bucket_cap_hits": tally.cap_hits,  # bucket members whose comparisons bucket_cap cut short
+        "spill_partitions": tally.partitions,
+        "spill_bytes": tally.spill_bytes,
     }
 
 

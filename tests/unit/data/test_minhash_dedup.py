@@ -91,7 +91,7 @@ def test_signatures_split_long_documents_across_chunks():
     # A document longer than one permutation chunk (2^20 cells / 128 perms = 8192 shingles).
     rng = random.Random(1)
     text = " ".join(str(rng.randrange(10**6)) for _ in range(20000))
-    cfg = NearDedupConfig(workers=1)
+    cfg = NearDedupConfig(workers=1, scheme="affine32")
     ref = MinHash(128, seed=1)
     ref.update_batch([g.encode() for g in shingles(text, 5)])
     assert np.array_equal(compute_signatures(["a b", text, "c"], cfg)[1], ref.hashvalues)

@@ -1,0 +1,213 @@
+"""Out-of-core LSH: band records, candidate pairs and signatures spilled to disk.
+
+Every structure here lives in files of a spill folder and is read back in bounded pieces,
+so the memory of near dedup does not grow with the corpus:
+- `SignatureFile`: fixed-width signature rows, appended in document order, read back by
+  range (`np.fromfile` at an offset) or by row (`os.pread`): a memmap would do too, but
+  every page it touches counts in the process's RSS until it is unmapped.
+- `BandSpill`: one (band hash, document index) record per band of each indexed document,
+  split into partition files by hash, so a partition holds whole buckets.
+- `candidate_pairs`: per partition, the (earlier, later) pairs of documents sharing a bucket;
+  a bucket of k members would give k(k-1)/2 pairs, so each member is paired with at most
+  the `cap` earliest members before it (and the times that cut anything are counted).
+- `PairSpill`: candidate pairs split into files by the later document's range of rows,
+  so that the keep rule can visit later documents in input order.
+"""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+BAND_RECORD = np.dtype([("h", "<u8"), ("d", "<u4")])
+PAIR_RECORD = np.dtype([("earlier", "<u4"), ("later", "<u4")])
+# Buffered bytes across all files of a spill before they are appended to disk.
+_BUFFER_BYTES = 8 << 20
+# Candidate pairs generated (and verified) at once: bounds the pair arrays and the earlier
+# documents' signatures read for them (at most this many rows).
+PAIR_CHUNK = 1 << 17
+_FOLD = np.uint64(0x9E3779B97F4A7C15)
+
+
+def fmix64(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 64-bit finaliser, on a copy."""
+    with np.errstate(over="ignore"):
+        h = h ^ (h >> np.uint64(33))
+        h *= np.uint64(0xFF51AFD7ED558CCD)
+        h ^= h >> np.uint64(33)
+        h *= np.uint64(0xC4CEB9FE1A85EC53)
+        return h ^ (h >> np.uint64(33))
+
+
+def band_hashes(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """[n, bands] uint64: a hash of each band's `rows` signature values, and of the band's
+    number, so that equal values in different bands are different buckets."""
+    out = np.empty((len(sigs), bands), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k in range(bands):
+            h = np.full(len(sigs), fmix64(np.array([k + 1], dtype=np.uint64))[0], dtype=np.uint64)
+            for c in range(k * rows, (k + 1) * rows):
+                h ^= sigs[:, c].astype(np.uint64)
+                h *= _FOLD
+            out[:, k] = fmix64(h)
+    return out
+
+
+class _AppendFiles:
+    """Appends byte chunks to many files through one bounded buffer."""
+
+    def __init__(self, paths: list[Path]):
+        self.paths = paths
+        self._pending: dict[int, list[bytes]] = defaultdict(list)
+        self._size = 0
+        self.bytes_written = 0
+        for p in paths:
+            p.touch()
+
+    def append(self, key: int, data: bytes) -> None:
+        self._pending[key].append(data)
+        self._size += len(data)
+        if self._size >= _BUFFER_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        for key, parts in self._pending.items():
+            with open(self.paths[key], "ab") as fh:
+                fh.write(b"".join(parts))
+        self.bytes_written += self._size
+        self._pending.clear()
+        self._size = 0
+
+
+class SignatureFile:
+    """Signature rows of `num_perm` values of `dtype`, one per document, in input order."""
+
+    def __init__(self, path: Path, num_perm: int, dtype: np.dtype):
+        self.path, self.num_perm, self.dtype = path, num_perm, np.dtype(dtype)
+        self.row_bytes = num_perm * self.dtype.itemsize
+        self.rows = 0
+        self._fh = open(path, "wb")
+
+    def append(self, sigs: np.ndarray) -> None:
+        self._fh.write(np.ascontiguousarray(sigs, dtype=self.dtype).tobytes())
+        self.rows += len(sigs)
+
+    def close_writing(self) -> None:
+        self._fh.close()
+
+    def read_range(self, start: int, stop: int) -> np.ndarray:
+        """Rows start..stop-1."""
+        count = (stop - start) * self.num_perm
+        out = np.fromfile(self.path, dtype=self.dtype, count=count, offset=start * self.row_bytes)
+        return out.reshape(stop - start, self.num_perm)
+
+    def read_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The given rows (any order), one pread each."""
+        rb = self.row_bytes
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            buf = b"".join([os.pread(fd, rb, r * rb) for r in rows.tolist()])
+        finally:
+            os.close(fd)
+        return np.frombuffer(buf, dtype=self.dtype).reshape(len(rows), self.num_perm)
+
+
+class BandSpill:
+    """Band records of indexed documents, in `partitions` files chosen by hash bits."""
+
+    def __init__(self, folder: Path, partitions: int):
+        self.partitions = partitions
+        self.files = _AppendFiles([folder / f"bands-{p:04d}.bin" for p in range(partitions)])
+        self.records = 0
+
+    def add(self, hashes: np.ndarray, doc_index: np.ndarray) -> None:
+        """Records of `hashes` [n, bands] for documents `doc_index` [n] (document-major, so every
+        partition file stays in document order)."""
+        rec = np.empty(hashes.size, dtype=BAND_RECORD)
+        rec["h"] = hashes.ravel()
+        rec["d"] = np.repeat(doc_index.astype(np.uint32), hashes.shape[1])
+        part = ((rec["h"] >> np.uint64(40)) % np.uint64(self.partitions)).astype(np.int64)
+        order = np.argsort(part, kind="stable")
+        rec, part = rec[order], part[order]
+        bounds = np.flatnonzero(np.r_[True, part[1:] != part[:-1], True])
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            self.files.append(int(part[s]), rec[s:e].tobytes())
+        self.records += len(rec)
+
+    def close(self) -> list[Path]:
+        self.files.flush()
+        return self.files.paths
+
+
+def candidate_pairs(path: Path, cap: int) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+    """(earlier, later, cap_hits) chunks of the pairs of documents sharing a bucket of one
+    band partition file; each member meets at most the `cap` earliest members before it."""
+    rec = np.fromfile(path, dtype=BAND_RECORD)
+    if len(rec) < 2:
+        return
+    # Files are in document order, so a stable sort by hash keeps each bucket in document order.
+    order = np.argsort(rec["h"], kind="stable")
+    h, d = rec["h"][order], rec["d"][order]
+    del rec, order
+    starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
+    sizes = np.diff(np.r_[starts, len(h)])
+    multi = sizes > 1
+    if not multi.any():
+        return
+    # Keep only buckets with two or more members.
+    keep = np.repeat(multi, sizes)
+    d = d[keep]
+    sizes = sizes[multi]
+    bucket_start = np.repeat(np.cumsum(sizes) - sizes, sizes)
+    rank = np.arange(len(d)) - bucket_start
+    m = np.minimum(rank, cap)
+    hits = int(np.count_nonzero(rank > cap))
+    cm = np.cumsum(m)
+    cuts = np.searchsorted(cm, np.arange(PAIR_CHUNK, int(cm[-1]), PAIR_CHUNK), side="left")
+    bounds = np.unique(np.r_[0, cuts, len(d)])
+    for t0, t1 in zip(bounds[:-1], bounds[1:]):
+        mm = m[t0:t1]
+        total = int(mm.sum())
+        if total == 0:
+            continue
+        later = np.repeat(d[t0:t1], mm)
+        first = np.repeat(bucket_start[t0:t1] - (np.cumsum(mm) - mm), mm)
+        earlier = d[first + np.arange(total)]
+        same = earlier != later  # a document's two bands in one bucket only by a hash collision
+        yield earlier[same], later[same], hits
+        hits = 0  # counted once per file
+
+
+class PairSpill:
+    """Candidate pairs in files by the later document's block of `block_rows` rows."""
+
+    def __init__(self, folder: Path, n_docs: int, block_rows: int):
+        self.block_rows = block_rows
+        self.blocks = max(1, -(-n_docs // block_rows))
+        self.files = _AppendFiles([folder / f"pairs-{q:05d}.bin" for q in range(self.blocks)])
+        self.pairs = 0
+
+    def add(self, earlier: np.ndarray, later: np.ndarray) -> None:
+        key = np.unique((later.astype(np.uint64) << np.uint64(32)) | earlier.astype(np.uint64))  # sorted by later
+        rec = np.empty(len(key), dtype=PAIR_RECORD)
+        rec["later"] = (key >> np.uint64(32)).astype(np.uint32)
+        rec["earlier"] = (key & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+        block = rec["later"] // np.uint32(self.block_rows)
+        bounds = np.flatnonzero(np.r_[True, block[1:] != block[:-1], True])
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            self.files.append(int(block[s]), rec[s:e].tobytes())
+        self.pairs += len(rec)
+
+    def close(self) -> list[Path]:
+        self.files.flush()
+        return self.files.paths
+
+
+def read_pair_chunks(path: Path) -> Iterator[np.ndarray]:
+    """The pair records of one block file, PAIR_CHUNK at a time."""
+    total = path.stat().st_size // PAIR_RECORD.itemsize
+    for start in range(0, total, PAIR_CHUNK):
+        yield np.fromfile(path, dtype=PAIR_RECORD, count=min(PAIR_CHUNK, total - start), offset=start * PAIR_RECORD.itemsize)
