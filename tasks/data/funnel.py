@@ -33,10 +33,22 @@ def build_funnel(
         row["sampled_rows"] = int(mix.stats.get(f"rows:{source}", 0))
         row.update({f"filtered:{k}": v for k, v in sorted(rules.items())})
         row.update({f"rejected:{k}": v for k, v in sorted(collect.reasons(source).items())})
+        row.update(chars_removed(quality, source))
         ended = [v for k, v in row.items() if ":" not in k and k not in ("collected", "sampled_docs", "sampled_rows")]
         check_conservation(f"source {source}", row["collected"], ended, row)
         funnel[source] = row
     return funnel
+
+
+def chars_removed(quality: StageResult, source: str) -> dict[str, int]:
+    """Characters that page-rewriting rules (C4 as published) deleted from `source`'s kept
+    documents, per rule: {"chars_removed:<rule>": n}."""
+    out = {}
+    for key, n in quality.stats.items():
+        parts = key.split(":")
+        if len(parts) == 3 and parts[0] == "chars_removed" and parts[2] == source:
+            out[f"chars_removed:{parts[1]}"] = int(n)
+    return dict(sorted(out.items()))
 
 
 def funnel_columns(funnel: dict[str, dict[str, int]]) -> list[str]:

@@ -62,9 +62,6 @@ REASON = "near_duplicate"
 # missed one is a duplicate kept: lean to recall. At threshold 0.8 and 128 permutations this gives
 # 14 bands x 9 rows, catching 99.9% of pairs at J=0.9 (the even (0.5, 0.5) gives 9 x 13 and 93%).
 _LSH_WEIGHTS = (0.1, 0.9)
-# Below this many documents, auto (workers=0) stays in one process: spawning a worker costs
-# 2-5 s of imports (prefect, datasketch/scipy), about what it would save on ~16k documents.
-_AUTO_PARALLEL_MIN_DOCS = 16384
 # Band records per partition file (12 bytes each): a partition is loaded and sorted whole.
 _PARTITION_RECORDS = 1 << 20
 # Bytes of later documents' signatures read at once in pass 3.
@@ -80,7 +77,7 @@ class NearDedupConfig(StrictModel):
     seed: int = Field(1, ge=0, lt=2**32)  # permutation and word-hash seed
     # xxh3: fast (see minhash_signatures); affine32/affine64/legacy: bit-identical to datasketch's schemes
     scheme: Scheme = "xxh3"
-    workers: int = Field(0, ge=0)  # signature processes; 0 = all usable cores for large inputs (see plan_workers)
+    workers: int = Field(0, ge=0)  # signature processes; 0 = chosen from measured cost (tasks/data/parallel.py)
     batch_size: int = Field(2048, ge=1)  # documents per signature job and per Parquet read
     # Each member of an LSH bucket is compared with at most this many earliest members before it:
     # bounds a bucket of k documents to k * bucket_cap pairs instead of k^2 / 2.
@@ -111,12 +108,13 @@ def banding(cfg: NearDedupConfig) -> tuple[int, int]:
 
 
 def plan_workers(cfg: NearDedupConfig, n_docs: int) -> int:
-    """Signature processes for `n_docs` documents; 1 means in this process.
+    """The `workers` argument of the signature map for `n_docs` documents (parallel.plan_workers):
+    1 = this process, 0 = chosen from measured cost."""
+    return parallel.plan_workers(n_docs, cfg.batch_size, cfg.workers)
 
-    An explicit `workers` is used whenever there is more than one batch. With
-    workers=0 (auto) every usable core is used, but only from _AUTO_PARALLEL_MIN_DOCS
-    documents: a spawned worker first spends seconds importing this module."""
-    return parallel.plan_workers(n_docs, cfg.batch_size, cfg.workers, parallel_from=_AUTO_PARALLEL_MIN_DOCS)
+
+def _n_jobs(cfg: NearDedupConfig, n_docs: int) -> int:
+    return -(-n_docs // cfg.batch_size)
 
 
 def _signature_jobs(tagged_texts: Iterable[tuple[T, Sequence[str] | pa.Array]], cfg: NearDedupConfig) -> Iterator[tuple[T, tuple]]:
@@ -131,7 +129,9 @@ def compute_signatures(texts: list[str], cfg: NearDedupConfig) -> np.ndarray:
     empty sketch (all maximum hash). Uses `cfg.workers` processes for more than one batch."""
     batches = ((None, texts[i : i + cfg.batch_size]) for i in range(0, len(texts), cfg.batch_size))
     jobs = _signature_jobs(batches, cfg)
-    parts = [sigs for _, (sigs, _, _) in parallel.ordered_map(signature_job, jobs, plan_workers(cfg, len(texts)))]
+    mapped = parallel.ordered_map(signature_job, jobs, plan_workers(cfg, len(texts)), n_jobs=_n_jobs(cfg, len(texts)),
+                                  label="minhash signatures")
+    parts = [sigs for _, (sigs, _, _) in mapped]
     if not parts:
         return np.empty((0, cfg.num_perm), dtype=DTYPE[cfg.scheme])
     return np.concatenate(parts)
@@ -154,6 +154,8 @@ class _Tally:
     clusters: int = 0
     removed: int = 0
     similarity_sum: float = 0.0
+    workers: int = 1  # signature workers used (parallel.WorkerPlan)
+    worker_plan: str = ""
 
     def lsh_time(self, wall0: float, cpu0: float) -> None:
         self.lsh_seconds += time.perf_counter() - wall0
@@ -183,7 +185,7 @@ def near_dedup(in_path: Path, out_path: Path, removed_path: Path, cfg: NearDedup
         decisions = _pass_keep_rule(sigs, indexed, cfg, spill, tally)
         with DataStep(STAGE, out_path, removed_path) as step:
             _pass_output(step, in_path, n_docs, decisions, cfg)
-    return step.result(_stats(tally, bands, rows, workers, time.perf_counter() - started), duplicate_reason=REASON)
+    return step.result(_stats(tally, bands, rows, time.perf_counter() - started), duplicate_reason=REASON)
 
 
 def _pass_signatures(
@@ -197,7 +199,9 @@ def _pass_signatures(
     texts = (((b.num_rows), b.column("text")) for b in pq.ParquetFile(in_path).iter_batches(cfg.batch_size, columns=["text"]))
     start = 0
     with tqdm(total=n_docs, unit="doc", desc=f"{STAGE} 1/4 signatures", disable=None) as progress:
-        for n, (batch_sigs, n_shingles, secs) in parallel.ordered_map(signature_job, _signature_jobs(texts, cfg), workers):
+        mapped = parallel.ordered_map(signature_job, _signature_jobs(texts, cfg), workers, n_jobs=_n_jobs(cfg, n_docs),
+                                      label=f"{STAGE} signatures")
+        for n, (batch_sigs, n_shingles, secs) in mapped:
             wall0, cpu0 = time.perf_counter(), time.thread_time()
             tally.sig_seconds += secs
             sigs.append(batch_sigs)
@@ -208,6 +212,7 @@ def _pass_signatures(
             start += n
             tally.lsh_time(wall0, cpu0)
             progress.update(n)
+    tally.workers, tally.worker_plan = mapped.plan.workers, mapped.plan.describe()
     sigs.close_writing()
     band_spill.close()
     tally.unindexed = int(n_docs - indexed.sum())
@@ -333,7 +338,7 @@ def _pass_output(step: DataStep, in_path: Path, n_docs: int, decisions_path: Pat
             progress.update(n)
 
 
-def _stats(tally: _Tally, bands: int, rows: int, workers: int, seconds: float) -> dict[str, float | int]:
+def _stats(tally: _Tally, bands: int, rows: int, seconds: float) -> dict[str, float | int | str]:
     return {
         "clusters_with_removals": tally.clusters,
         "mean_similarity_removed": round(tally.similarity_sum / tally.removed, 6) if tally.removed else 0.0,
@@ -344,7 +349,8 @@ def _stats(tally: _Tally, bands: int, rows: int, workers: int, seconds: float) -
         "seconds_total": round(seconds, 3),
         "lsh_bands": bands,
         "lsh_rows": rows,
-        "workers": workers,
+        "workers": tally.workers,
+        "worker_plan": tally.worker_plan,
         "unindexed_empty": tally.unindexed,
         "band_records": tally.band_records,
         "candidate_pairs": tally.candidate_pairs,

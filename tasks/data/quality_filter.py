@@ -1,27 +1,31 @@
 """Quality filter stage: each source's documents must pass its filter set's rules.
 
 Kept documents go to `out_path`; removed ones go to `removed_path` with the failing
-rule's name as `reason` and its measured value as `detail`. Large inputs are judged
-in parallel worker processes, batch by batch, in order.
+rule's name as `reason` and its measured value as `detail`. A source whose filters rewrite
+pages (C4 as published, `c4_mode: lines`) keeps the new text in `out_path` and the original
+in `rewritten.parquet` beside `removed_path` (reason "rewritten", the characters each line
+rule deleted as detail), so nothing read is lost. Large inputs are judged by workers,
+batch by batch, in order (tasks/data/parallel.py chooses how many from measured cost).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prefect import task
 
-from tasks.data.documents import DOCUMENT_SCHEMA, removed_from_documents
+from tasks.data.documents import DOCUMENT_SCHEMA, REMOVED_SCHEMA, TableWriter, removed_from_documents
 from tasks.data.parallel import ordered_map, plan_workers
-from tasks.data.quality_rules import FilterSpec, Verdict, judge_batch, validate_filter_spec
+from tasks.data.quality_rules import FilterSpec, Judgement, judge_batch, validate_filter_spec
 from tasks.data.step import DataStep, StageResult
 
 STAGE = "quality"
 BATCH_ROWS = 512
-# Below this many documents, starting worker processes costs more than it saves.
-PARALLEL_MIN_ROWS = 5_000
 MAX_AUTO_WORKERS = 8
+REWRITTEN = "rewritten"  # reason of an original page in rewritten.parquet (not a removal)
 
 
 def quality_filter(
@@ -33,37 +37,59 @@ def quality_filter(
 ) -> StageResult:
     """Filter documents by their source's FilterSpec (default FilterSpec() when a source has none).
 
-    `workers` None picks one process for small inputs and up to 8 for large ones (see
-    tasks/data/parallel.py, also for the `__main__` guard spawned workers need).
+    `workers` None chooses from measured cost, up to 8 (see tasks/data/parallel.py, also for
+    the `__main__` guard spawned workers need).
     """
     for source, spec in specs.items():
         validate_filter_spec(spec, f"filters of source '{source}'")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1 (got {workers})")
     pf = pq.ParquetFile(in_path)
-    n_workers = workers or plan_workers(
-        pf.metadata.num_rows, BATCH_ROWS, parallel_from=PARALLEL_MIN_ROWS, max_workers=MAX_AUTO_WORKERS
-    )
+    n_rows = pf.metadata.num_rows
     batches = (b.cast(DOCUMENT_SCHEMA) for b in pf.iter_batches(batch_size=BATCH_ROWS, columns=DOCUMENT_SCHEMA.names))
     jobs = ((b, (specs, b.column("source").to_pylist(), b.column("text").to_pylist())) for b in batches)
-    with DataStep(STAGE, out_path, removed_path) as step:
-        for batch, verdicts in ordered_map(judge_batch, jobs, n_workers):
-            _write_verdicts(step, batch, verdicts)
+    chars: dict[str, int] = {}
+    originals_path = Path(removed_path).with_name("rewritten.parquet")
+    with DataStep(STAGE, out_path, removed_path) as step, TableWriter(originals_path, REMOVED_SCHEMA) as originals:
+        mapped = ordered_map(judge_batch, jobs, plan_workers(n_rows, BATCH_ROWS, workers or 0, max_workers=MAX_AUTO_WORKERS),
+                             n_jobs=-(-n_rows // BATCH_ROWS), max_workers=MAX_AUTO_WORKERS, label=STAGE)
+        for batch, judgement in mapped:
+            _write_judgement(step, originals, batch, judgement, chars)
     per_rule: dict[str, int] = {}
     for reasons in step.removed.values():
         for rule, n in reasons.items():
             per_rule[rule] = per_rule.get(rule, 0) + n
-    return step.result({f"removed:{rule}": n for rule, n in sorted(per_rule.items())} | {"workers": n_workers})
+    stats: dict[str, int | str] = {f"removed:{rule}": n for rule, n in sorted(per_rule.items())}
+    stats |= dict(sorted(chars.items())) | {"rewritten": originals.rows}
+    return step.result(stats | {"workers": mapped.plan.workers, "worker_plan": mapped.plan.describe()})
 
 
-def _write_verdicts(step: DataStep, batch: pa.RecordBatch, verdicts: list[Verdict]) -> None:
-    """Keep the documents that passed; remove the others with the failing rule and its detail."""
+def _write_judgement(step: DataStep, originals: TableWriter, batch: pa.RecordBatch, judgement: Judgement,
+                     chars: dict[str, int]) -> None:
+    """Keep the documents that passed (with their new text where a rule rewrote them); remove the
+    others with the failing rule and its detail; keep each rewritten page's original."""
     step.read(batch)
-    keep = [v is None for v in verdicts]
-    step.keep(batch.filter(pa.array(keep)))
+    verdicts = judgement.verdicts
+    keep = pa.array([v is None for v in verdicts])
+    kept = batch.filter(keep)
+    if judgement.rewritten:
+        texts = batch.column("text").to_pylist()
+        for i, new in judgement.rewritten.items():
+            texts[i] = new
+        kept = batch.set_column(batch.schema.get_field_index("text"), "text", pa.array(texts, pa.string())).filter(keep)
+        rows = sorted(judgement.rewritten)
+        before = pa.Table.from_batches([batch]).take(pa.array(rows))
+        details = [json.dumps(judgement.chars_removed.get(i, {}), sort_keys=True) for i in rows]
+        originals.write(removed_from_documents(before, STAGE, [REWRITTEN] * len(rows), details))
+        sources = batch.column("source").to_pylist()
+        for i in rows:
+            for why, n in judgement.chars_removed.get(i, {}).items():
+                key = f"chars_removed:c4_lines_{why}:{sources[i]}"
+                chars[key] = chars.get(key, 0) + n
+    step.keep(kept)
     gone = [v for v in verdicts if v is not None]
     if gone:
-        dropped = pa.Table.from_batches([batch.filter(pa.array([not k for k in keep]))])
+        dropped = pa.Table.from_batches([batch.filter(pc.invert(keep))])
         step.remove(removed_from_documents(dropped, STAGE, [g[0] for g in gone], [g[1] for g in gone]))
 
 

@@ -7,25 +7,31 @@ A source's catalog entry holds a `FilterSpec`:
       params:
         gopher_word_count: {min_words: 20}
       disable: [c4_curly_brace]
+      c4_mode: judge               # judge | lines (C4 as published: delete lines, then judge)
 
 Rules run in order and the first one that fails removes the document, with the rule's
-name as the reason and its measured value as the detail.
+name as the reason and its measured value as the detail. A rule with a `clean` method
+(C4LineFilter) rewrites the documents it keeps, and the rules after it judge the new text.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import Field, ValidationError
 
 from infra.config import ConfigError, StrictModel, format_validation_error
-from tasks.data.quality_rules.c4 import C4
+from tasks.data.quality_rules.c4 import C4, C4_LINES
 from tasks.data.quality_rules.code import CODE
 from tasks.data.quality_rules.fineweb import FINEWEB
 from tasks.data.quality_rules.gopher import GOPHER_QUALITY, GOPHER_REPETITION
-from tasks.data.quality_rules.rule import Rule, TextView
+from tasks.data.quality_rules.rule import Batch, Rule, TextView
 
 FAMILIES: dict[str, list[type[Rule]]] = {
     "gopher_quality": GOPHER_QUALITY,
     "gopher_repetition": GOPHER_REPETITION,
     "c4": C4,
+    "c4_lines": C4_LINES,
     "fineweb": FINEWEB,
     "code": CODE,
 }
@@ -40,8 +46,8 @@ Verdict = tuple[str, str] | None  # (rule name, detail) of the first failing rul
 ParamValue = float | int | bool | str | list[str]
 
 __all__ = [
-    "FAMILIES", "FILTER_SETS", "RULES", "FilterSpec", "Rule", "TextView",
-    "Verdict", "build_rules", "first_failure", "judge_batch", "rule_names", "validate_filter_spec",
+    "FAMILIES", "FILTER_SETS", "RULES", "Batch", "FilterSpec", "Judgement", "Rule", "TextView",
+    "Verdict", "build_rules", "first_failure", "judge_batch", "judge_texts", "rule_names", "validate_filter_spec",
 ]
 
 
@@ -51,11 +57,19 @@ class FilterSpec(StrictModel):
     filter_set: str = "prose"
     params: dict[str, dict[str, ParamValue]] = Field(default_factory=dict)
     disable: list[str] = Field(default_factory=list)
+    # How the C4 family runs (tasks/data/quality_rules/c4.py says why judge is the default).
+    c4_mode: Literal["judge", "lines"] = "judge"
 
 
-def rule_names(filter_set: str) -> list[str]:
+def families(filter_set: str, c4_mode: str = "judge") -> list[str]:
+    """The rule families of a filter set, with C4 in the given mode."""
+    swap = {"c4": "c4_lines"} if c4_mode == "lines" else {}
+    return [swap.get(f, f) for f in FILTER_SETS[filter_set]]
+
+
+def rule_names(filter_set: str, c4_mode: str = "judge") -> list[str]:
     """The rule names of a filter set, in the order they run."""
-    return [cls.name for family in FILTER_SETS[filter_set] for cls in FAMILIES[family]]
+    return [cls.name for family in families(filter_set, c4_mode) for cls in FAMILIES[family]]
 
 
 def validate_filter_spec(spec: FilterSpec, origin: str) -> None:
@@ -64,7 +78,7 @@ def validate_filter_spec(spec: FilterSpec, origin: str) -> None:
         raise ConfigError(
             f"{origin}: key 'filter_set': unknown filter set '{spec.filter_set}'; known: {sorted(FILTER_SETS)}"
         )
-    in_set = rule_names(spec.filter_set)
+    in_set = rule_names(spec.filter_set, spec.c4_mode)
     for key, names in (("disable", spec.disable), ("params", list(spec.params))):
         for name in names:
             if name not in RULES:
@@ -72,7 +86,7 @@ def validate_filter_spec(spec: FilterSpec, origin: str) -> None:
             if name not in in_set:
                 raise ConfigError(
                     f"{origin}: key '{key}': rule '{name}' is not in filter set '{spec.filter_set}' "
-                    f"(its rules: {in_set})"
+                    f"(its rules with c4_mode '{spec.c4_mode}': {in_set})"
                 )
     for name, overrides in spec.params.items():
         try:
@@ -87,30 +101,86 @@ def build_rules(spec: FilterSpec) -> list[Rule]:
     disabled = set(spec.disable)
     return [
         RULES[name](RULES[name].Params.model_validate(spec.params.get(name, {})))
-        for name in rule_names(spec.filter_set)
+        for name in rule_names(spec.filter_set, spec.c4_mode)
         if name not in disabled
     ]
 
 
+@dataclass
+class Judgement:
+    """The verdicts of a batch, and the new text of each document a rule rewrote and kept."""
+
+    verdicts: list[Verdict]
+    rewritten: dict[int, str] = field(default_factory=dict)  # index -> new text (kept documents only)
+    chars_removed: dict[int, dict[str, int]] = field(default_factory=dict)  # index -> {line rule: chars}
+
+
+def judge_texts(rules: list[Rule], texts: list[str]) -> Judgement:
+    """Judge `texts` under `rules`: each document's first failing rule, batch-wide rule by rule.
+
+    Each rule sees only the documents every earlier rule passed, so a document's verdict is
+    that of running the rules one by one, in order, on it alone.
+    """
+    verdicts: list[Verdict] = [None] * len(texts)
+    current = list(texts)
+    batch = Batch(current)
+    todo = list(range(len(texts)))
+    changed: dict[int, dict[str, int]] = {}
+    for rule in rules:
+        if not todo:
+            break
+        clean = getattr(rule, "clean", None)
+        if clean is None:
+            failed = rule.check_batch(batch, todo)
+            for i, detail in failed.items():
+                verdicts[i] = (rule.name, detail)
+            todo = [i for i in todo if i not in failed]
+            continue
+        rewrote = False
+        passed = []
+        for i in todo:
+            cleaned = clean(current[i])
+            if cleaned.text is None:
+                verdicts[i] = (cleaned.reason, cleaned.detail)
+                continue
+            passed.append(i)
+            if cleaned.text != current[i]:
+                current[i] = cleaned.text
+                changed[i] = _add(changed.get(i, {}), cleaned.chars_removed)
+                rewrote = True
+        todo = passed
+        if rewrote:  # later rules judge the rewritten text
+            batch = Batch(current)
+    kept = set(todo)
+    return Judgement(
+        verdicts,
+        {i: current[i] for i in changed if i in kept},
+        {i: c for i, c in changed.items() if i in kept},
+    )
+
+
+def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in a.keys() | b.keys()}
+
+
 def first_failure(rules: list[Rule], text: str) -> Verdict:
     """(rule name, detail) of the first rule `text` fails, or None when it passes them all."""
-    view = TextView(text)
-    for rule in rules:
-        detail = rule.check_view(view)
-        if detail is not None:
-            return rule.name, detail
-    return None
+    return judge_texts(rules, [text]).verdicts[0]
 
 
-def judge_batch(specs: dict[str, FilterSpec], sources: list[str], texts: list[str]) -> list[Verdict]:
-    """The verdict of each document under its source's spec (FilterSpec() for a source without one).
+def judge_batch(specs: dict[str, FilterSpec], sources: list[str], texts: list[str]) -> Judgement:
+    """The judgement of each document under its source's spec (FilterSpec() for a source without one).
 
     A plain function of picklable arguments, so worker processes can run it.
     """
-    rules: dict[str, list[Rule]] = {}
-    out: list[Verdict] = []
-    for source, text in zip(sources, texts):
-        if source not in rules:
-            rules[source] = build_rules(specs.get(source, FilterSpec()))
-        out.append(first_failure(rules[source], text))
+    by_source: dict[str, list[int]] = {}
+    for i, source in enumerate(sources):
+        by_source.setdefault(source, []).append(i)
+    out = Judgement([None] * len(texts))
+    for source, idx in by_source.items():
+        part = judge_texts(build_rules(specs.get(source, FilterSpec())), [texts[i] for i in idx])
+        for j, i in enumerate(idx):
+            out.verdicts[i] = part.verdicts[j]
+        out.rewritten.update({idx[j]: t for j, t in part.rewritten.items()})
+        out.chars_removed.update({idx[j]: c for j, c in part.chars_removed.items()})
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from infra.config import StrictModel
-from tasks.data.quality_rules.rule import Rule, TextView, find_duplicates, fraction, over
+from tasks.data.quality_rules.rule import Rule, TextView, fraction, over
 
 # The original FineWeb stop characters, plus the CJK, Arabic and Devanagari sentence ends.
 STOP_CHARS = [".", "'", '"', "!", "?", "。", "！", "？", "؟", "।"]
@@ -57,7 +57,7 @@ class FineWebDupLineChars(Rule):
         max_fraction: float = Field(default=0.01, ge=0, le=1)
 
     def check_view(self, view: TextView) -> str | None:
-        dup_chars = find_duplicates(view.lines)[1]
+        dup_chars = view.line_duplicates[1]
         frac = fraction(dup_chars, len(view.text) - view.text.count("\n"))
         return over("dup_line_chars", frac, self.params, "max_fraction", ".3f")
 

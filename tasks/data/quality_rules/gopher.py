@@ -6,24 +6,23 @@ GopherQualityFilter and GopherRepetitionFilter. Words are whitespace tokens.
 """
 from __future__ import annotations
 
-import re
+from collections.abc import Iterable
 from typing import ClassVar
 
 from pydantic import Field
 
 from infra.config import StrictModel
 from tasks.data.quality_rules.rule import (
+    Batch,
     Rule,
     TextView,
     duplicated_ngram_chars,
-    find_duplicates,
     fraction,
     over,
     top_ngram_chars,
     under,
 )
 
-_LETTER = re.compile(r"[^\W\d_]")  # any Unicode letter
 STOP_WORDS = ["the", "be", "to", "of", "and", "that", "have", "with"]
 BULLETS = ("•", "-", "*", "‣", "◦", "·")
 ELLIPSES = ("...", "…")
@@ -51,9 +50,15 @@ class GopherWordCount(Rule):
         min_words: int = Field(default=50, ge=0)
         max_words: int = Field(default=100_000, ge=1)
 
-    def check_view(self, view: TextView) -> str | None:
-        n = len(view.content_words)
-        return under("words", n, self.params, "min_words") or over("words", n, self.params, "max_words")
+    def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
+        counts = batch.content_words
+        out = {}
+        for i in todo:
+            n = int(counts[i])
+            detail = under("words", n, self.params, "min_words") or over("words", n, self.params, "max_words")
+            if detail is not None:
+                out[i] = detail
+        return out
 
 
 class GopherMeanWordLength(Rule):
@@ -65,11 +70,17 @@ class GopherMeanWordLength(Rule):
         min_mean: float = Field(default=3.0, ge=0)
         max_mean: float = Field(default=10.0, gt=0)
 
-    def check_view(self, view: TextView) -> str | None:
-        words = view.content_words
-        if not words:
-            return None
-        mean = sum(map(len, words)) / len(words)
+    def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
+        counts, chars = batch.content_words, batch.content_chars
+        out = {}
+        for i in todo:
+            if counts[i]:
+                detail = self._judge(int(chars[i]) / int(counts[i]))
+                if detail is not None:
+                    out[i] = detail
+        return out
+
+    def _judge(self, mean: float) -> str | None:
         return under("mean_word_length", mean, self.params, "min_mean", ".2f") or over(
             "mean_word_length", mean, self.params, "max_mean", ".2f"
         )
@@ -83,14 +94,21 @@ class GopherSymbolWordRatio(Rule):
     class Params(StrictModel):
         max_ratio: float = Field(default=0.1, ge=0)
 
-    def check_view(self, view: TextView) -> str | None:
-        n = len(view.words)
-        if not n:
-            return None
-        hashes = fraction(view.text.count("#"), n)
+    def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
+        counts = batch.word_counts
+        out = {}
+        for i in todo:
+            if counts[i]:
+                detail = self._judge(batch.texts[i], int(counts[i]))
+                if detail is not None:
+                    out[i] = detail
+        return out
+
+    def _judge(self, text: str, n: int) -> str | None:
+        hashes = fraction(text.count("#"), n)
         if hashes > self.params.max_ratio:
             return f"hash_per_word={hashes:.3f} > max_ratio={self.params.max_ratio}"
-        ellipses = fraction(sum(view.text.count(e) for e in ELLIPSES), n)
+        ellipses = fraction(sum(text.count(e) for e in ELLIPSES), n)
         return over("ellipsis_per_word", ellipses, self.params, "max_ratio", ".3f")
 
 
@@ -128,16 +146,24 @@ class GopherAlphaWords(Rule):
     class Params(StrictModel):
         min_fraction: float = Field(default=0.8, ge=0, le=1)
 
-    def check_view(self, view: TextView) -> str | None:
-        words = view.words
-        if not words:
-            return None
-        frac = sum(1 for w in words if _LETTER.search(w)) / len(words)
-        return under("alpha_words", frac, self.params, "min_fraction", ".3f")
+    def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
+        counts, alpha = batch.word_counts, batch.alpha_words
+        out = {}
+        for i in todo:
+            if counts[i]:
+                detail = under("alpha_words", int(alpha[i]) / int(counts[i]), self.params, "min_fraction", ".3f")
+                if detail is not None:
+                    out[i] = detail
+        return out
 
 
 class GopherStopWords(Rule):
-    """Fewer than two English stop words: not running English text."""
+    """Fewer than two *different* English stop words: not running English text.
+
+    Rae et al. keep a document only if it "contains at least two of the following English
+    words", so "the the the" has one. Words are compared in lower case, stripped of edge
+    punctuation ("The," counts as "the"); datatrove compares the raw tokens.
+    """
 
     name = "gopher_stop_words"
 
@@ -149,9 +175,14 @@ class GopherStopWords(Rule):
         super().__init__(params)
         self._stop = frozenset(w.lower() for w in self.params.stop_words)
 
-    def check_view(self, view: TextView) -> str | None:
-        found = sum(1 for w in view.content_words if w.lower() in self._stop)
-        return under("stop_words", found, self.params, "min_stop_words")
+    def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
+        found = batch.distinct_stop_words(self._stop)
+        out = {}
+        for i in todo:
+            detail = under("distinct_stop_words", int(found[i]), self.params, "min_stop_words")
+            if detail is not None:
+                out[i] = detail
+        return out
 
 
 GOPHER_QUALITY: list[type[Rule]] = [
@@ -175,7 +206,7 @@ class _DupUnits(Rule):
 
     def check_view(self, view: TextView) -> str | None:
         units = view.lines if self.unit == "line" else view.paragraphs
-        dup_items, dup_chars = find_duplicates(units)
+        dup_items, dup_chars = view.line_duplicates if self.unit == "line" else view.paragraph_duplicates
         frac = fraction(dup_chars, len(view.text)) if self.by_chars else fraction(dup_items, len(units))
         label = f"dup_{self.unit}_chars" if self.by_chars else f"dup_{self.unit}s"
         return over(label, frac, self.params, "max_fraction", ".3f")
@@ -214,6 +245,19 @@ class _TopNgram(Rule):
 
     n: ClassVar[int]
 
+    def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
+        todo = list(todo)
+        if not todo:
+            return {}
+        top = batch.ngrams(self.n, todo).top_chars  # one sort for all of todo
+        out = {}
+        for i in todo:
+            frac = fraction(int(top[i]), len(batch.texts[i]))
+            detail = over(f"top_{self.n}gram_chars", frac, self.params, "max_fraction", ".3f")
+            if detail is not None:
+                out[i] = detail
+        return out
+
     def check_view(self, view: TextView) -> str | None:
         frac = fraction(top_ngram_chars(view, self.n), len(view.text))
         return over(f"top_{self.n}gram_chars", frac, self.params, "max_fraction", ".3f")
@@ -238,6 +282,13 @@ class _DupNgram(Rule):
     """Too many characters sit in word n-grams that repeat an earlier n-gram."""
 
     n: ClassVar[int]
+
+    def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
+        todo = list(todo)
+        if not todo:
+            return {}
+        repeats = batch.ngrams(self.n, todo).repeats  # one sort for all of todo
+        return super().check_batch(batch, [i for i in todo if repeats[i]])  # no repeat: 0 chars, passes
 
     def check_view(self, view: TextView) -> str | None:
         frac = fraction(duplicated_ngram_chars(view, self.n), len(view.text))

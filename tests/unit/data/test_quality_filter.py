@@ -99,10 +99,35 @@ def test_catalog_rejects_bad_filters_naming_the_file(tmp_path):
 
 
 @pytest.mark.slow
-def test_parallel_workers_give_the_same_result(tmp_path):
+def test_parallel_workers_give_the_same_result(tmp_path, monkeypatch):
+    monkeypatch.setattr("tasks.data.quality_filter.BATCH_ROWS", 16)  # several batches for two workers
     many = [doc(d.source, i * 100 + j, d.text) for i in range(30) for j, d in enumerate(DOCS)]
     one, kept1, removed1 = run(tmp_path / "a", docs=many, workers=1)
     two, kept2, removed2 = run(tmp_path / "b", docs=many, workers=2)
     assert two.stats["workers"] == 2
     assert one.counts == two.counts
     assert kept1 == kept2 and removed1 == removed2
+
+
+def test_c4_lines_mode_rewrites_pages_and_keeps_the_originals(tmp_path):
+    """C4 as published: lines are deleted, the page kept with its new text, the original kept aside."""
+    from tasks.data.funnel import chars_removed
+
+    menu = "Home\nAbout us\nPlease enable JavaScript to watch this video.\nRead more..."
+    page = menu + "\n" + CLEAN_PROSE
+    unpunctuated = "\n".join(line.rstrip(".") for line in CLEAN_PROSE.splitlines()) + "\nOnly this line is a sentence."
+    docs = [doc("web", 0, page), doc("web", 1, unpunctuated), doc("plain", 0, page)]
+    specs = {"web": FilterSpec(c4_mode="lines"), "plain": FilterSpec()}
+    res, kept, removed = run(tmp_path, docs=docs, specs=specs)
+    res.check_conservation()
+    by_id = {d["doc_id"]: d for d in kept}
+    assert by_id["web-0"]["text"] == CLEAN_PROSE  # menu, javascript and ellipsis lines deleted
+    assert "plain-0" not in by_id  # judge mode drops the page for its javascript line instead
+    assert {r["doc_id"]: r["reason"] for r in removed} == {"web-1": "c4_lines_min_sentences", "plain-0": "c4_javascript"}
+    originals = pq.read_table(tmp_path / "rewritten.parquet").to_pylist()
+    assert [(o["doc_id"], o["reason"], o["text"]) for o in originals] == [("web-0", "rewritten", page)]
+    assert chars_removed(res, "web") == {
+        "chars_removed:c4_lines_javascript": len("Please enable JavaScript to watch this video."),
+        "chars_removed:c4_lines_no_terminal_punct": len("Home") + len("About us") + len("Read more..."),
+    }
+    assert res.stats["rewritten"] == 1
