@@ -155,9 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         # The flows get the override strings too: they name the MLflow runs after them.
         pairs = list(args.overrides) + ([f"data.catalog={args.catalog}"] if getattr(args, "catalog", None) else [])
         if args.command == "data":
-            from flows.data_flow import data_flow
+            from flows.data_flow import flow_for
 
-            data = data_flow(cfg.data, workdir=args.workdir, overrides=[p for p in pairs if p.startswith("data.")])
+            # The task runner of data.executor set here: no second flow run just to switch it.
+            data = flow_for(cfg.data)(cfg.data, workdir=args.workdir, overrides=[p for p in pairs if p.startswith("data.")])
             _say_where(args.workdir, data.mlflow_run_id, f"manifest: {data.manifest}")
             return 0
         if args.command == "run":

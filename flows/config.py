@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, field_validator
@@ -45,6 +45,16 @@ class DataConfig(StrictModel):
     pii: PiiConfig = Field(default_factory=PiiConfig)
     mix: MixConfig = Field(default_factory=MixConfig)
     shards: ShardConfig = Field(default_factory=ShardConfig)
+    # Where the stages run: "local" (this process, its worker pool) or "ray" (each stage a Ray task,
+    # batch jobs spread over the cluster; infra/ray_cluster.py). Outputs are the same either way.
+    executor: Literal["local", "ray"] = "local"
+    # With executor=ray: None starts a local Ray with this machine's cores; "auto" joins the cluster
+    # this machine is part of; "ray://host:10001" (Ray Client) or "host:6379" joins a remote one.
+    ray_address: str | None = None
+
+    def outputs_identity(self) -> "DataConfig":
+        """This config with the executor fields at their defaults: what the outputs depend on."""
+        return self.model_copy(update={"executor": "local", "ray_address": None})
 
 
 class PretrainStageConfig(StrictModel):
