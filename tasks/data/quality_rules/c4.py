@@ -9,7 +9,9 @@
 
 The default is `judge`, chosen by measurement (bench/quality_crosscheck.py, numbers in
 BENCHMARKS.md): on one-paragraph-per-line prose `lines` agrees with datatrove's
-C4QualityFilter on every document, but the catalog's only prose source, python_docs, is
+C4QualityFilter on every document (decisions and rewritten text; sentences split as its
+English default, spaCy, splits them: its regex fallback splits inside URLs and drops a
+line's last sentence without a mark), but the catalog's only prose source, python_docs, is
 hard-wrapped reference text, where `lines` deletes most lines of every page (each wrapped
 line lacks terminal punctuation) and all code samples; judged per paragraph it keeps
 whole topics. A source of extracted web text (one paragraph per line) should set
@@ -74,13 +76,17 @@ class C4TerminalPunct(Rule):
 
 
 def count_sentences(line: str) -> int:
-    """Sentences of a kept line: one per terminal mark, and at least one.
+    """Sentences of a kept line: one per terminal mark, plus the text after the last one.
 
-    A kept line ends in terminal punctuation, so it holds a sentence even when its mark
-    is a quote the sentence regex does not see (`break_stmt ::= "break"`); the reference
-    C4 code counts the sentence tokenizer's output, never 0 for a non-empty line.
+    A sentence tokenizer (punkt in the reference C4 code, spaCy in datatrove) returns the
+    text after the last sentence end as one more sentence, so a kept line whose last mark
+    is a quote the sentence regex does not see holds one: `break_stmt ::= "break"` is 1,
+    `It is. Say "no"` is 2. Never 0 for a non-empty line.
     """
-    return max(1, len(_SENTENCE_END.findall(line)))
+    n = end = 0
+    for m in _SENTENCE_END.finditer(line):
+        n, end = n + 1, m.end()
+    return n + (1 if line[end:].strip() else 0)
 
 
 class C4MinSentences(Rule):
