@@ -150,7 +150,9 @@ def judge_texts(rules: list[Rule], texts: list[str]) -> Judgement:
                 rewrote = True
         todo = passed
         if rewrote:  # later rules judge the rewritten text
+            batch.release()
             batch = Batch(current)
+    batch.release()
     kept = set(todo)
     return Judgement(
         verdicts,

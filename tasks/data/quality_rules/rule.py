@@ -283,6 +283,13 @@ class Batch:
     def __len__(self) -> int:
         return len(self.texts)
 
+    def release(self) -> None:
+        """Drop the views: each refers back to this batch, and a cycle of numpy arrays waits
+        for the garbage collector's rare full pass (memory grew with the corpus without this)."""
+        for view in self.views:
+            view._batch = None
+        self.views = []
+
     @cached_property
     def _split(self) -> pa.LargeListArray:
         lists = pc.utf8_split_whitespace(pa.array(self.texts, type=pa.large_string()))
@@ -423,7 +430,11 @@ class Rule(Generic[P]):
 
     def check(self, text: str) -> str | None:
         """None when `text` passes this rule, else a short detail with the measured value."""
-        return self.check_batch(Batch([text]), [0]).get(0)
+        batch = Batch([text])
+        try:
+            return self.check_batch(batch, [0]).get(0)
+        finally:
+            batch.release()
 
     def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
         """{document index: detail} for the documents of `todo` that fail this rule."""
