@@ -39,6 +39,14 @@ def c4_line_kept(line: str, min_words: int) -> bool:
     return line.endswith(TERMINAL_PUNCTUATION) and not line.endswith("...") and len(line.split()) >= min_words
 
 
+def c4_kept_units(view: TextView, unit: str, min_words: int) -> list[tuple[str, bool]]:
+    """(unit, whether C4 keeps it) for each unit of the view, computed once for both rules that ask."""
+    key = ("c4_kept", unit, min_words)
+    if key not in view.memo:
+        view.memo[key] = [(u, c4_line_kept(u, min_words)) for u in c4_units(view, unit)]
+    return view.memo[key]  # type: ignore[return-value]
+
+
 def c4_units(view: TextView, unit: str) -> list[str]:
     """C4's units: lines, or for hard-wrapped text, paragraphs unwrapped into one line each."""
     if unit == "line":
@@ -65,10 +73,10 @@ class C4TerminalPunct(Rule):
         min_words: int = Field(default=3, ge=0)  # C4: lines with fewer words are removed
 
     def check_view(self, view: TextView) -> str | None:
-        units = c4_units(view, self.params.unit)
+        units = c4_kept_units(view, self.params.unit, self.params.min_words)
         if not units:
             return None
-        kept = sum(1 for u in units if c4_line_kept(u, self.params.min_words))
+        kept = sum(1 for _, k in units if k)
         frac = kept / len(units)
         if frac < self.params.min_fraction:
             return f"terminal_{self.params.unit}s={frac:.3f} < min_fraction={self.params.min_fraction}"
@@ -101,8 +109,8 @@ class C4MinSentences(Rule):
 
     def check_view(self, view: TextView) -> str | None:
         n = 0
-        for unit in c4_units(view, self.params.unit):
-            if c4_line_kept(unit, self.params.min_words):
+        for unit, kept in c4_kept_units(view, self.params.unit, self.params.min_words):
+            if kept:
                 n += count_sentences(unit.strip())
                 if n >= self.params.min_sentences:
                     return None

@@ -1,10 +1,12 @@
 """FineWeb rules (Penedo et al. 2024; datatrove FineWebQualityFilter), with its defaults."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pydantic import Field
 
 from infra.config import StrictModel
-from tasks.data.quality_rules.rule import Rule, TextView, fraction, over
+from tasks.data.quality_rules.rule import Batch, Rule, TextView, fraction, over
 
 # The original FineWeb stop characters, plus the CJK, Arabic and Devanagari sentence ends.
 STOP_CHARS = [".", "'", '"', "!", "?", "。", "！", "？", "؟", "।"]
@@ -70,11 +72,17 @@ class FineWebListRatio(Rule):
     class Params(StrictModel):
         max_newlines_per_word: float = Field(default=0.3, ge=0)
 
-    def check_view(self, view: TextView) -> str | None:
-        words = view.words
-        if not words:
-            return None
-        ratio = view.text.count("\n") / len(words)
+    def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
+        counts = batch.word_counts  # the batch's word split: no str.split per document
+        out = {}
+        for i in todo:
+            if counts[i]:
+                detail = self._judge(batch.texts[i].count("\n") / int(counts[i]))
+                if detail is not None:
+                    out[i] = detail
+        return out
+
+    def _judge(self, ratio: float) -> str | None:
         if ratio > self.params.max_newlines_per_word:
             return f"newlines_per_word={ratio:.3f} > max={self.params.max_newlines_per_word}"
         return None

@@ -46,6 +46,7 @@ class TextView:
         self._batch, self._index = batch, index
         self._keys: dict[int, np.ndarray] = {}
         self._uniq: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.memo: dict[tuple, object] = {}  # measures that several rules of one family share
 
     @cached_property
     def lines(self) -> list[str]:
@@ -220,30 +221,24 @@ class NgramCounts:
     def __init__(self, batch: "Batch", n: int, docs: np.ndarray, covered: np.ndarray):
         """Count the n-grams of documents `docs`; `covered` marks those whose counts are known
         (`docs`, and documents known to repeat no n-gram: they keep zeros)."""
-        ids = batch.word_ids
-        offsets = batch.offsets
         n_docs = len(batch)
-        total = len(ids)
+        total = len(batch.word_ids)
         self.covered = covered
         self.top_chars = np.zeros(n_docs, dtype=np.int64)
         self.repeats = np.zeros(n_docs, dtype=bool)
-        mixed = (ids.astype(np.uint64) + np.uint64(1)) * _MIX
-        keys = mixed.copy()
-        for k in range(1, min(n, total)):  # keys[j] covers words j..j+k; the tail keeps shorter grams, never read
-            keys[: total - k] = keys[: total - k] * _STEP + mixed[k:]
+        keys = batch.ngram_keys(n)
         doc = batch.doc_of_word
         selected = np.zeros(n_docs, dtype=bool)
         selected[docs] = True
-        valid = (np.arange(total) + n <= offsets[doc + 1]) & selected[doc]
-        # Equal n-grams of different documents must not meet: fold the document into the key.
-        folded = keys + (doc.astype(np.uint64) + np.uint64(1)) * np.uint64(0xD6E8FEB86659FD93)
-        pos = np.flatnonzero(valid)
+        pos = np.flatnonzero((batch.word_positions + n <= batch.doc_end_of_word) & selected[doc])
         self.keys = keys
         self.later = np.zeros(total, dtype=bool)
         if len(pos) == 0:
             return
-        order = np.argsort(folded[pos])
-        sorted_keys = folded[pos][order]
+        # Equal n-grams of different documents must not meet: fold the document into the key.
+        folded = keys[pos] + batch.doc_salt[pos]
+        order = np.argsort(folded)
+        sorted_keys = folded[order]
         starts = np.flatnonzero(np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1])))
         counts = np.diff(np.append(starts, len(pos)))
         first = np.minimum.reduceat(pos[order], starts)  # each group's earliest position
@@ -279,6 +274,7 @@ class Batch:
         self.views = [TextView(t, self, i) for i, t in enumerate(self.texts)]
         self._stop_cache: dict[frozenset[str], np.ndarray] = {}
         self._ngrams: dict[int, NgramCounts] = {}
+        self._keys: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -352,7 +348,8 @@ class Batch:
     @cached_property
     def alpha_words(self) -> np.ndarray:
         """Words holding a letter, per document."""
-        has = pc.match_substring_regex(self.words, "[A-Za-z]").to_numpy(zero_copy_only=False)
+        # An ASCII word holds a letter iff its lower and upper case differ (two kernels, no regex).
+        has = pc.not_equal(pc.ascii_lower(self.words), pc.ascii_upper(self.words)).to_numpy(zero_copy_only=False)
         other = np.flatnonzero(~self._ascii)
         if len(other):
             has = has.copy()
@@ -404,6 +401,35 @@ class Batch:
             want &= self.ngrams(n - 1, np.flatnonzero(want)).repeats
         self._ngrams[n] = NgramCounts(self, n, np.flatnonzero(want), covered)
         return self._ngrams[n]
+
+    def ngram_keys(self, n: int) -> np.ndarray:
+        """keys[j]: a 64-bit key of the n words from word j of the flattened batch (as
+        TextView.ngram_keys); positions whose n-gram would cross a document's end hold a
+        shorter n-gram's key, which no rule reads. Each size extends the one below it."""
+        if n not in self._keys:
+            if n == 1:
+                self._keys[1] = (self.word_ids.astype(np.uint64) + np.uint64(1)) * _MIX
+            else:
+                keys = self.ngram_keys(n - 1).copy()
+                total, k = len(keys), n - 1
+                if k < total:
+                    keys[: total - k] = keys[: total - k] * _STEP + self.ngram_keys(1)[k:]
+                self._keys[n] = keys
+        return self._keys[n]
+
+    @cached_property
+    def word_positions(self) -> np.ndarray:
+        return np.arange(len(self.word_ids), dtype=np.int64)
+
+    @cached_property
+    def doc_end_of_word(self) -> np.ndarray:
+        """For each word, the index one past its document's last word."""
+        return self.offsets[self.doc_of_word + 1]
+
+    @cached_property
+    def doc_salt(self) -> np.ndarray:
+        """A per-document constant added to n-gram keys so that equal n-grams of two documents differ."""
+        return (self.doc_of_word.astype(np.uint64) + np.uint64(1)) * np.uint64(0xD6E8FEB86659FD93)
 
     @cached_property
     def word_len_cumsum(self) -> np.ndarray:
