@@ -12,6 +12,10 @@ so the memory of near dedup does not grow with the corpus:
   the `cap` earliest members before it (and the times that cut anything are counted).
 - `PairSpill`: candidate pairs split into files by the later document's range of rows,
   so that the keep rule can visit later documents in input order.
+- `ShingleSetFile`: each document's sorted distinct 32-bit shingle hashes, appended in
+  document order, with a file of uint64 offsets; read back through memmaps, mapped anew for
+  each chunk of candidate pairs (so the pages touched count in RSS for one chunk only), to
+  compute the exact Jaccard of many pairs at once.
 """
 from __future__ import annotations
 
@@ -30,6 +34,9 @@ _BUFFER_BYTES = 8 << 20
 # documents' signatures read for them (at most this many rows).
 PAIR_CHUNK = 1 << 17
 _FOLD = np.uint64(0x9E3779B97F4A7C15)
+# Shingle hashes of both sides of the pairs whose exact Jaccard is computed at once (8 bytes each
+# as keys, a few arrays of them): bounds the memory of pass 3 whatever the documents' lengths.
+_SET_CELLS = 1 << 22
 
 
 def fmix64(h: np.ndarray) -> np.ndarray:
@@ -211,3 +218,70 @@ def read_pair_chunks(path: Path) -> Iterator[np.ndarray]:
     total = path.stat().st_size // PAIR_RECORD.itemsize
     for start in range(0, total, PAIR_CHUNK):
         yield np.fromfile(path, dtype=PAIR_RECORD, count=min(PAIR_CHUNK, total - start), offset=start * PAIR_RECORD.itemsize)
+
+
+class ShingleSetFile:
+    """Sorted distinct uint32 shingle hashes of each document, in input order (`path`), and the
+    uint64 offset of each document's first one plus a final end (`path` + ".offsets")."""
+
+    def __init__(self, path: Path):
+        self.path, self.offsets_path = path, path.with_name(path.name + ".offsets")
+        self.rows = 0
+        self.values = 0
+        self._fh = open(path, "wb")
+        self._off = open(self.offsets_path, "wb")
+        self._off.write(np.zeros(1, dtype="<u8").tobytes())
+        self._hashes: np.ndarray | None = None  # the maps of the chunk being verified
+
+    @property
+    def bytes_written(self) -> int:
+        return self.values * 4 + (self.rows + 1) * 8
+
+    def append(self, hashes: np.ndarray, counts: np.ndarray) -> None:
+        """Sets of len(counts) documents: `hashes` flat, `counts` per document."""
+        self._fh.write(np.ascontiguousarray(hashes, dtype="<u4").tobytes())
+        ends = self.values + np.cumsum(counts, dtype=np.uint64)
+        self._off.write(ends.astype("<u8").tobytes())
+        self.values += len(hashes)
+        self.rows += len(counts)
+
+    def close_writing(self) -> None:
+        self._fh.close()
+        self._off.close()
+
+    def jaccard(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+        """|A∩B| / |A∪B| of the sets of documents first[i] and second[i] (none empty), float64."""
+        if len(first) == 0:
+            return np.empty(0, dtype=np.float64)
+        first, second = first.astype(np.int64), second.astype(np.int64)
+        offsets = np.memmap(self.offsets_path, dtype="<u8", mode="r")
+        a0, b0 = offsets[first].astype(np.int64), offsets[second].astype(np.int64)
+        a_len, b_len = offsets[first + 1].astype(np.int64) - a0, offsets[second + 1].astype(np.int64) - b0
+        del offsets
+        inter = np.zeros(len(first), dtype=np.int64)
+        self._hashes = np.memmap(self.path, dtype="<u4", mode="r")
+        try:
+            cum = np.cumsum(a_len + b_len)
+            cuts = np.searchsorted(cum, np.arange(_SET_CELLS, int(cum[-1]), _SET_CELLS), side="left")
+            bounds = np.unique(np.r_[0, cuts, len(first)])
+            for s, e in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+                inter[s:e] = self._intersections(a0[s:e], a_len[s:e], b0[s:e], b_len[s:e])
+        finally:
+            self._hashes = None  # unmapped: its pages leave this process's RSS
+        return inter / (a_len + b_len - inter)
+
+    def _gather(self, start: np.ndarray, length: np.ndarray) -> np.ndarray:
+        """Keys (pair << 32 | hash) of the sets at `start` of `length`, sorted: sets are sorted
+        and pairs ascend."""
+        total = int(length.sum())
+        index = np.repeat(start - (np.cumsum(length) - length), length) + np.arange(total)
+        pair = np.repeat(np.arange(len(length), dtype=np.uint64), length)
+        return (pair << np.uint64(32)) | self._hashes[index].astype(np.uint64)
+
+    def _intersections(self, a0: np.ndarray, a_len: np.ndarray, b0: np.ndarray, b_len: np.ndarray) -> np.ndarray:
+        ka, kb = self._gather(a0, a_len), self._gather(b0, b_len)
+        # Each key of B found in A is one shared shingle of its pair (keys are distinct within a side).
+        pos = np.searchsorted(ka, kb)
+        np.minimum(pos, len(ka) - 1, out=pos)
+        hit = ka[pos] == kb
+        return np.bincount((kb[hit] >> np.uint64(32)).astype(np.int64), minlength=len(a_len))

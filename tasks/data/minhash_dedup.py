@@ -6,24 +6,39 @@ dedup key, computed batch-wise in the data stages' one process pool
 `if __name__ == "__main__":` guard in a script).
 
 Keep rule (deterministic): documents are visited in input order; a document is
-removed as "near_duplicate" when an already-kept LSH candidate has estimated
-Jaccard >= threshold (`duplicate_of` = the most similar one, earliest on ties),
+removed as "near_duplicate" when an already-kept LSH candidate has Jaccard >= threshold
+(`duplicate_of` = the most similar one, earliest on ties; `similarity` = that Jaccard),
 otherwise it is kept. Documents with no words are kept and never indexed: the Jaccard
 similarity of empty sets is undefined, and exact dedup has already dropped empty texts.
+
+Verification (`verify`): LSH banding only proposes candidates; each candidate pair's Jaccard
+is then checked against the threshold.
+- "exact" (default): |A∩B| / |A∪B| of the two documents' sets of 32-bit shingle hashes (the
+  shingles the signatures are built from; affine64 keeps the upper 32 bits of its hashes), so
+  two distinct shingles collide with chance 2^-32. The 128-permutation estimate has standard
+  deviation sqrt(J(1-J)/128), about 0.03 near J = 0.8: a pair at J = 0.85 fails an estimated
+  check ~6% of the time and one in [0.8, 0.9) ~15% on average, while pairs below the threshold
+  pass it. Exact verification leaves LSH banding (tuned for recall, _LSH_WEIGHTS) as the only
+  source of misses and removes nothing below the threshold. Cost: each document's sorted
+  distinct shingle hashes on disk (4 bytes per shingle + 8 per document, in place of the
+  signatures' 4 * num_perm bytes) and a merge per candidate pair.
+- "estimate": the share of equal signature values (the MinHash estimate), as datasketch's
+  MinHashLSH users compare; no sets are written.
 
 Memory does not grow with the corpus (besides one byte per document and the ids of the
 documents that others duplicate): everything else is spilled to a folder next to the
 output (tasks/data/lsh_buckets.py) and read back in bounded pieces, in four passes:
-1. signatures: stream the input, append signatures to a file and (band hash, document)
-   records to partition files by hash;
+1. signatures: stream the input, append each document's shingle set (exact) or signature
+   (estimate) to a file and (band hash, document) records to partition files by hash;
 2. candidates: per partition, sort the records and write the (earlier, later) pairs of
    documents sharing a bucket, into files by the later document's block of rows;
-3. keep rule: per block in input order, verify each pair's estimated Jaccard from the two
-   signatures and visit the later documents in order with a kept flag per document: a
-   document is removed iff a verified earlier document is kept. This is the greedy rule
-   over an index of kept documents, exactly, as long as every same-bucket pair is a
-   candidate: a bucket member is only paired with the `bucket_cap` earliest members
-   before it (stats `bucket_cap_hits` counts how often that cut pairs);
+3. keep rule: per block in input order, verify each pair's Jaccard (exact from the two
+   shingle sets, or estimated from the two signatures) and visit the later documents in
+   order with a kept flag per document: a document is removed iff a verified earlier
+   document is kept. This is the greedy rule over an index of kept documents, exactly, as
+   long as every same-bucket pair is a candidate: a bucket member is only paired with the
+   `bucket_cap` earliest members before it (stats `bucket_cap_hits` counts how often that
+   cut pairs);
 4. output: stream the input once more, writing kept and removed documents (DataStep).
 """
 from __future__ import annotations
@@ -33,7 +48,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -46,7 +61,9 @@ from tqdm.auto import tqdm
 from infra.config import StrictModel
 from tasks.data import parallel
 from tasks.data.documents import as_documents, iter_batches, removed_from_documents
-from tasks.data.lsh_buckets import BandSpill, PairSpill, SignatureFile, band_hashes, candidate_pairs, read_pair_chunks
+from tasks.data.lsh_buckets import (
+    BandSpill, PairSpill, ShingleSetFile, SignatureFile, band_hashes, candidate_pairs, read_pair_chunks,
+)
 from tasks.data.minhash_signatures import DTYPE, Scheme, permutations, shingles, signature_job
 from tasks.data.step import DataStep, StageResult
 
@@ -71,7 +88,10 @@ _BLOCK_BYTES = 8 << 20
 class NearDedupConfig(StrictModel):
     num_perm: int = Field(128, ge=2, le=4096)  # LSH banding needs at least 2 permutations
     ngram: int = Field(5, ge=1)  # words per shingle; shorter documents are one shingle
-    threshold: float = Field(0.8, gt=0.0, lt=1.0)  # estimated Jaccard at or above which a document is a duplicate
+    threshold: float = Field(0.8, gt=0.0, lt=1.0)  # Jaccard at or above which a document is a duplicate
+    # How a candidate pair's Jaccard is checked against the threshold: "exact" over the two documents'
+    # sets of shingle hashes (spilled in pass 1), "estimate" from their signatures (module docstring).
+    verify: Literal["exact", "estimate"] = "exact"
     bands: int | None = Field(None, ge=2)  # explicit LSH banding; None = chosen from the threshold (banding)
     rows: int | None = Field(None, ge=1)
     seed: int = Field(1, ge=0, lt=2**32)  # permutation and word-hash seed
@@ -117,10 +137,12 @@ def _n_jobs(cfg: NearDedupConfig, n_docs: int) -> int:
     return -(-n_docs // cfg.batch_size)
 
 
-def _signature_jobs(tagged_texts: Iterable[tuple[T, Sequence[str] | pa.Array]], cfg: NearDedupConfig) -> Iterator[tuple[T, tuple]]:
+def _signature_jobs(
+    tagged_texts: Iterable[tuple[T, Sequence[str] | pa.Array]], cfg: NearDedupConfig, sets: bool = False
+) -> Iterator[tuple[T, tuple]]:
     perms = permutations(cfg.num_perm, cfg.seed, cfg.scheme)
     for tag, texts in tagged_texts:
-        yield tag, (texts, cfg.ngram, perms, cfg.scheme, cfg.seed)
+        yield tag, (texts, cfg.ngram, perms, cfg.scheme, cfg.seed, sets)
 
 
 def compute_signatures(texts: list[str], cfg: NearDedupConfig) -> np.ndarray:
@@ -131,7 +153,7 @@ def compute_signatures(texts: list[str], cfg: NearDedupConfig) -> np.ndarray:
     jobs = _signature_jobs(batches, cfg)
     mapped = parallel.ordered_map(signature_job, jobs, plan_workers(cfg, len(texts)), n_jobs=_n_jobs(cfg, len(texts)),
                                   label="minhash signatures")
-    parts = [sigs for _, (sigs, _, _) in mapped]
+    parts = [sigs for _, (sigs, _, _, _) in mapped]
     if not parts:
         return np.empty((0, cfg.num_perm), dtype=DTYPE[cfg.scheme])
     return np.concatenate(parts)
@@ -148,6 +170,7 @@ class _Tally:
     band_records: int = 0
     candidate_pairs: int = 0
     verified_pairs: int = 0
+    verified_exact: int = 0
     cap_hits: int = 0
     spill_bytes: int = 0
     partitions: int = 0
@@ -181,30 +204,36 @@ def near_dedup(in_path: Path, out_path: Path, removed_path: Path, cfg: NearDedup
     # Next to the output: on the same disk as the data, and removed with the folder on failure.
     with tempfile.TemporaryDirectory(prefix=".near-spill-", dir=out_path.parent) as spill_dir:
         spill = Path(spill_dir)
-        sigs, indexed = _pass_signatures(in_path, n_docs, cfg, bands, rows, spill, workers, tally)
-        decisions = _pass_keep_rule(sigs, indexed, cfg, spill, tally)
+        sigs, sets, indexed = _pass_signatures(in_path, n_docs, cfg, bands, rows, spill, workers, tally)
+        decisions = _pass_keep_rule(sigs, sets, indexed, cfg, spill, tally)
         with DataStep(STAGE, out_path, removed_path) as step:
             _pass_output(step, in_path, n_docs, decisions, cfg)
-    return step.result(_stats(tally, bands, rows, time.perf_counter() - started), duplicate_reason=REASON)
+    return step.result(_stats(tally, cfg, bands, rows, time.perf_counter() - started), duplicate_reason=REASON)
 
 
 def _pass_signatures(
     in_path: Path, n_docs: int, cfg: NearDedupConfig, bands: int, rows: int, spill: Path, workers: int, tally: _Tally
-) -> tuple[SignatureFile, np.ndarray]:
-    """Pass 1: signatures to a file, band records to partition files; which documents are indexed."""
+) -> tuple[SignatureFile, ShingleSetFile | None, np.ndarray]:
+    """Pass 1: signatures (verify="estimate") or shingle sets (verify="exact") to a file, band
+    records to partition files; which documents are indexed."""
     partitions = max(1, min(1024, -(-n_docs * bands // _PARTITION_RECORDS)))
+    exact = cfg.verify == "exact"
     sigs = SignatureFile(spill / "signatures.bin", cfg.num_perm, DTYPE[cfg.scheme])
+    sets = ShingleSetFile(spill / "shingle-sets.bin") if exact else None
     band_spill = BandSpill(spill, partitions)
     indexed = np.zeros(n_docs, dtype=np.bool_)
     texts = (((b.num_rows), b.column("text")) for b in pq.ParquetFile(in_path).iter_batches(cfg.batch_size, columns=["text"]))
     start = 0
     with tqdm(total=n_docs, unit="doc", desc=f"{STAGE} 1/4 signatures", disable=None) as progress:
-        mapped = parallel.ordered_map(signature_job, _signature_jobs(texts, cfg), workers, n_jobs=_n_jobs(cfg, n_docs),
-                                      label=f"{STAGE} signatures")
-        for n, (batch_sigs, n_shingles, secs) in mapped:
+        mapped = parallel.ordered_map(signature_job, _signature_jobs(texts, cfg, exact), workers,
+                                      n_jobs=_n_jobs(cfg, n_docs), label=f"{STAGE} signatures")
+        for n, (batch_sigs, n_shingles, secs, batch_sets) in mapped:
             wall0, cpu0 = time.perf_counter(), time.thread_time()
             tally.sig_seconds += secs
-            sigs.append(batch_sigs)
+            if exact:
+                sets.append(*batch_sets)  # pass 3 reads these instead of the signatures
+            else:
+                sigs.append(batch_sigs)
             has = n_shingles > 0
             indexed[start : start + n] = has
             rows_idx = np.flatnonzero(has)
@@ -214,15 +243,19 @@ def _pass_signatures(
             progress.update(n)
     tally.workers, tally.worker_plan = mapped.plan.workers, mapped.plan.describe()
     sigs.close_writing()
+    if exact:
+        sets.close_writing()
     band_spill.close()
     tally.unindexed = int(n_docs - indexed.sum())
     tally.band_records = band_spill.records
     tally.partitions = partitions
-    tally.spill_bytes = sigs.rows * sigs.row_bytes + band_spill.files.bytes_written
-    return sigs, indexed
+    tally.spill_bytes = sigs.rows * sigs.row_bytes + band_spill.files.bytes_written + (sets.bytes_written if exact else 0)
+    return sigs, sets, indexed
 
 
-def _pass_keep_rule(sigs: SignatureFile, indexed: np.ndarray, cfg: NearDedupConfig, spill: Path, tally: _Tally) -> Path:
+def _pass_keep_rule(
+    sigs: SignatureFile, sets: ShingleSetFile | None, indexed: np.ndarray, cfg: NearDedupConfig, spill: Path, tally: _Tally
+) -> Path:
     """Passes 2 and 3: candidate pairs by bucket, verified and resolved in input order.
     Returns the file of decisions (removed document, kept target, similarity), in document order."""
     wall0, cpu0 = time.perf_counter(), time.thread_time()
@@ -244,7 +277,7 @@ def _pass_keep_rule(sigs: SignatureFile, indexed: np.ndarray, cfg: NearDedupConf
     with open(decisions_path, "wb") as out:
         for q, path in enumerate(tqdm(pair_files, unit="block", desc=f"{STAGE} 3/4 keep rule", disable=None)):
             lo, hi = q * block_rows, min(n_docs, (q + 1) * block_rows)
-            edges = _verified_edges(path, sigs, lo, hi, cfg, tally)
+            edges = _verified_edges(path, sigs, sets, lo, hi, cfg, tally)
             removed = _resolve_block(edges, kept)
             tally.removed += len(removed)
             tally.similarity_sum += float(removed["similarity"].sum())
@@ -256,12 +289,22 @@ def _pass_keep_rule(sigs: SignatureFile, indexed: np.ndarray, cfg: NearDedupConf
     return decisions_path
 
 
-def _verified_edges(path: Path, sigs: SignatureFile, lo: int, hi: int, cfg: NearDedupConfig, tally: _Tally) -> np.ndarray:
-    """Candidate pairs of later documents lo..hi-1 whose estimated Jaccard reaches the threshold,
-    sorted by (later, earlier), with their similarity."""
+def _verified_edges(
+    path: Path, sigs: SignatureFile, sets: ShingleSetFile | None, lo: int, hi: int, cfg: NearDedupConfig, tally: _Tally
+) -> np.ndarray:
+    """Candidate pairs of later documents lo..hi-1 whose Jaccard (exact from the shingle sets, or
+    estimated from the signatures) reaches the threshold, sorted by (later, earlier), with it."""
     later_sigs = None
     parts = []
     for rec in read_pair_chunks(path):
+        if sets is not None:
+            sim = sets.jaccard(rec["earlier"], rec["later"])
+            tally.verified_exact += len(rec)
+            ok = sim >= cfg.threshold
+            edge = np.empty(int(ok.sum()), dtype=DECISION)
+            edge["doc"], edge["target"], edge["similarity"] = rec["later"][ok], rec["earlier"][ok], sim[ok]
+            parts.append(edge)
+            continue
         if later_sigs is None:
             later_sigs = sigs.read_range(lo, hi)
         earlier = rec["earlier"].astype(np.int64)
@@ -338,7 +381,7 @@ def _pass_output(step: DataStep, in_path: Path, n_docs: int, decisions_path: Pat
             progress.update(n)
 
 
-def _stats(tally: _Tally, bands: int, rows: int, seconds: float) -> dict[str, float | int | str]:
+def _stats(tally: _Tally, cfg: NearDedupConfig, bands: int, rows: int, seconds: float) -> dict[str, float | int | str]:
     return {
         "clusters_with_removals": tally.clusters,
         "mean_similarity_removed": round(tally.similarity_sum / tally.removed, 6) if tally.removed else 0.0,
@@ -354,7 +397,9 @@ def _stats(tally: _Tally, bands: int, rows: int, seconds: float) -> dict[str, fl
         "unindexed_empty": tally.unindexed,
         "band_records": tally.band_records,
         "candidate_pairs": tally.candidate_pairs,
-        "verified_pairs": tally.verified_pairs,
+        "verify": cfg.verify,
+        "verified_exact": tally.verified_exact,  # candidate pairs whose exact Jaccard was computed
+        "verified_pairs": tally.verified_pairs,  # candidate pairs at or above the threshold
         "bucket_cap_hits": tally.cap_hits,  # bucket members whose comparisons bucket_cap cut short
         "spill_partitions": tally.partitions,
         "spill_bytes": tally.spill_bytes,

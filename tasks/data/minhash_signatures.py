@@ -181,10 +181,30 @@ def _min_over_permutations(hashes: np.ndarray, counts: np.ndarray, perms: np.nda
     return np.ascontiguousarray(out.T)
 
 
+def unique_shingle_sets(hashes: np.ndarray, counts: np.ndarray, scheme: Scheme) -> tuple[np.ndarray, np.ndarray]:
+    """Per text, its distinct 32-bit shingle hashes, sorted (flat), and how many per text: the
+    sets whose Jaccard exact verification computes. affine64's 64-bit hashes keep their upper
+    32 bits, so every scheme collides two distinct shingles with the same 2^-32 chance."""
+    if scheme == "affine64":
+        hashes = hashes >> np.uint64(32)
+    keys = np.repeat(np.arange(len(counts), dtype=np.uint64), counts)
+    keys <<= np.uint64(32)
+    keys |= hashes.astype(np.uint64, copy=False)
+    keys.sort()  # by text, then hash: each text keeps its rows
+    first = np.ones(len(keys), dtype=np.bool_)  # first of its value (within its text: keys carry the text)
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    cum = np.zeros(len(keys) + 1, dtype=np.int64)
+    np.cumsum(first, out=cum[1:])
+    ends = np.cumsum(counts)
+    unique_counts = cum[ends] - cum[ends - counts]
+    return keys[first].astype(np.uint32), unique_counts
+
+
 def signature_job(
-    texts: Sequence[str] | pa.Array, ngram: int, perms: np.ndarray, scheme: Scheme, seed: int
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """Signatures [len(texts), num_perm] of one batch, shingles per text, and the CPU seconds it took."""
+    texts: Sequence[str] | pa.Array, ngram: int, perms: np.ndarray, scheme: Scheme, seed: int, sets: bool = False
+) -> tuple[np.ndarray, np.ndarray, float, tuple[np.ndarray, np.ndarray] | None]:
+    """Signatures [len(texts), num_perm] of one batch, shingles per text, the CPU seconds it took,
+    and with `sets` each text's distinct shingle hashes (unique_shingle_sets: flat, counts), else None."""
     start = time.process_time()
     if scheme == "xxh3":
         if isinstance(texts, pa.ChunkedArray):
@@ -196,5 +216,13 @@ def signature_job(
         if isinstance(texts, (pa.Array, pa.ChunkedArray)):
             texts = texts.to_pylist()
         hashes, counts = _sha1_shingle_hashes(texts, ngram, scheme)
+    shingle_sets = None
+    if sets:
+        shingle_sets = unique_shingle_sets(hashes, counts, scheme)
+        if scheme == "xxh3":
+            # The minimum over a set is the minimum over its multiset: permute each distinct shingle
+            # once (same signatures). Not for affine64, whose sets keep 32 of the hash's 64 bits.
+            sigs = _min_over_permutations(shingle_sets[0], shingle_sets[1], perms, scheme)
+            return sigs, counts, time.process_time() - start, shingle_sets
     sigs = _min_over_permutations(hashes, counts, perms, scheme)
-    return sigs, counts, time.process_time() - start
+    return sigs, counts, time.process_time() - start, shingle_sets

@@ -121,8 +121,9 @@ def test_planted_near_duplicates_recall_and_false_positives(planted, tmp_path):
     assert len(high) >= 30 and len(low) >= 50, "the generator no longer spans the Jaccard range"
     assert recall_high >= 0.9
     assert fp_low <= 0.05
-    # Estimated similarity is close to the exact one (std of the estimate ~0.04 at 128 perms).
-    assert max(abs(found[g] - jaccard[g]) for g in found) < 0.15
+    # Candidates are verified exactly (verify="exact"): the similarity is the exact Jaccard, and
+    # nothing below the threshold is removed.
+    assert all(found[g] == jaccard[g] >= 0.8 for g in found)
     result.check_conservation()
     assert sum(c["in"] for c in result.counts.values()) == 600
     assert sum(c["near_duplicate"] for c in result.counts.values() if "near_duplicate" in c) == len(found)

@@ -1,6 +1,7 @@
 """The out-of-core near dedup reproduces the in-memory greedy rule (datasketch MinHashLSH over
-kept documents, as the stage used to run) exactly: same kept set, duplicate_of and similarity,
-on planted clusters and chains (A~B, B~C, A!~C: B goes, C stays); its spill folder is removed."""
+kept documents, as the stage used to run, verifying candidates by estimated or exact Jaccard)
+exactly: same kept set, duplicate_of and similarity, on planted clusters and chains (A~B, B~C,
+A!~C: B goes, C stays); its spill folder is removed."""
 from __future__ import annotations
 
 import random
@@ -16,8 +17,19 @@ from tasks.data.minhash_dedup import NearDedupConfig, banding, compute_signature
 from tasks.data.text_normalize import dedup_key
 
 
+def exact_jaccard(a: str, b: str, n: int) -> float:
+    """Jaccard of the two texts' sets of word n-grams (Python tuples, no hashing)."""
+    def grams(text: str) -> set[tuple[str, ...]]:
+        words = dedup_key(text).split()
+        return {tuple(words)} if len(words) <= n else {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+    sa, sb = grams(a), grams(b)
+    return len(sa & sb) / len(sa | sb)
+
+
 def reference_near_dedup(texts: list[str], cfg: NearDedupConfig) -> dict[int, tuple[int, float]]:
-    """The greedy rule in memory: {removed index: (kept target index, similarity)}."""
+    """The greedy rule in memory: {removed index: (kept target index, similarity)}; candidates
+    are verified by `cfg.verify` (exact: Jaccard of Python sets of n-gram tuples)."""
     sigs = compute_signatures(texts, cfg.model_copy(update={"workers": 1}))
     scheme = "affine64" if sigs.dtype == np.uint64 else "affine32"  # datasketch's LSH only reads hashvalues
     lsh = MinHashLSH(threshold=cfg.threshold, num_perm=cfg.num_perm, params=banding(cfg))
@@ -28,7 +40,10 @@ def reference_near_dedup(texts: list[str], cfg: NearDedupConfig) -> dict[int, tu
         sketch = LeanMinHash(seed=cfg.seed, hashvalues=sigs[i], scheme=scheme)
         keys = sorted(lsh.query(sketch))
         if keys:
-            sims = np.count_nonzero(sigs[keys] == sigs[i], axis=1) / cfg.num_perm
+            if cfg.verify == "exact":
+                sims = np.array([exact_jaccard(texts[k], text, cfg.ngram) for k in keys])
+            else:
+                sims = np.count_nonzero(sigs[keys] == sigs[i], axis=1) / cfg.num_perm
             best = int(np.argmax(sims))
             if sims[best] >= cfg.threshold:
                 removed[i] = (keys[best], float(sims[best]))
@@ -80,10 +95,11 @@ def run_stage(texts: list[str], cfg: NearDedupConfig, tmp: Path) -> tuple[list[s
     return kept, removed, result.stats
 
 
-@pytest.mark.parametrize("scheme", ["xxh3", "affine32"])
-def test_same_decisions_as_in_memory_greedy_rule(tmp_path, scheme):
+@pytest.mark.parametrize("scheme, verify", [("xxh3", "exact"), ("xxh3", "estimate"), ("affine32", "estimate"),
+                                           ("affine64", "exact")])
+def test_same_decisions_as_in_memory_greedy_rule(tmp_path, scheme, verify):
     texts = planted_corpus(900, seed=3)
-    cfg = NearDedupConfig(workers=1, batch_size=333, scheme=scheme, threshold=0.7)
+    cfg = NearDedupConfig(workers=1, batch_size=333, scheme=scheme, threshold=0.7, verify=verify)
     ref = reference_near_dedup(texts, cfg)
     kept, removed, stats = run_stage(texts, cfg, tmp_path)
     assert len(texts) > 2000 and len(ref) > 500, "the corpus no longer plants enough near copies"
@@ -98,16 +114,20 @@ def test_same_decisions_as_in_memory_greedy_rule(tmp_path, scheme):
     assert stats["verified_pairs"] > len(ref)
 
 
-def test_chain_a_b_c_keeps_c(tmp_path):
+@pytest.mark.parametrize("verify", ["exact", "estimate"])
+def test_chain_a_b_c_keeps_c(tmp_path, verify):
     rng = random.Random(5)
     vocab = ["".join(rng.choice("abcdefghij") for _ in range(6)) for _ in range(3000)]
     a = [rng.choice(vocab) for _ in range(200)]
     b = edit(a, 4, vocab, rng)
     c = edit(b, 4, vocab, rng)
     texts = [" ".join(a), " ".join(b), " ".join(c)]
-    cfg = NearDedupConfig(workers=1, threshold=0.75)
+    cfg = NearDedupConfig(workers=1, threshold=0.75, verify=verify)
     sigs = compute_signatures(texts, cfg)
-    sim = lambda x, y: np.count_nonzero(sigs[x] == sigs[y]) / 128  # noqa: E731
+    if verify == "exact":
+        sim = lambda x, y: exact_jaccard(texts[x], texts[y], 5)  # noqa: E731
+    else:
+        sim = lambda x, y: np.count_nonzero(sigs[x] == sigs[y]) / 128  # noqa: E731
     assert sim(0, 1) >= 0.75 and sim(1, 2) >= 0.75 and sim(0, 2) < 0.75, "the planted chain is not a chain"
     kept, removed, _ = run_stage(texts, cfg, tmp_path)
     assert kept == ["d0", "d2"] and removed == {"d1": ("d0", sim(0, 1))}
