@@ -27,7 +27,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
-from datasketch import MinHash
 
 from tasks.data.text_normalize import dedup_key
 
@@ -75,6 +74,9 @@ def permutations(num_perm: int, seed: int, scheme: Scheme) -> np.ndarray:
         a = rng.integers(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
         b = rng.integers(0, 1 << 32, num_perm, dtype=np.uint32)
         return np.array([a, b])
+    # Imported here: datasketch brings scipy (0.4 CPU-s), which a worker of the xxh3 scheme never needs.
+    from datasketch import MinHash
+
     return np.asarray(MinHash(num_perm, seed=seed, scheme=scheme).permutations, dtype=DTYPE[scheme])
 
 
