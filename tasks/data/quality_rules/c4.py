@@ -20,17 +20,27 @@ whole topics. A source of extracted web text (one paragraph per line) should set
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pydantic import Field
 
 from infra.config import StrictModel
-from tasks.data.quality_rules.rule import Rule, TextView, over, under
+from tasks.data.quality_rules.rule import Batch, Rule, TextView, over, under
 
 TERMINAL_PUNCTUATION = (".", "?", "!", '"', "'")
 POLICY_PHRASES = ["terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies"]
 # A sentence ends at terminal punctuation, possibly followed by closing quotes or brackets.
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s|$)")
+# The same in RE2 (pyarrow), which has no lookahead: the whitespace after a mark is consumed,
+# which never starts another match. Python's \s (str.isspace) spelled out: RE2's \s is ASCII only.
+_SPACE = r"[\t\n\x0b\x0c\r\x1c-\x1f\x{85}\p{Z}]"
+_SENTENCE_END_RE2 = r"[.!?][\"')\]]*(?:" + _SPACE + "|$)"
+_LINE_END_RE2 = r"[.!?][\"')\]]*" + _SPACE + "*$"
 
 
 def c4_line_kept(line: str, min_words: int) -> bool:
@@ -45,6 +55,37 @@ def c4_kept_units(view: TextView, unit: str, min_words: int) -> list[tuple[str, 
     if key not in view.memo:
         view.memo[key] = [(u, c4_line_kept(u, min_words)) for u in c4_units(view, unit)]
     return view.memo[key]  # type: ignore[return-value]
+
+
+def c4_line_counts(batch: Batch, min_words: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per document: its lines holding more than whitespace (TextView.lines), how many of
+    them C4 keeps (c4_line_kept) and the sentences in those (count_sentences), for all lines
+    of the batch in pyarrow kernels."""
+    key = ("c4_line_counts", min_words)
+    if key not in batch.memo:
+        texts = pa.array(batch.texts, pa.large_string())
+        lines = pc.split_pattern(pc.replace_substring(texts, "\r\n", "\n"), "\n")
+        doc = np.repeat(np.arange(len(batch)), pc.list_value_length(lines).to_numpy(zero_copy_only=False))
+        line = pc.utf8_trim_whitespace(lines.flatten())
+        nonblank = pc.greater(pc.binary_length(line), 0)
+        ends = pc.ends_with(line, TERMINAL_PUNCTUATION[0])
+        for mark in TERMINAL_PUNCTUATION[1:]:
+            ends = pc.or_(ends, pc.ends_with(line, mark))
+        ends = pc.and_not(ends, pc.ends_with(line, "..."))
+        words = pc.list_value_length(pc.utf8_split_whitespace(line))
+        kept = pc.and_(pc.and_(nonblank, ends), pc.greater_equal(words, min_words))
+        # count_sentences of each kept line: its sentence ends, plus one unless one ends the line.
+        marks = pc.count_substring_regex(line, _SENTENCE_END_RE2).to_numpy(zero_copy_only=False)
+        closed = pc.match_substring_regex(line, _LINE_END_RE2).to_numpy(zero_copy_only=False)
+        kept_np = kept.to_numpy(zero_copy_only=False)
+        sentences = np.where(kept_np, marks + ~closed, 0)
+        n = len(batch)
+        batch.memo[key] = (
+            np.bincount(doc, weights=nonblank.to_numpy(zero_copy_only=False), minlength=n).astype(np.int64),
+            np.bincount(doc, weights=kept_np, minlength=n).astype(np.int64),
+            np.bincount(doc, weights=sentences, minlength=n).astype(np.int64),
+        )
+    return batch.memo[key]  # type: ignore[return-value]
 
 
 def c4_units(view: TextView, unit: str) -> list[str]:
@@ -72,12 +113,25 @@ class C4TerminalPunct(Rule):
         unit: Literal["line", "paragraph"] = "line"
         min_words: int = Field(default=3, ge=0)  # C4: lines with fewer words are removed
 
+    def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
+        if self.params.unit != "line":
+            return super().check_batch(batch, todo)
+        lines, kept, _ = c4_line_counts(batch, self.params.min_words)  # every line of the batch at once
+        out = {}
+        for i in todo:
+            if lines[i]:
+                detail = self._judge(int(kept[i]) / int(lines[i]))
+                if detail is not None:
+                    out[i] = detail
+        return out
+
     def check_view(self, view: TextView) -> str | None:
         units = c4_kept_units(view, self.params.unit, self.params.min_words)
         if not units:
             return None
-        kept = sum(1 for _, k in units if k)
-        frac = kept / len(units)
+        return self._judge(sum(1 for _, k in units if k) / len(units))
+
+    def _judge(self, frac: float) -> str | None:
         if frac < self.params.min_fraction:
             return f"terminal_{self.params.unit}s={frac:.3f} < min_fraction={self.params.min_fraction}"
         return None
@@ -106,6 +160,17 @@ class C4MinSentences(Rule):
         min_sentences: int = Field(default=5, ge=0)
         unit: Literal["line", "paragraph"] = "line"
         min_words: int = Field(default=3, ge=0)
+
+    def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
+        if self.params.unit != "line":
+            return super().check_batch(batch, todo)
+        sentences = c4_line_counts(batch, self.params.min_words)[2]
+        out = {}
+        for i in todo:
+            detail = under("sentences", int(sentences[i]), self.params, "min_sentences")
+            if detail is not None:
+                out[i] = detail
+        return out
 
     def check_view(self, view: TextView) -> str | None:
         n = 0

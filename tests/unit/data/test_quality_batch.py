@@ -38,7 +38,7 @@ def random_doc(rng: random.Random) -> str:
     lines, i = [], 0
     while i < len(words):
         step = rng.randint(1, 15)
-        end = rng.choice([".", "", "!", "?", '"', "...", ":"])
+        end = rng.choice([".", "", "!", "?", '"', "...", ":", ". It is.", '." Yes', "! \u00a0", ".\u2003So."])
         lines.append(" ".join(words[i : i + step]) + end)
         i += step
     sep = rng.choice(["\n", "\n\n", "\r\n", " \u00a0\n", "\u2028"])
@@ -59,6 +59,14 @@ def test_pyarrow_splits_words_where_str_split_does_for_every_code_point():
     expected = np.array([len(t.split()) for t in texts])
     wrong = [hex(points[i]) for i in np.flatnonzero(counts != expected)]
     assert not wrong, f"pyarrow and str.split disagree on {wrong[:20]}"
+
+
+def test_pyarrow_trims_whitespace_where_str_strip_does_for_every_code_point():
+    points = [c for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]
+    texts = [f"{chr(c)}a{chr(c)}" for c in points]
+    trimmed = pc.utf8_trim_whitespace(pa.array(texts, type=pa.large_string())).to_pylist()
+    wrong = [hex(points[i]) for i, (t, x) in enumerate(zip(texts, trimmed)) if t.strip() != x]
+    assert not wrong, f"pyarrow and str.strip disagree on {wrong[:20]}"
 
 
 def _content(words: list[str]) -> list[str]:
@@ -91,10 +99,12 @@ def test_batch_word_rules_match_a_per_word_reference(name):
 
 
 NGRAM_RULES = [f"gopher_top_{n}gram" for n in (2, 3, 4)] + [f"gopher_dup_{n}gram" for n in range(5, 11)]
+# Rules with a batch-wide path beside their per-document one (check_view).
+BATCH_PATH_RULES = NGRAM_RULES + ["c4_terminal_punct", "c4_min_sentences"]
 
 
-@pytest.mark.parametrize("name", NGRAM_RULES)
-def test_batch_ngram_rules_match_the_single_document_path(name):
+@pytest.mark.parametrize("name", BATCH_PATH_RULES)
+def test_batch_rules_match_the_single_document_path(name):
     """One sort over the batch gives each document the verdict of its own TextView (no batch)."""
     texts = docs(400, seed=2)
     rule = RULES[name]()
