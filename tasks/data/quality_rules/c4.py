@@ -71,14 +71,20 @@ def c4_line_counts(batch: Batch, min_words: int) -> tuple[np.ndarray, np.ndarray
         ends = pc.ends_with(line, TERMINAL_PUNCTUATION[0])
         for mark in TERMINAL_PUNCTUATION[1:]:
             ends = pc.or_(ends, pc.ends_with(line, mark))
-        ends = pc.and_not(ends, pc.ends_with(line, "..."))
-        words = pc.list_value_length(pc.utf8_split_whitespace(line))
-        kept = pc.and_(pc.and_(nonblank, ends), pc.greater_equal(words, min_words))
+        ends = pc.and_(nonblank, pc.and_not(ends, pc.ends_with(line, "...")))
+        # Words are counted only on lines that end well, and only up to min_words (max_splits).
+        ending = np.flatnonzero(ends.to_numpy(zero_copy_only=False))
+        candidates = line.take(pa.array(ending))
+        words = pc.list_value_length(pc.utf8_split_whitespace(candidates, max_splits=max(min_words - 1, 0)))
+        enough = pc.greater_equal(words, min_words).to_numpy(zero_copy_only=False)
+        kept_lines = candidates.filter(pa.array(enough))
+        kept_np = np.zeros(len(line), dtype=bool)
+        kept_np[ending[enough]] = True
         # count_sentences of each kept line: its sentence ends, plus one unless one ends the line.
-        marks = pc.count_substring_regex(line, _SENTENCE_END_RE2).to_numpy(zero_copy_only=False)
-        closed = pc.match_substring_regex(line, _LINE_END_RE2).to_numpy(zero_copy_only=False)
-        kept_np = kept.to_numpy(zero_copy_only=False)
-        sentences = np.where(kept_np, marks + ~closed, 0)
+        marks = pc.count_substring_regex(kept_lines, _SENTENCE_END_RE2).to_numpy(zero_copy_only=False)
+        closed = pc.match_substring_regex(kept_lines, _LINE_END_RE2).to_numpy(zero_copy_only=False)
+        sentences = np.zeros(len(line), dtype=np.int64)
+        sentences[kept_np] = marks + ~closed
         n = len(batch)
         batch.memo[key] = (
             np.bincount(doc, weights=nonblank.to_numpy(zero_copy_only=False), minlength=n).astype(np.int64),

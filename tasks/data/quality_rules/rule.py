@@ -223,9 +223,12 @@ class NgramCounts:
     rule reads them); later[j] is True where that n-gram occurred earlier in its document.
     """
 
-    def __init__(self, batch: "Batch", n: int, docs: np.ndarray, covered: np.ndarray):
+    def __init__(self, batch: "Batch", n: int, docs: np.ndarray, covered: np.ndarray,
+                 candidates: np.ndarray | None = None):
         """Count the n-grams of documents `docs`; `covered` marks those whose counts are known
-        (`docs`, and documents known to repeat no n-gram: they keep zeros)."""
+        (`docs`, and documents known to repeat no n-gram: they keep zeros). `candidates`: the
+        positions whose (n-1)-gram repeats (`in_repeat` of size n-1); an n-gram elsewhere
+        cannot repeat, so only these are sorted."""
         n_docs = len(batch)
         total = len(batch.word_ids)
         self.covered = covered
@@ -235,9 +238,13 @@ class NgramCounts:
         doc = batch.doc_of_word
         selected = np.zeros(n_docs, dtype=bool)
         selected[docs] = True
-        pos = np.flatnonzero((batch.word_positions + n <= batch.doc_end_of_word) & selected[doc])
+        mask = (batch.word_positions + n <= batch.doc_end_of_word) & selected[doc]
+        if candidates is not None:
+            mask &= candidates
+        pos = np.flatnonzero(mask)
         self.keys = keys
         self.later = np.zeros(total, dtype=bool)
+        self.in_repeat = np.zeros(total, dtype=bool)  # positions whose n-gram occurs more than once
         if len(pos) == 0:
             return
         # Equal n-grams of different documents must not meet: fold the document into the key.
@@ -251,6 +258,7 @@ class NgramCounts:
         self.later[first] = False
         group_doc = doc[first]
         repeated = counts > 1
+        self.in_repeat[pos[order]] = np.repeat(repeated, counts)
         self.repeats[group_doc[repeated]] = True
         # The most frequent n-gram of each document; among equal counts the earliest, as
         # Counter.most_common picks.
@@ -403,9 +411,12 @@ class Batch:
         if known is not None:
             want |= known.covered
         covered = want.copy()
+        candidates = None
         if n > 2:
-            want &= self.ngrams(n - 1, np.flatnonzero(want)).repeats
-        self._ngrams[n] = NgramCounts(self, n, np.flatnonzero(want), covered)
+            shorter = self.ngrams(n - 1, np.flatnonzero(want))
+            want &= shorter.repeats
+            candidates = shorter.in_repeat
+        self._ngrams[n] = NgramCounts(self, n, np.flatnonzero(want), covered, candidates)
         return self._ngrams[n]
 
     def ngram_keys(self, n: int) -> np.ndarray:
