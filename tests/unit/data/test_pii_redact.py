@@ -110,3 +110,22 @@ def test_stage_on_empty_input(tmp_path):
     src = write_table_atomic(documents_table([]), tmp_path / "in.parquet")
     res = pii_redact(src, tmp_path / "out.parquet", CFG)
     assert res.counts == {} and pq.read_table(res.output).num_rows == 0
+
+
+@pytest.mark.parametrize("cfg", [PiiConfig(), PiiConfig(emails=False), PiiConfig(ipv6=False)])
+def test_stage_prefilter_changes_nothing_redact_text_would_not(tmp_path, cfg):
+    """The stage sends only texts that may hold PII to redact_text; its output must equal
+    redact_text on every text."""
+    import random
+
+    rng = random.Random(0)
+    pieces = ["mail bob@example.org now", "host 8.8.8.8 up", "at 10.0.0.1", "v1.2.3.4", "ver 1.2.3.4",
+              "2001:4860:4860::8888", "a::b", "1:2:3:4:5:6:7:8", "١٢.٣.٤.٥", "3.14159", "x@y", "plain words",
+              "1.2.3.4.5", "addr 203.0.113.7.", "::", "a:b:c:d:e:f:g:h", "\u00e9t\u00e9 9.9.9.9"]
+    texts = [" ".join(rng.choice(pieces) for _ in range(rng.randint(1, 6))) for _ in range(300)]
+    docs = [Document(doc_id=f"d{i}", source="web", text=t, licence="x", path="p", locator=str(i)) for i, t in enumerate(texts)]
+    src = write_table_atomic(documents_table(docs), tmp_path / "in.parquet")
+    res = pii_redact(src, tmp_path / "out.parquet", cfg)
+    out = pq.read_table(res.output).column("text").to_pylist()
+    assert out == [redact_text(t, cfg)[0] for t in texts]
+    assert out != texts  # the corpus holds PII this config redacts
