@@ -20,14 +20,14 @@ from pydantic_core import PydanticCustomError
 from infra.config import ConfigError, StrictModel, YamlAliasRefused, load_config, parse_config, parse_yaml, set_dotted
 from infra.paths import Workspace
 from tasks.eval.rewards import REWARDS
-from tasks.eval.evaluate import EvalConfig
+from tasks.eval.config import EvalConfig
 from tasks.data.exact_dedup import ExactDedupConfig
-from tasks.training.grpo.stage import GrpoStageConfig
+from tasks.training.grpo.config import GrpoStageConfig
 from tasks.data.minhash_dedup import NearDedupConfig
 from tasks.data.mix import MixConfig
 from tasks.data.pii_redact import PiiConfig
-from tasks.training.pretrain.stage import PretrainConfig
-from tasks.training.sft.stage import SftConfig
+from tasks.training.pretrain.config import PretrainConfig
+from tasks.training.sft.config import SftConfig
 from tasks.data.shards import ShardConfig
 from tasks.tokenizer.tokenize_shards import TokenizeConfig
 from tasks.tokenizer.train import TokenizerConfig

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from models.calibration import CalibrationReport, ReliabilityBins
 from infra.atomic import atomic_write
+
+if TYPE_CHECKING:  # annotations only: the data flow draws its funnel without importing torch
+    from models.calibration import CalibrationReport, ReliabilityBins
 
 # Where collected documents ended, in the stacking order of the funnel chart.
 _FUNNEL_FATES = ("kept", "filtered", "near_duplicates", "exact_duplicates", "rejected")

@@ -37,6 +37,7 @@ import torch
 from pydantic import Field
 
 from infra.config import StrictModel
+from tasks.training.grpo.config import GrpoConfig
 from models.chat_template import decode_completion, encode_prompt, special_ids
 from models.grpo import group_advantages, grpo_loss
 from models.losses import IGNORE_INDEX, token_logprobs
@@ -54,36 +55,6 @@ class Problem(Protocol):
 
 MetricsLog = Callable[[dict, int], Any]
 MAX_BATCH_ROWS = 256  # sequences generated in one batch, bounding the sampler's memory
-
-
-class GrpoConfig(StrictModel):
-    """One GRPO run."""
-
-    group_size: int = Field(default=8, ge=2)  # completions per prompt (G)
-    prompts_per_step: int = Field(default=8, gt=0)
-    max_new_tokens: int = Field(default=16, gt=0)
-    temperature: float = Field(default=1.0, gt=0)  # > 0: a greedy group would hold G copies of one answer
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    lr: float = Field(default=1e-5, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.99)
-    grad_clip: float = Field(default=1.0, ge=0)  # 0 disables clipping
-    clip_eps: float = Field(default=0.2, gt=0, lt=1)
-    beta: float = Field(default=0.04, ge=0)  # weight of the KL penalty towards the reference
-    updates_per_batch: int = Field(default=2, gt=0)  # optimizer steps on each sampled batch
-    steps: int = Field(default=50, gt=0)
-    seed: int = 0
-    rewards: dict[str, float] = Field(default_factory=lambda: {"arithmetic_exact": 1.0, "format": 0.1})
-    accuracy_reward: str = "arithmetic_exact"  # a completion is correct when this reward is >= 1
-    # ZeRO-3 is not offered: it partitions the weights, and the step-by-step KV-cache sampler
-    # would then gather every layer on every token. The LR is constant (no schedule), as usual for GRPO.
-    zero: Literal["zero0", "zero1", "zero2"] = "zero0"
-    precision: Literal["fp32", "bf16", "auto"] = "fp32"
-    eval_prompts: int = Field(default=64, ge=0)  # held-out prompts scored greedily before and after
-    samples_every: int = Field(default=10, gt=0)  # keep sample completions every this many steps
-    samples_per_step: int = Field(default=2, ge=0)
-    ckpt_every: int = Field(default=10, ge=0)  # 0: only at the end (when grpo_train is given a ckpt_dir)
-    keep_checkpoints: int = Field(default=2, gt=0)  # older checkpoint folders are deleted
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from pydantic import BaseModel, Field
 
-from tasks.training.grpo.loop import GrpoConfig
+from tasks.training.grpo.config import GrpoConfig, GrpoStageConfig
 from tasks.training.launch import (
     ExportedModel,
     StageJob,
@@ -50,23 +50,6 @@ WORKER_MODULE = "tasks.training.grpo.worker"
 STAGE = StageSpec(name="grpo", label="GRPO", worker_module=WORKER_MODULE, config_file=CONFIG_FILE,
                   resume_neutral=frozenset({"ckpt_every", "keep_checkpoints", "torch_threads", "export_hf"}),
                   resume_identity={"sft_model": "SFT model"})
-
-
-class GrpoStageConfig(GrpoConfig):
-    """Every GrpoConfig field, the arithmetic problems to train and score on, and launch settings."""
-
-    max_new_tokens: int = Field(default=24, gt=0)  # "<answer>nn</answer>" is ~16 tokens, plus <|end|>
-    n_train_problems: int = Field(default=200, gt=0)  # drawn from the arithmetic "grpo" split
-    max_operand: int = Field(default=20, ge=0)  # keep equal to the SFT arithmetic options
-    ops: str = "+-"
-    problem_seed: int = 0
-    num_procs: int = Field(default=1, ge=1, le=1)  # single-rank (see the module docstring)
-    export_hf: bool = True
-    # Intra-op threads; tiny models on a shared CPU run far faster on 1 than on many.
-    torch_threads: int | None = Field(default=None, gt=0)
-
-    def grpo_config(self) -> GrpoConfig:
-        return GrpoConfig(**self.model_dump(include=set(GrpoConfig.model_fields)))
 
 
 class GrpoJob(StageJob):

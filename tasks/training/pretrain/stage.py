@@ -34,21 +34,12 @@ from tasks.training.launch import (
     run_stage,
 )
 from tasks.training.loop import BatchFn, TrainConfig, epoch_orders
+from tasks.training.pretrain.config import PretrainConfig
 
 CONFIG_FILE = "pretrain_config.json"
 WORKER_MODULE = "tasks.training.pretrain.worker"
 STAGE = StageSpec(name="pretrain", label="pretrain", worker_module=WORKER_MODULE, config_file=CONFIG_FILE,
                   resume_neutral=LOOP_RESUME_NEUTRAL, resume_identity={"model": "model architecture"})
-
-
-class PretrainConfig(TrainConfig):
-    """Model preset (+ overrides), every TrainConfig field, and how many ranks to launch."""
-
-    model: str = "demo"  # a models.llama.PRESETS name
-    model_overrides: dict[str, int | float | bool] = Field(default_factory=dict)
-    num_procs: int = Field(default=1, gt=0)  # ranks per node (GPUs, or CPU processes)
-    hostfile: HostfilePath | None = None  # DeepSpeed hostfile for multi-node runs (checked on load)
-    export_hf: bool = True  # also write a transformers.LlamaForCausalLM folder
 
 
 class PretrainJob(StageJob):
