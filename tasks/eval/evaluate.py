@@ -22,7 +22,6 @@ import torch
 from prefect import task
 from pydantic import BaseModel, Field
 
-from infra.config import StrictModel
 from tasks.eval.config import EvalConfig
 from models.calibration import (
     CalibrationReport,

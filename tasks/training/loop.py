@@ -16,14 +16,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
-
-from infra.config import StrictModel
-from tasks.training.train_config import TrainConfig  # noqa: F401 (the loop's config; importers use it from here too)
+from tasks.training.train_config import TrainConfig
 from infra.deepspeed_launch import resolve_precision
 from tasks.training.checkpoint import load_latest, save_checkpoint, seed_all, tag_of
 from tasks.training.engine import EngineSpec, build_engine, init_distributed

@@ -31,13 +31,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
-from pydantic import Field
-
-from infra.config import StrictModel
-from tasks.training.grpo.config import GrpoConfig
+from tasks.training.grpo.config import GrpoConfig  # noqa: F401 (re-exported: the loop's config)
 from models.chat_template import decode_completion, encode_prompt, special_ids
 from models.grpo import group_advantages, grpo_loss
 from models.losses import IGNORE_INDEX, token_logprobs

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from tasks.training.grpo.config import GrpoConfig, GrpoStageConfig
+from tasks.training.grpo.config import GrpoStageConfig
 from tasks.training.launch import (
     ExportedModel,
     StageJob,

@@ -19,10 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 from prefect import get_run_logger, task
-from pydantic import Field
-
 from infra.deepspeed_launch import build_ds_config
-from infra.hostfile import HostfilePath
 from models.losses import next_token_loss
 from tasks.training.launch import (
     LOOP_RESUME_NEUTRAL,
@@ -33,7 +30,7 @@ from tasks.training.launch import (
     job_fields,
     run_stage,
 )
-from tasks.training.loop import BatchFn, TrainConfig, epoch_orders
+from tasks.training.loop import BatchFn, epoch_orders
 from tasks.training.pretrain.config import PretrainConfig
 
 CONFIG_FILE = "pretrain_config.json"

@@ -22,11 +22,7 @@ from typing import Any
 
 import torch
 from prefect import get_run_logger, task
-from pydantic import Field
-
-from infra.config import StrictModel
 from infra.deepspeed_launch import build_ds_config
-from infra.hostfile import HostfilePath
 from models.chat_template import ChatEncoding, collate
 from models.losses import next_token_loss
 from tasks.training.launch import (
@@ -39,9 +35,9 @@ from tasks.training.launch import (
     run_stage,
     saved_model_config,
 )
-from tasks.training.loop import BatchFn, TrainConfig, epoch_orders
+from tasks.training.loop import BatchFn, epoch_orders
 from tasks.training.sft.config import SftConfig, SftDataConfig
-from tasks.training.sft.data import ArithmeticSftOptions, SftBuiltin, SftExample, SftSourceConfig
+from tasks.training.sft.data import SftExample, SftSourceConfig
 
 CONFIG_FILE = "sft_config.json"
 REJECTED_FILE = "rejected.jsonl"
