@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from infra.process_tree import stop_processes
 from tests.conftest import run_cli
 from tests.integration.test_data_flow import make_preset
 
@@ -62,13 +63,7 @@ def ray_cluster(isolated_env):
         subprocess.run([RAY, "start", f"--address={address}", *common], env=env, check=True, capture_output=True, timeout=120)
         yield address, env
     finally:
-        procs = ray_processes(temp_dir)
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=30)
+        stop_processes(ray_processes(temp_dir), grace_s=5.0)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

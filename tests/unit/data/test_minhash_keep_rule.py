@@ -16,6 +16,8 @@ from tasks.data.documents import Document, documents_table, write_table_atomic
 from tasks.data.minhash_dedup import NearDedupConfig, banding, compute_signatures, near_dedup, shingles
 from tasks.data.text_normalize import dedup_key
 
+from .test_minhash_dedup import make_variant
+
 
 def exact_jaccard(a: str, b: str, n: int) -> float:
     """Jaccard of the two texts' sets of word n-grams (Python tuples, no hashing)."""
@@ -52,16 +54,6 @@ def reference_near_dedup(texts: list[str], cfg: NearDedupConfig) -> dict[int, tu
     return removed
 
 
-def edit(words: list[str], edits: int, vocab: list[str], rng: random.Random) -> list[str]:
-    out = list(words)
-    for pos in sorted(rng.sample(range(len(words)), edits), reverse=True):
-        if rng.random() < 0.5:
-            out[pos] = rng.choice(vocab)
-        else:
-            out.insert(pos, rng.choice(vocab))
-    return out
-
-
 def planted_corpus(n_groups: int, seed: int) -> list[str]:
     """Unrelated documents, near-copy clusters of several sizes and chains A~B~C, shuffled
     so that clusters interleave; a few empty and short texts."""
@@ -74,12 +66,12 @@ def planted_corpus(n_groups: int, seed: int) -> list[str]:
         if kind == 0:
             docs.append(" ".join(base))
         elif kind == 1:  # cluster: copies with 0..12 edits
-            docs += [" ".join(edit(base, rng.randint(0, 12), vocab, rng)) for _ in range(rng.randint(2, 6))]
+            docs += [" ".join(make_variant(base, rng.randint(0, 12), vocab, rng)) for _ in range(rng.randint(2, 6))]
         else:  # chain: each link a few edits from the previous one
             link = base
             for _ in range(rng.randint(3, 5)):
                 docs.append(" ".join(link))
-                link = edit(link, rng.randint(2, 6), vocab, rng)
+                link = make_variant(link, rng.randint(2, 6), vocab, rng)
     rng.shuffle(docs)
     docs[5:5] = ["", "   ", "one", "two words", "a b c d"]
     return docs
@@ -119,8 +111,8 @@ def test_chain_a_b_c_keeps_c(tmp_path, verify):
     rng = random.Random(5)
     vocab = ["".join(rng.choice("abcdefghij") for _ in range(6)) for _ in range(3000)]
     a = [rng.choice(vocab) for _ in range(200)]
-    b = edit(a, 4, vocab, rng)
-    c = edit(b, 4, vocab, rng)
+    b = make_variant(a, 4, vocab, rng)
+    c = make_variant(b, 4, vocab, rng)
     texts = [" ".join(a), " ".join(b), " ".join(c)]
     cfg = NearDedupConfig(workers=1, threshold=0.75, verify=verify)
     sigs = compute_signatures(texts, cfg)
