@@ -141,3 +141,11 @@ def _exec_dying_with_parent(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     _exec_dying_with_parent(sys.argv[1:])
+
+
+def usable_cores() -> list[int]:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return list(range(os.cpu_count() or 1))

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from infra.process_tree import usable_cores
+
 CHECKOUT = Path(__file__).resolve().parents[1]
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
 
@@ -43,19 +45,12 @@ def ray_task_runner(address: str | None) -> Any:
     path = os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH", "")) if p)
     init: dict[str, Any] = {"runtime_env": {"env_vars": {"PYTHONPATH": path}}, "log_to_driver": True}
     if address is None:
-        init |= {"address": "local", "num_cpus": _usable_cores(), "include_dashboard": False}
+        init |= {"address": "local", "num_cpus": len(usable_cores()), "include_dashboard": False}
         return RayTaskRunner(init_kwargs=init)
     if address == "auto":
         init["address"] = "auto"
         return RayTaskRunner(init_kwargs=init)
     return RayTaskRunner(address=address, init_kwargs=init)
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def on_ray_task_runner() -> bool:

@@ -20,9 +20,7 @@ stage with more than one worker needs the usual `if __name__ == "__main__":` gua
 from __future__ import annotations
 
 import importlib
-import math
 import multiprocessing
-import os
 import signal
 import sys
 import time
@@ -34,7 +32,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import psutil
 
-from infra.process_tree import descendants, die_with_parent, stop_processes
+from infra.process_tree import descendants, die_with_parent, stop_processes, usable_cores
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -48,14 +46,6 @@ MEASURE_S = 0.25
 MIN_START_CPU_S = 0.25
 # Jobs in flight per worker: one running, one queued, so a worker never waits for the next.
 IN_FLIGHT_PER_WORKER = 2
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def plan_workers(n_items: int, batch_size: int, workers: int = 0, *, parallel_from: int | None = None,
@@ -237,20 +227,13 @@ def idle_cores_during(run: Callable[[], Any]) -> tuple[Any, float, int]:
     The idle share of the usable cores is sampled over the same window (psutil's per-CPU idle
     times); the core this process used counts as free, since it mostly waits while workers run.
     """
-    cores = _affinity()
+    cores = usable_cores()
     before, wall0, cpu0 = psutil.cpu_times(percpu=True), time.perf_counter(), time.process_time()
     result = run()
     cpu, wall, after = time.process_time() - cpu0, time.perf_counter() - wall0, psutil.cpu_times(percpu=True)
     idle = sum(after[c].idle - before[c].idle for c in cores if c < len(after))
     others = idle / wall if wall > 0 else 0.0
     return result, cpu, max(1, min(len(cores), int(others + 0.5) + 1))
-
-
-def _affinity() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        return list(range(os.cpu_count() or 1))
 
 
 def _ray_idle_cores() -> int:

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from infra.config import StrictModel
-from tasks.data.quality_rules.rule import Batch, Rule, TextView, over, under
+from tasks.data.quality_rules.rule import Batch, Rule, TextView, failures, over, under
 
 TERMINAL_PUNCTUATION = (".", "?", "!", '"', "'")
 POLICY_PHRASES = ["terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies"]
@@ -123,13 +123,7 @@ class C4TerminalPunct(Rule):
         if self.params.unit != "line":
             return super().check_batch(batch, todo)
         lines, kept, _ = c4_line_counts(batch, self.params.min_words)  # every line of the batch at once
-        out = {}
-        for i in todo:
-            if lines[i]:
-                detail = self._judge(int(kept[i]) / int(lines[i]))
-                if detail is not None:
-                    out[i] = detail
-        return out
+        return failures(todo, lambda i: self._judge(int(kept[i]) / int(lines[i])) if lines[i] else None)
 
     def check_view(self, view: TextView) -> str | None:
         units = c4_kept_units(view, self.params.unit, self.params.min_words)
@@ -171,12 +165,7 @@ class C4MinSentences(Rule):
         if self.params.unit != "line":
             return super().check_batch(batch, todo)
         sentences = c4_line_counts(batch, self.params.min_words)[2]
-        out = {}
-        for i in todo:
-            detail = under("sentences", int(sentences[i]), self.params, "min_sentences")
-            if detail is not None:
-                out[i] = detail
-        return out
+        return failures(todo, lambda i: under("sentences", int(sentences[i]), self.params, "min_sentences"))
 
     def check_view(self, view: TextView) -> str | None:
         n = 0

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from pydantic import Field
 
 from infra.config import StrictModel
-from tasks.data.quality_rules.rule import Batch, Rule, TextView, fraction, over
+from tasks.data.quality_rules.rule import Batch, Rule, TextView, failures, fraction, over
 
 # The original FineWeb stop characters, plus the CJK, Arabic and Devanagari sentence ends.
 STOP_CHARS = [".", "'", '"', "!", "?", "。", "！", "？", "؟", "।"]
@@ -74,13 +74,7 @@ class FineWebListRatio(Rule):
 
     def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
         counts = batch.word_counts  # the batch's word split: no str.split per document
-        out = {}
-        for i in todo:
-            if counts[i]:
-                detail = self._judge(batch.texts[i].count("\n") / int(counts[i]))
-                if detail is not None:
-                    out[i] = detail
-        return out
+        return failures(todo, lambda i: self._judge(batch.texts[i].count("\n") / int(counts[i])) if counts[i] else None)
 
     def _judge(self, ratio: float) -> str | None:
         if ratio > self.params.max_newlines_per_word:

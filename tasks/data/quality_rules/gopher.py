@@ -17,6 +17,7 @@ from tasks.data.quality_rules.rule import (
     Rule,
     TextView,
     duplicated_ngram_chars,
+    failures,
     fraction,
     over,
     top_ngram_chars,
@@ -52,13 +53,10 @@ class GopherWordCount(Rule):
 
     def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
         counts = batch.content_words
-        out = {}
-        for i in todo:
-            n = int(counts[i])
-            detail = under("words", n, self.params, "min_words") or over("words", n, self.params, "max_words")
-            if detail is not None:
-                out[i] = detail
-        return out
+        return failures(todo, lambda i: self._judge(int(counts[i])))
+
+    def _judge(self, n: int) -> str | None:
+        return under("words", n, self.params, "min_words") or over("words", n, self.params, "max_words")
 
 
 class GopherMeanWordLength(Rule):
@@ -72,13 +70,7 @@ class GopherMeanWordLength(Rule):
 
     def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
         counts, chars = batch.content_words, batch.content_chars
-        out = {}
-        for i in todo:
-            if counts[i]:
-                detail = self._judge(int(chars[i]) / int(counts[i]))
-                if detail is not None:
-                    out[i] = detail
-        return out
+        return failures(todo, lambda i: self._judge(int(chars[i]) / int(counts[i])) if counts[i] else None)
 
     def _judge(self, mean: float) -> str | None:
         return under("mean_word_length", mean, self.params, "min_mean", ".2f") or over(
@@ -96,13 +88,7 @@ class GopherSymbolWordRatio(Rule):
 
     def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
         counts = batch.word_counts
-        out = {}
-        for i in todo:
-            if counts[i]:
-                detail = self._judge(batch.texts[i], int(counts[i]))
-                if detail is not None:
-                    out[i] = detail
-        return out
+        return failures(todo, lambda i: self._judge(batch.texts[i], int(counts[i])) if counts[i] else None)
 
     def _judge(self, text: str, n: int) -> str | None:
         hashes = fraction(text.count("#"), n)
@@ -148,13 +134,8 @@ class GopherAlphaWords(Rule):
 
     def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
         counts, alpha = batch.word_counts, batch.alpha_words
-        out = {}
-        for i in todo:
-            if counts[i]:
-                detail = under("alpha_words", int(alpha[i]) / int(counts[i]), self.params, "min_fraction", ".3f")
-                if detail is not None:
-                    out[i] = detail
-        return out
+        return failures(todo, lambda i: under("alpha_words", int(alpha[i]) / int(counts[i]), self.params,
+                                              "min_fraction", ".3f") if counts[i] else None)
 
 
 class GopherStopWords(Rule):
@@ -177,12 +158,7 @@ class GopherStopWords(Rule):
 
     def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
         found = batch.distinct_stop_words(self._stop)
-        out = {}
-        for i in todo:
-            detail = under("distinct_stop_words", int(found[i]), self.params, "min_stop_words")
-            if detail is not None:
-                out[i] = detail
-        return out
+        return failures(todo, lambda i: under("distinct_stop_words", int(found[i]), self.params, "min_stop_words"))
 
 
 GOPHER_QUALITY: list[type[Rule]] = [
@@ -250,17 +226,13 @@ class _TopNgram(Rule):
         if not todo:
             return {}
         top = batch.ngrams(self.n, todo).top_chars  # one sort for all of todo
-        out = {}
-        for i in todo:
-            frac = fraction(int(top[i]), len(batch.texts[i]))
-            detail = over(f"top_{self.n}gram_chars", frac, self.params, "max_fraction", ".3f")
-            if detail is not None:
-                out[i] = detail
-        return out
+        return failures(todo, lambda i: self._judge(int(top[i]), len(batch.texts[i])))
 
     def check_view(self, view: TextView) -> str | None:
-        frac = fraction(top_ngram_chars(view, self.n), len(view.text))
-        return over(f"top_{self.n}gram_chars", frac, self.params, "max_fraction", ".3f")
+        return self._judge(top_ngram_chars(view, self.n), len(view.text))
+
+    def _judge(self, top_chars: int, text_chars: int) -> str | None:
+        return over(f"top_{self.n}gram_chars", fraction(top_chars, text_chars), self.params, "max_fraction", ".3f")
 
 
 class GopherTop2Gram(_TopNgram):

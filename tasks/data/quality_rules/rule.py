@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cached_property
 from typing import ClassVar, Generic, TypeVar
 
@@ -484,18 +484,23 @@ class Rule(Generic[P]):
 
     def check_batch(self, batch: Batch, todo: Iterable[int]) -> dict[int, str]:
         """{document index: detail} for the documents of `todo` that fail this rule."""
-        out = {}
-        for i in todo:
-            detail = self.check_view(batch.view(i))
-            if detail is not None:
-                out[i] = detail
-        return out
+        return failures(todo, lambda i: self.check_view(batch.view(i)))
 
     def check_view(self, view: TextView) -> str | None:
         raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.params!r})"
+
+
+def failures(todo: Iterable[int], detail_of: Callable[[int], str | None]) -> dict[int, str]:
+    """{i: detail_of(i)} for the documents i of `todo` whose detail is not None (they fail)."""
+    out = {}
+    for i in todo:
+        detail = detail_of(i)
+        if detail is not None:
+            out[i] = detail
+    return out
 
 
 def find_duplicates(items: Iterable[str]) -> tuple[int, int]:
