@@ -222,7 +222,7 @@ def _pass_signatures(
     sets = ShingleSetFile(spill / "shingle-sets.bin") if exact else None
     band_spill = BandSpill(spill, partitions)
     indexed = np.zeros(n_docs, dtype=np.bool_)
-    texts = (((b.num_rows), b.column("text")) for b in pq.ParquetFile(in_path).iter_batches(cfg.batch_size, columns=["text"]))
+    texts = (((b.num_rows), b.column("text")) for b in iter_batches(in_path, cfg.batch_size, columns=["text"]))
     start = 0
     with tqdm(total=n_docs, unit="doc", desc=f"{STAGE} 1/4 signatures", disable=None) as progress:
         mapped = parallel.ordered_map(signature_job, _signature_jobs(texts, cfg, exact), workers,

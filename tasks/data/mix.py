@@ -30,7 +30,7 @@ from prefect import task
 from pydantic import Field
 
 from infra.config import StrictModel
-from tasks.data.documents import DOCUMENT_SCHEMA, removed_from_documents
+from tasks.data.documents import DOCUMENT_SCHEMA, iter_batches, removed_from_documents
 from tasks.data.step import DataStep, StageResult
 
 STAGE = "mix"
@@ -175,7 +175,7 @@ def rebalance_mix(
     pf = pq.ParquetFile(in_path)
     sizer = _Sizer(cfg)
     hists: dict[str, np.ndarray] = {s: np.zeros(HASH_BUCKETS, dtype=np.int64) for s in weights}
-    for batch in pf.iter_batches(batch_size=batch_rows, columns=["doc_id", "source", "text"]):
+    for batch in iter_batches(pf, batch_rows, columns=["doc_id", "source", "text"]):
         buckets, codes, names = _batch_buckets(batch, cfg.seed)
         missing = [s for s in names if s not in weights]
         if missing:
@@ -192,7 +192,7 @@ def rebalance_mix(
     schema = DOCUMENT_SCHEMA.append(pa.field(REPEAT_COLUMN, pa.int32()))
     rows_out = dict.fromkeys(names_all, 0)
     with DataStep(STAGE, out_path, removed_path, schema=schema) as step:
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=DOCUMENT_SCHEMA.names):
+        for batch in iter_batches(pf, batch_rows, columns=DOCUMENT_SCHEMA.names):
             table = pa.Table.from_batches([batch]).cast(DOCUMENT_SCHEMA)
             buckets, codes, names = _batch_buckets(batch, cfg.seed)
             full = np.array([plan[n][0] for n in names], dtype=np.int64)[codes]

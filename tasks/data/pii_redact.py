@@ -22,7 +22,7 @@ from prefect import task
 from pydantic import Field
 
 from infra.config import StrictModel
-from tasks.data.documents import DOCUMENT_SCHEMA
+from tasks.data.documents import DOCUMENT_SCHEMA, iter_batches
 from tasks.data.step import DataStep, StageResult
 
 STAGE = "pii"
@@ -165,7 +165,7 @@ def pii_redact(in_path: Path, out_path: Path, cfg: PiiConfig) -> StageResult:
     stats: Counter = Counter({"redacted_email": 0, "redacted_ip_address": 0, "docs_redacted": 0})
     pf = pq.ParquetFile(in_path)
     with DataStep(STAGE, out_path) as step:
-        for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=DOCUMENT_SCHEMA.names):
+        for batch in iter_batches(pf, BATCH_ROWS, columns=DOCUMENT_SCHEMA.names):
             batch = batch.cast(DOCUMENT_SCHEMA)
             step.read(batch)
             texts = batch.column("text")

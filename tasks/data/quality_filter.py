@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prefect import task
 
-from tasks.data.documents import DOCUMENT_SCHEMA, REMOVED_SCHEMA, TableWriter, removed_from_documents
+from tasks.data.documents import DOCUMENT_SCHEMA, REMOVED_SCHEMA, TableWriter, iter_batches, removed_from_documents
 from tasks.data.parallel import ordered_map, plan_workers
 from tasks.data.quality_rules import FilterSpec, Judgement, judge_batch, validate_filter_spec
 from tasks.data.step import DataStep, StageResult
@@ -46,7 +46,7 @@ def quality_filter(
         raise ValueError(f"workers must be >= 1 (got {workers})")
     pf = pq.ParquetFile(in_path)
     n_rows = pf.metadata.num_rows
-    batches = (b.cast(DOCUMENT_SCHEMA) for b in pf.iter_batches(batch_size=BATCH_ROWS, columns=DOCUMENT_SCHEMA.names))
+    batches = (b.cast(DOCUMENT_SCHEMA) for b in iter_batches(pf, BATCH_ROWS, columns=DOCUMENT_SCHEMA.names))
     jobs = ((b, (specs, b.column("source").to_pylist(), b.column("text").to_pylist())) for b in batches)
     chars: dict[str, int] = {}
     originals_path = Path(removed_path).with_name("rewritten.parquet")

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import pyarrow.parquet as pq
 
 from tasks.data.catalog import MAX_INFLATED_BYTES, HfDatasetOptions
-from tasks.data.documents import Removed
+from tasks.data.documents import Removed, iter_batches
 from tasks.data.text_normalize import has_visible_text
 
 BATCH_ROWS = 2048
@@ -260,7 +260,7 @@ def parquet_records(path: Path, columns: list[str]) -> Iterator[tuple[str, dict]
             yield f"row:{row}", {}
         return
     row = 0
-    for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=present):
+    for batch in iter_batches(pf, BATCH_ROWS, columns=present):
         for rec in batch.to_pylist():
             yield f"row:{row}", rec
             row += 1

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from prefect import task
 from pydantic import BaseModel, Field
 
 from infra.config import StrictModel
 from models.special_tokens import EOS
 from infra.atomic import atomic_path, commit_atomic, write_text_atomic
+from tasks.data.documents import iter_batches
 from tasks.data.manifest import ChecksumError, sha256_file, shard_paths
 from tasks.tokenizer.train import TOKENIZER_FILE, load_tokenizer, special_token_ids
 
@@ -141,7 +141,7 @@ def tokenize_shards(manifest_path: Path, tokenizer_path: Path, out_dir: Path, cf
 
 def _document_batches(paths: list[Path], batch_size: int) -> Iterator[pa.RecordBatch]:
     for path in paths:
-        yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=["doc_id", "source", "text"])
+        yield from iter_batches(path, batch_size, columns=["doc_id", "source", "text"])
 
 
 def _encode(tokenizer, texts: list[str], eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

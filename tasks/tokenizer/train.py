@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 from prefect import task
 from pydantic import Field
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -20,6 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from infra.config import StrictModel
 from models.special_tokens import SPECIAL_TOKENS
 from infra.atomic import atomic_write
+from tasks.data.documents import iter_batches
 from tasks.data.manifest import load_manifest, shard_paths
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -91,7 +91,7 @@ def _text_batches(paths: list[Path], chosen: np.ndarray | None) -> Iterator[list
     """Stream shard texts in batches (bounded memory), keeping only the `chosen` global rows."""
     offset = 0
     for path in paths:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=_READ_BATCH, columns=["text"]):
+        for batch in iter_batches(path, _READ_BATCH, columns=["text"]):
             texts = batch.column(0)
             n = len(texts)
             if chosen is not None:
