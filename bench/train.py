@@ -1,15 +1,20 @@
-"""Training-step benchmark: our DeepSpeed loop vs a plain PyTorch loop, and MFU against measured matmul peak.
+"""Training-step benchmark: today's CPU settings vs the tuned ones, our loop vs a plain PyTorch loop, MFU.
 
 Same model (same init), same batches, same AdamW groups, same clipping, one process:
 
-    DS_ACCELERATOR=cpu .venv/bin/python bench/train.py --preset small25m --steps 8
+    DS_ACCELERATOR=cpu .venv/bin/python bench/train.py --preset small25m --steps 6
 
-prints tokens/s of tasks.training.loop.train (ZeRO-0) and of a hand-written loop, their
-ratio (goal >= 0.9), the fp32 torch.mm peak FLOP/s of this machine and the model FLOP/s
-achieved (models.flops.flops_per_token x tokens/s), i.e. MFU (goal >= 30% on CPU).
-Rounds alternate the two loops and the best round of each (and the best peak
-measurement) counts, because a shared machine's background load only ever slows a
-measurement down; run several short rounds on a busy machine.
+Measures, in alternating rounds (the best round of each counts, because a shared machine's
+background load only ever slows a measurement down):
+- `before`: tasks.training.loop.train (DeepSpeed ZeRO-0) in fp32 with torch's default AdamW
+  on the CPU (the for-loop kernel): the settings before issue 16;
+- `after`: the same loop with `precision: auto` (bf16 where infra/precision.py measured it
+  faster) and `optimizer_kernel: auto` (fused AdamW): the speed-up is after / before (goal >= 1.5);
+- `plain` vs `loop-fp32`: a hand-written loop and ours, both fp32 with fused AdamW: the
+  loop's overhead (goal >= 0.9);
+then MFU of `after` against the measured torch.mm peak of the precision it used (and fp32's).
+Last, `--curve-steps` steps of `before` and `after` on learnable synthetic tokens (a noisy
+bigram chain) show the loss curve unchanged within noise.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import torch
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else "cuda")
 
+from infra.precision import choose_precision  # noqa: E402
 from models.flops import flops_per_token, mfu, num_params  # noqa: E402
 from models.llama import Transformer, model_config  # noqa: E402
 from models.optim import build_adamw, build_scheduler  # noqa: E402
@@ -42,9 +48,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=4096, help="vocabulary size (default 4096)")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch", type=int, default=8, help="sequences per step (micro-batch, no accumulation)")
-    p.add_argument("--steps", type=int, default=8, help="timed steps per loop and round")
+    p.add_argument("--steps", type=int, default=6, help="timed steps per loop and round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed ones")
-    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of (plain, deepspeed)")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the four loops")
+    p.add_argument("--curve-steps", type=int, default=40, help="steps of the loss-curve comparison (0: skip)")
     p.add_argument("--peak-n", type=int, default=2048,
                    help="torch.mm peak = best of square sizes n/2, n, 3n/2 (default n=2048)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -56,19 +63,34 @@ def make_model(args: argparse.Namespace) -> Transformer:
     return Transformer(model_config(args.preset, args.vocab, max_seq_len=max(args.seq_len, 16)))
 
 
-def train_config(args: argparse.Namespace) -> TrainConfig:
+def train_config(args: argparse.Namespace, precision: str = "fp32", kernel: str = "auto", steps: int | None = None,
+                 lr: float = 3e-4) -> TrainConfig:
     return TrainConfig(
-        seq_len=args.seq_len, micro_batch_size=args.batch, grad_accum=1, lr=3e-4, warmup_steps=2,
-        max_steps=args.warmup + args.steps, weight_decay=0.1, grad_clip=1.0, zero="zero0", precision="fp32",
-        log_every=1, eval_batches=0, peak_flops=1.0, seed=0,
+        seq_len=args.seq_len, micro_batch_size=args.batch, grad_accum=1, lr=lr, warmup_steps=2,
+        max_steps=steps or args.warmup + args.steps, weight_decay=0.1, grad_clip=1.0, zero="zero0",
+        precision=precision, optimizer_kernel=kernel, log_every=1, eval_batches=0, peak_flops=1.0, seed=0,
     )
+
+
+def bigram_tokens(vocab: int, n: int, seed: int = 0, stay: float = 0.8) -> np.ndarray:
+    """Tokens of a noisy bigram chain: each token is followed by its fixed successor with
+    probability `stay`, else by a random token, so a model's loss falls well below ln(vocab)."""
+    rng = np.random.default_rng(seed)
+    successor = rng.permutation(np.arange(6, vocab))
+    noise = rng.integers(6, vocab, n)
+    keep = rng.random(n) < stay
+    out = np.empty(n, dtype=np.uint16)
+    out[0] = 6
+    for i in range(1, n):
+        out[i] = successor[out[i - 1] - 6] if keep[i] else noise[i]
+    return out
 
 
 def plain_loop(args: argparse.Namespace, batches) -> float:
     """tokens/s of the textbook loop: forward, backward, clip, AdamW step, zero_grad, loss.item()."""
     cfg = train_config(args)
     model = make_model(args)
-    opt = build_adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
+    opt = build_adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, kernel=cfg.optimizer_kernel)
     sched = build_scheduler(opt, cfg)
     tokens = args.batch * args.seq_len
     elapsed = 0.0
@@ -86,9 +108,8 @@ def plain_loop(args: argparse.Namespace, batches) -> float:
     return tokens * args.steps / elapsed
 
 
-def deepspeed_loop(args: argparse.Namespace, batches) -> float:
-    """tokens/s of tasks.training.loop.train (ZeRO-0, fp32), from its per-step timings after warm-up."""
-    cfg = train_config(args)
+def deepspeed_loop(args: argparse.Namespace, batches, cfg: TrainConfig) -> tuple[float, list[float]]:
+    """tokens/s of tasks.training.loop.train (ZeRO-0) after warm-up, and its loss per step."""
     sink = ListSink()
     ckpt = Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
@@ -98,7 +119,7 @@ def deepspeed_loop(args: argparse.Namespace, batches) -> float:
     steps, tps = sink.series("tokens_per_s")
     tokens = args.batch * args.seq_len
     timed = [t for s, t in zip(steps, tps) if s > args.warmup]
-    return tokens * len(timed) / sum(tokens / t for t in timed)
+    return tokens * len(timed) / sum(tokens / t for t in timed), sink.series("loss")[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,45 +128,72 @@ def main(argv: list[str] | None = None) -> int:
     mcfg = make_model(args).cfg
     data = np.random.default_rng(0).integers(6, args.vocab, 2_000_000).astype(np.uint16)
     batches = token_window_batches(data, args.seq_len, args.batch, seed=0)
+    choice = choose_precision("auto")
+    print(f"precision auto -> {choice.precision}: {choice.reason}", flush=True)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    plain, ds, peaks = [], [], []
+    runs: dict[str, list[float]] = {"before": [], "after": [], "plain": [], "loop-fp32": []}
+    peaks: dict[str, list[float]] = {"fp32": [], "bf16": []}
     for r in range(args.rounds):
-        # Peak is re-measured every round: on a shared machine it moves with the background load.
-        peaks.append(max(measure_peak_flops(device, n=n) for n in (args.peak_n // 2, args.peak_n, args.peak_n * 3 // 2)))
-        plain.append(plain_loop(args, batches))
-        ds.append(deepspeed_loop(args, batches))
-        print(f"round {r + 1}: peak {peaks[-1] / 1e9:.1f} GFLOP/s, plain {plain[-1]:,.0f} tok/s, "
-              f"deepspeed {ds[-1]:,.0f} tok/s", flush=True)
-    peak = max(peaks)
+        # Peaks are re-measured every round: on a shared machine they move with the background load.
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            peaks[name].append(max(measure_peak_flops(device, dtype, n=n)
+                                   for n in (args.peak_n // 2, args.peak_n, args.peak_n * 3 // 2)))
+        runs["before"].append(deepspeed_loop(args, batches, train_config(args, "fp32", "for_loop"))[0])
+        runs["after"].append(deepspeed_loop(args, batches, train_config(args, "auto", "auto"))[0])
+        runs["plain"].append(plain_loop(args, batches))
+        runs["loop-fp32"].append(deepspeed_loop(args, batches, train_config(args, "fp32", "auto"))[0])
+        print(f"round {r + 1}: peak fp32 {peaks['fp32'][-1] / 1e9:.1f} / bf16 {peaks['bf16'][-1] / 1e9:.1f} GFLOP/s; "
+              + ", ".join(f"{k} {v[-1]:,.0f} tok/s" for k, v in runs.items()), flush=True)
+    best = {k: max(v) for k, v in runs.items()}
+    peak = {k: max(v) for k, v in peaks.items()}
     fpt = flops_per_token(mcfg, args.seq_len)
-    best_plain, best_ds = max(plain), max(ds)
     figures = {
         "preset": args.preset,
         "params": num_params(mcfg),
         "seq_len": args.seq_len,
         "batch": args.batch,
         "threads": torch.get_num_threads(),
-        "plain_tokens_per_s": best_plain,
-        "deepspeed_tokens_per_s": best_ds,
-        "ratio": best_ds / best_plain,
+        "precision_after": choice.precision,
+        "precision_reason": choice.reason,
+        **{f"{k}_tokens_per_s": v for k, v in best.items()},
+        "speedup": best["after"] / best["before"],
+        "ratio": best["loop-fp32"] / best["plain"],
         "flops_per_token": fpt,
-        "peak_flops": peak,
-        "model_flops_deepspeed": fpt * best_ds,
-        "mfu_deepspeed": mfu(best_ds, fpt, peak),
-        "mfu_plain": mfu(best_plain, fpt, peak),
+        "peak_flops_fp32": peak["fp32"],
+        "peak_flops_bf16": peak["bf16"],
+        "mfu_after": mfu(best["after"], fpt, peak[choice.precision]),
+        "mfu_after_vs_fp32_peak": mfu(best["after"], fpt, peak["fp32"]),
+        "mfu_before": mfu(best["before"], fpt, peak["fp32"]),
         "load_average_1m": os.getloadavg()[0],
     }
     print(
         f"\n{args.preset} ({figures['params'] / 1e6:.1f}M params), batch {args.batch} x {args.seq_len}, "
         f"{figures['threads']} threads\n"
-        f"  plain PyTorch loop   {best_plain:10,.0f} tok/s\n"
-        f"  DeepSpeed loop       {best_ds:10,.0f} tok/s   ratio {figures['ratio']:.3f} (goal >= 0.9)\n"
-        f"  fp32 torch.mm peak   {peak / 1e9:10.1f} GFLOP/s\n"
-        f"  model FLOP/s (DS)    {fpt * best_ds / 1e9:10.1f} GFLOP/s   MFU {figures['mfu_deepspeed']:.1%} "
-        f"(plain {figures['mfu_plain']:.1%}; goal >= 30%)\n"
-        f"  load average (1 min) {figures['load_average_1m']:.1f}"
+        f"  before (fp32, for-loop AdamW)     {best['before']:10,.0f} tok/s   MFU {figures['mfu_before']:.1%} of fp32 peak\n"
+        f"  after ({choice.precision}, fused AdamW)".ljust(36) + f"{best['after']:10,.0f} tok/s   speed-up {figures['speedup']:.2f}x "
+        f"(goal >= 1.5)\n"
+        f"                                                   MFU {figures['mfu_after']:.1%} of the {choice.precision} peak "
+        f"({figures['mfu_after_vs_fp32_peak']:.1%} of fp32's)\n"
+        f"  plain PyTorch loop (fp32, fused)  {best['plain']:10,.0f} tok/s\n"
+        f"  our loop (fp32, fused)            {best['loop-fp32']:10,.0f} tok/s   ratio {figures['ratio']:.3f} (goal >= 0.9)\n"
+        f"  torch.mm peak                     fp32 {peak['fp32'] / 1e9:.1f}, bf16 {peak['bf16'] / 1e9:.1f} GFLOP/s\n"
+        f"  load average (1 min)              {figures['load_average_1m']:.1f}", flush=True
     )
+    if args.curve_steps:
+        curve_data = bigram_tokens(args.vocab, 400_000)
+        curve_batches = token_window_batches(curve_data, args.seq_len, args.batch, seed=0)
+        curves = {name: deepspeed_loop(args, curve_batches, train_config(args, prec, kern, args.curve_steps, lr=1e-3))[1]
+                  for name, (prec, kern) in (("before", ("fp32", "for_loop")), ("after", ("auto", "auto")))}
+        tail = max(1, args.curve_steps // 4)
+        end = {k: float(np.mean(v[-tail:])) for k, v in curves.items()}
+        gap = max(abs(a - b) for a, b in zip(curves["before"], curves["after"]))
+        figures["curve"] = {"steps": args.curve_steps, "before": curves["before"], "after": curves["after"],
+                            "final_before": end["before"], "final_after": end["after"], "max_step_gap": gap}
+        print(f"  loss curve over {args.curve_steps} steps (bigram tokens, ln(vocab) = {np.log(args.vocab):.2f}): "
+              f"start {curves['before'][0]:.3f}; mean of the last {tail} steps before {end['before']:.3f}, "
+              f"after {end['after']:.3f} (difference {end['after'] - end['before']:+.3f}); "
+              f"largest gap at one step {gap:.3f}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

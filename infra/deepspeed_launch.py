@@ -43,19 +43,10 @@ class DsRunConfig(Protocol):
 
 
 def resolve_precision(precision: str) -> Literal["fp32", "bf16"]:
-    """"auto" means bf16 where the accelerator really supports it (CUDA with bf16), else fp32.
+    """The precision to train in: "fp32"/"bf16" as given; "auto" as measured (infra/precision.py)."""
+    from infra.precision import choose_precision
 
-    CPU bf16 matmuls are emulated on most CPUs and slower than fp32, so auto stays fp32 there.
-    """
-    if precision in ("fp32", "bf16"):
-        return precision  # type: ignore[return-value]
-    if precision != "auto":
-        raise ValueError(f"precision '{precision}' is not one of 'fp32', 'bf16', 'auto'")
-    import torch
-
-    if os.environ.get("DS_ACCELERATOR", "") != "cpu" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-        return "bf16"
-    return "fp32"
+    return choose_precision(precision).precision
 
 
 def load_zero_json(zero: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ biases pulls them toward zero, which hurts, and they hold too few weights to ove
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 
@@ -38,15 +38,42 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
+# How AdamW steps: "fused" (one kernel over all tensors), "foreach" (torch's multi-tensor ops),
+# "for_loop" (one tensor at a time); "auto" is fused where torch has it for the parameters'
+# device, else foreach. On the CPU torch picks the for-loop by default: fused stepped 7.6x
+# faster in fp32 and 9.3x in bf16 on a 25M-parameter model (issue 16).
+OptimizerKernel = Literal["auto", "fused", "foreach", "for_loop"]
+
+
+def adamw_kernel(params: list[torch.Tensor], kernel: OptimizerKernel = "auto") -> dict[str, bool]:
+    """The AdamW keyword arguments that select `kernel` for `params` ("auto": fused where supported)."""
+    if kernel == "fused":
+        return {"fused": True}
+    if kernel == "foreach":
+        return {"foreach": True}
+    if kernel == "for_loop":
+        return {"foreach": False}
+    if kernel != "auto":
+        raise ValueError(f"optimizer kernel '{kernel}' is not one of 'auto', 'fused', 'foreach', 'for_loop'")
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    devices = {p.device.type for p in params}
+    fused_ok = devices <= set(_get_fused_kernels_supported_devices()) and all(p.is_floating_point() for p in params)
+    return {"fused": True} if fused_ok else {"foreach": True}
+
+
 def build_adamw(
     model: torch.nn.Module,
     lr: float,
     weight_decay: float,
     betas: tuple[float, float] = (0.9, 0.95),
     eps: float = 1e-8,
+    kernel: OptimizerKernel = "auto",
 ) -> torch.optim.AdamW:
-    """torch AdamW over `param_groups`; uses the fused/foreach kernel torch picks by default."""
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
+    """torch AdamW over `param_groups`, stepping with `kernel` (see OptimizerKernel)."""
+    groups = param_groups(model, weight_decay)
+    params = [p for g in groups for p in g["params"]]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **adamw_kernel(params, kernel))
 
 
 def lr_at(step: int, cfg: ScheduleConfig) -> float:
@@ -86,8 +113,11 @@ class GuardedAdamW(torch.optim.AdamW):
         betas: tuple[float, float] = (0.9, 0.95),
         eps: float = 1e-8,
         max_grad_norm: float = 0.0,
+        kernel: OptimizerKernel = "auto",
     ):
-        super().__init__(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
+        groups = param_groups(model, weight_decay)
+        params = [p for g in groups for p in g["params"]]
+        super().__init__(groups, lr=lr, betas=betas, eps=eps, **adamw_kernel(params, kernel))
         self.max_grad_norm = max_grad_norm
         self.overflow = False
         self._global_grad_norm: float | None = None

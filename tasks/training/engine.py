@@ -35,11 +35,12 @@ class EngineSpec:
     lr: float
     weight_decay: float
     betas: tuple[float, float]
+    optimizer_kernel: str = "auto"  # models.optim.OptimizerKernel
 
     @classmethod
     def of(cls, cfg: Any, **overrides: Any) -> "EngineSpec":
         """The spec of a config that has these fields (TrainConfig, GrpoConfig), with `overrides` applied."""
-        fields = {name: getattr(cfg, name, None) for name in cls.__dataclass_fields__}
+        fields = {name: getattr(cfg, name) for name in cls.__dataclass_fields__ if hasattr(cfg, name)}
         return cls(**{**fields, **overrides})
 
 
@@ -102,11 +103,13 @@ def build_engine(model: torch.nn.Module, spec: EngineSpec, schedule: ScheduleCon
         # Without a ZeRO/bf16 wrapper DeepSpeed steps our optimizer even on NaN gradients and
         # does not report the grad norm; GuardedAdamW clips, reports and skips instead.
         optimizer = GuardedAdamW(
-            model, lr=spec.lr, weight_decay=spec.weight_decay, betas=spec.betas, max_grad_norm=spec.grad_clip
+            model, lr=spec.lr, weight_decay=spec.weight_decay, betas=spec.betas, max_grad_norm=spec.grad_clip,
+            kernel=spec.optimizer_kernel,
         )
         ds_config["gradient_clipping"] = 0.0
     else:
-        optimizer = build_adamw(model, lr=spec.lr, weight_decay=spec.weight_decay, betas=spec.betas)
+        optimizer = build_adamw(model, lr=spec.lr, weight_decay=spec.weight_decay, betas=spec.betas,
+                                kernel=spec.optimizer_kernel)
     scheduler = build_scheduler(optimizer, schedule) if schedule is not None else None
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
     return engine

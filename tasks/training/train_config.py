@@ -23,6 +23,8 @@ class TrainConfig(StrictModel):
     grad_clip: float = Field(default=1.0, ge=0.0)  # 0 disables clipping
     zero: Literal["zero0", "zero1", "zero2", "zero3", "zero2_offload"] = "zero0"
     precision: Literal["fp32", "bf16", "auto"] = "auto"
+    # AdamW kernel (models.optim.OptimizerKernel): auto is fused where torch has it, else foreach.
+    optimizer_kernel: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
     ckpt_every: int = Field(default=0, ge=0)  # 0: only at the end
     keep_checkpoints: int = Field(default=2, gt=0)  # older checkpoint folders are deleted
     eval_every: int = Field(default=0, ge=0)  # 0: only at the end

@@ -23,7 +23,8 @@ from infra.atomic import write_json_atomic
 from infra.deepspeed_launch import remove_shm_buffers
 from infra.process_tree import watch_supervisor
 from infra.paths import Workspace
-from infra.tracking import log_artifact, log_metrics, stage_run
+from infra.precision import choose_precision
+from infra.tracking import log_artifact, log_config, log_metrics, stage_run
 from tasks.training.engine import full_parameters, init_distributed
 from tasks.training.launch import CHECKPOINTS_DIR, RESULT_FILE, StageJob
 from tasks.training.loop import BatchFn, LossFn, TrainConfig, TrainResult, train
@@ -71,6 +72,12 @@ def rank0_run(job: StageJob, stage: str, rank: int) -> Iterator[Any]:
         return
     config = job.config if job.mlflow_run_id is None else None  # type: ignore[attr-defined]
     with stage_run(Workspace.locate(job.ws_root), stage, config=config, run_id=job.mlflow_run_id) as run:
+        precision = getattr(job.config, "precision", None)
+        if precision is not None:
+            # "auto" is decided by a measurement on this machine: say what it chose and why.
+            choice = choose_precision(precision)
+            log_config({"precision_used": choice.precision, "precision_reason": choice.reason})
+            print(f"{stage}: training in {choice.precision} ({choice.reason})", flush=True)
         yield run
 
 

@@ -31,6 +31,8 @@ class GrpoConfig(StrictModel):
     # would then gather every layer on every token. The LR is constant (no schedule), as usual for GRPO.
     zero: Literal["zero0", "zero1", "zero2"] = "zero0"
     precision: Literal["fp32", "bf16", "auto"] = "fp32"
+    # AdamW kernel (models.optim.OptimizerKernel): auto is fused where torch has it, else foreach.
+    optimizer_kernel: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
     eval_prompts: int = Field(default=64, ge=0)  # held-out prompts scored greedily before and after
     samples_every: int = Field(default=10, gt=0)  # keep sample completions every this many steps
     samples_per_step: int = Field(default=2, ge=0)

@@ -109,3 +109,28 @@ def test_guarded_adamw_reports_pre_clip_norm_and_clips():
     assert opt._global_grad_norm > 1e-3  # the norm before clipping is what gets reported
     total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
     assert float(total) == pytest.approx(1e-3, rel=1e-3)  # ...and the gradients were clipped
+
+
+def test_auto_kernel_is_fused_on_the_cpu_and_steps_like_the_for_loop():
+    """Fused AdamW (auto on the CPU) takes the same steps as torch's default for-loop kernel."""
+    models = {k: _tiny_model() for k in ("auto", "for_loop", "foreach")}
+    opts = {k: build_adamw(m, lr=1e-2, weight_decay=0.1, kernel=k) for k, m in models.items()}
+    assert opts["auto"].defaults["fused"] is True
+    assert opts["for_loop"].defaults["foreach"] is False and not opts["for_loop"].defaults["fused"]
+    tokens = torch.randint(0, 300, (2, 16))
+    for _ in range(3):
+        for k, m in models.items():
+            loss = m(tokens).float().logsumexp(-1).mean()
+            loss.backward()
+            opts[k].step()
+            opts[k].zero_grad()
+    for name, p in models["for_loop"].named_parameters():
+        for k in ("auto", "foreach"):
+            torch.testing.assert_close(dict(models[k].named_parameters())[name], p, rtol=1e-5, atol=1e-6)
+
+
+def test_guarded_adamw_takes_the_kernel():
+    opt = GuardedAdamW(_tiny_model(), lr=1e-3, weight_decay=0.1, kernel="foreach")
+    assert opt.defaults["foreach"] is True
+    with pytest.raises(ValueError, match="for_loop"):
+        build_adamw(_tiny_model(), lr=1e-3, weight_decay=0.1, kernel="fast")  # type: ignore[arg-type]

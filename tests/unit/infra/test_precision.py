@@ -1,0 +1,48 @@
+"""precision: auto decides by a measurement kept per machine, and says why."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infra import precision
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    precision.cpu_bf16_speedup.cache_clear()
+    yield tmp_path
+    precision.cpu_bf16_speedup.cache_clear()
+
+
+def test_explicit_precision_is_kept():
+    assert precision.choose_precision("fp32") == precision.PrecisionChoice("fp32", "set in the config")
+    assert precision.choose_precision("bf16").precision == "bf16"
+    with pytest.raises(ValueError, match="fp8"):
+        precision.choose_precision("fp8")
+
+
+@pytest.mark.parametrize(("speedup", "expected"), [(4.1, "bf16"), (2.0, "bf16"), (1.9, "fp32"), (0.3, "fp32")])
+def test_auto_on_the_cpu_follows_the_measured_speedup(cache_home, monkeypatch, speedup, expected):
+    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda: speedup)
+    choice = precision.choose_precision("auto")
+    assert choice.precision == expected
+    assert f"{speedup:.1f}x" in choice.reason and "auto" in choice.reason
+
+
+def test_measurement_is_kept_per_machine(cache_home, monkeypatch):
+    calls = []
+    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda: calls.append(1) or 3.0)
+    assert precision.cpu_bf16_speedup() == 3.0
+    precision.cpu_bf16_speedup.cache_clear()  # a new process reads the file instead of measuring
+    assert precision.cpu_bf16_speedup() == 3.0
+    assert len(calls) == 1
+    saved = json.loads((cache_home / "llmforge" / "precision.json").read_text())
+    assert list(saved.values()) == [3.0] and "torch" in next(iter(saved))
+
+
+def test_measurement_is_a_real_ratio():
+    speedup = precision.measure_bf16_speedup()
+    assert 0.01 < speedup < 100
