@@ -10,9 +10,11 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -108,8 +110,12 @@ def launch_command(
     num_procs: int = 1,
     hostfile: Path | None = None,
     master_port: int | None = None,
+    launcher_args: list[str] | None = None,
 ) -> list[str]:
-    """The `deepspeed` command line: N ranks per node (CPU processes or GPUs) running `python -m module`."""
+    """The `deepspeed` command line: N ranks per node (CPU processes or GPUs) running `python -m module`.
+
+    `launcher_args` are more of the runner's own flags, for multi-node runs (e.g. `--master_addr`,
+    `--ssh_port`, `--launcher openmpi`)."""
     if num_procs < 1:
         raise ValueError(f"num_procs must be >= 1, got {num_procs}")
     cmd = [str(deepspeed_executable())]
@@ -117,6 +123,7 @@ def launch_command(
         if not Path(hostfile).is_file():
             raise FileNotFoundError(f"hostfile {hostfile} does not exist; write one line per node: '<host> slots=<n>'")
         cmd += ["--hostfile", str(hostfile)]
+    cmd += list(launcher_args or [])
     cmd += [
         "--num_gpus", str(num_procs),
         "--master_port", str(master_port or free_port()),
@@ -146,6 +153,29 @@ def launch_env(num_procs: int, env: dict[str, str] | None = None) -> dict[str, s
     return full
 
 
+# What the ranks on other nodes need of this environment. DeepSpeed's pdsh runner exports
+# only variables starting with MLFLOW, PYTHON, MV2 or UCX (plus NCCL ones on CUDA) and the
+# lines of a `.deepspeed_env` file; ranks also need the accelerator, their thread count and
+# our workspace settings. LLMFORGE_SUPERVISOR names a process of this machine: a remote
+# rank would find it missing and stop, so it stays here.
+_REMOTE_ENV_PREFIXES = ("DS_ACCELERATOR", "OMP_NUM_THREADS", "LLMFORGE_", "TORCH_", "TOKENIZERS_", "HF_", "XDG_CACHE_HOME")
+
+
+def write_remote_env(env: dict[str, str], path: Path, cwd: Path | None = None) -> Path:
+    """Write the `.deepspeed_env` that DeepSpeed's runner exports on every node (DS_ENV_FILE):
+    the user's own `.deepspeed_env` lines (home, then the launch folder), then ours."""
+    lines: list[str] = []
+    for folder in (Path.home(), Path(cwd or ".")):
+        own = folder / ".deepspeed_env"
+        if own.is_file():
+            lines += [line for line in own.read_text(encoding="utf-8").splitlines() if "=" in line]
+    for key in sorted(env):
+        if key.startswith(_REMOTE_ENV_PREFIXES) and key != SUPERVISOR_ENV and "\n" not in env[key]:
+            lines.append(f"{key}={env[key]}")
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
 def shm_buffers(master_port: int, rank: int | None = None) -> list[Path]:
     """The /dev/shm all-reduce buffers of the launch on `master_port` (one rank's, or all)."""
     if not SHM_DIR.is_dir():
@@ -171,14 +201,20 @@ def launch(
     env: dict[str, str] | None = None,
     log: Callable[[str], Any] = print,
     cwd: Path | None = None,
+    launcher_args: list[str] | None = None,
 ) -> None:
     """Run `deepspeed --module module args...`, streaming its output line by line to `log`.
 
     Raises RuntimeError with the last lines of output when the launcher exits non-zero.
     """
     master_port = master_port or free_port()
-    cmd = launch_command(module, args, num_procs=num_procs, hostfile=hostfile, master_port=master_port)
+    cmd = launch_command(module, args, num_procs=num_procs, hostfile=hostfile, master_port=master_port,
+                         launcher_args=launcher_args)
     full_env = launch_env(num_procs, env)
+    env_dir = None
+    if hostfile is not None:
+        env_dir = Path(tempfile.mkdtemp(prefix="llmforge-ds-env-"))
+        full_env["DS_ENV_FILE"] = str(write_remote_env(full_env, env_dir / ".deepspeed_env", cwd))
     # The ranks watch this process and exit when it is gone, even SIGKILLed (infra/process_tree.py).
     full_env[SUPERVISOR_ENV] = supervisor_token()
     log(f"launching: {' '.join(cmd)}")
@@ -208,6 +244,8 @@ def launch(
             # On an interrupt or error: the launcher and every rank; after a clean exit: stragglers.
             stop_tree(proc.pid)
             remove_shm_buffers(master_port)
+            if env_dir is not None:
+                shutil.rmtree(env_dir, ignore_errors=True)
     if rc != 0:
         joined = "\n".join(tail)
         raise RuntimeError(

@@ -32,7 +32,7 @@ DS_CONFIG_FILE = "ds_config.json"
 CHECKPOINTS_DIR = "checkpoints"
 # Settings of the training loop that can change between a run and its resume without changing what is trained.
 LOOP_RESUME_NEUTRAL = frozenset({"log_every", "eval_every", "eval_batches", "ckpt_every", "keep_checkpoints",
-                                 "peak_flops", "max_bad_steps", "hostfile"})
+                                 "peak_flops", "max_bad_steps", "hostfile", "torch_compile"})
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -97,13 +97,15 @@ def launch_job(
     num_procs: int = 1,
     hostfile: Path | None = None,
     log: Callable[[str], Any] = print,
+    launcher_args: list[str] | None = None,
 ) -> R:
     """Write `job` to out_dir/job.json, launch `module --job job.json` through DeepSpeed, and read back
     the out_dir/result.json that its rank 0 writes."""
     result_path = out_dir / RESULT_FILE
     result_path.unlink(missing_ok=True)  # a stale result must never pass for this run's
     job_path = write_json_atomic(out_dir / JOB_FILE, job)
-    launch(module, ["--job", str(job_path.resolve())], num_procs=num_procs, hostfile=hostfile, log=log)
+    launch(module, ["--job", str(job_path.resolve())], num_procs=num_procs, hostfile=hostfile, log=log,
+           launcher_args=launcher_args)
     if not result_path.is_file():
         raise RuntimeError(f"the {stage} workers exited cleanly but wrote no {result_path}; see the log above")
     return result_type.model_validate_json(result_path.read_text(encoding="utf-8"))
@@ -119,6 +121,7 @@ def run_stage(
     ds_config: dict[str, Any] | None = None,
     num_procs: int = 1,
     hostfile: Path | None = None,
+    launcher_args: list[str] | None = None,
     log: Callable[[str], Any] = print,
 ) -> R:
     """Check a resume, write the resolved config (and ds_config.json), launch the worker ranks; their result."""
@@ -129,7 +132,7 @@ def run_stage(
     if ds_config is not None:
         write_json_atomic(out_dir / DS_CONFIG_FILE, ds_config)
     return launch_job(spec.worker_module, job, out_dir, result_type, spec.label, num_procs=num_procs,
-                      hostfile=hostfile, log=log)
+                      hostfile=hostfile, log=log, launcher_args=launcher_args)
 
 
 def saved_model_config(model_dir: Path, tokenizer_path: Path, hint: str):

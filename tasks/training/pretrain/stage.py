@@ -136,7 +136,7 @@ def run_pretrain(
     job = PretrainJob(tokens_dir=tokens_dir.resolve(), config=cfg, architecture=model_cfg,
                       **job_fields(tokenizer_path, out_dir, ws_root, mlflow_run_id))
     return run_stage(STAGE, out_dir, resolved, job, PretrainResult, ds_config=build_ds_config(cfg.zero, cfg),
-                     num_procs=cfg.num_procs, hostfile=cfg.hostfile, log=log)
+                     num_procs=cfg.num_procs, hostfile=cfg.hostfile, launcher_args=cfg.launcher_args, log=log)
 
 
 @task(name="pretrain")
