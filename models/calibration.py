@@ -58,6 +58,14 @@ class CalibrationReport(BaseModel):
     temperature: float | None = None
     ece_heldout: float | None = None
     ece_after_temperature: float | None = None
+    # 95% intervals, filled where the predictions are independent (answers, not tokens):
+    # Wilson for the accuracy, percentile bootstrap for the two ECEs (tasks/eval/intervals.py).
+    accuracy_lo: float | None = None
+    accuracy_hi: float | None = None
+    ece_lo: float | None = None
+    ece_hi: float | None = None
+    ece_equal_mass_lo: float | None = None
+    ece_equal_mass_hi: float | None = None
 
 
 def _as_arrays(confidences, correct) -> tuple[np.ndarray, np.ndarray]:
@@ -147,6 +155,31 @@ def mce_from_bins(bins: ReliabilityBins) -> float:
     """Maximum calibration error (largest gap over non-empty bins) of already-computed bins."""
     gap, _ = _gaps(bins)
     return float(gap.max())
+
+
+def ece_rows(confidences: np.ndarray, correct: np.ndarray, n_bins: int = 15,
+             strategy: BinStrategy = "uniform") -> np.ndarray:
+    """ECE of each row of [R, N] arrays at once (e.g. bootstrap resamples), binned exactly as `ece` bins one row."""
+    conf = np.asarray(confidences, dtype=np.float64)
+    corr = np.asarray(correct, dtype=np.float64)
+    if conf.ndim != 2 or conf.shape != corr.shape or conf.shape[1] == 0:
+        raise ValueError(f"confidences and correct must be equal [R, N] arrays with N >= 1; got {conf.shape} and {corr.shape}")
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    rows, n = conf.shape
+    if strategy == "uniform":
+        k = n_bins
+        idx = np.clip(np.searchsorted(np.linspace(0.0, 1.0, k + 1), conf, side="right") - 1, 0, k - 1)
+    elif strategy == "quantile":
+        k = min(n_bins, n)
+        idx = np.empty((rows, n), dtype=np.int64)
+        np.put_along_axis(idx, np.argsort(conf, axis=1, kind="stable"), (np.arange(n) * k // n)[None, :], axis=1)
+    else:
+        raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
+    flat = (idx + k * np.arange(rows)[:, None]).reshape(-1)
+    # count * |accuracy - mean confidence| of a bin is |sum(correct) - sum(confidence)| over it.
+    gap = np.bincount(flat, weights=(corr - conf).reshape(-1), minlength=rows * k).reshape(rows, k)
+    return np.abs(gap).sum(axis=1) / n
 
 
 def ece(confidences, correct, n_bins: int = 15, strategy: BinStrategy = "uniform") -> float:

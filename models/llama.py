@@ -254,6 +254,11 @@ class Transformer(nn.Module):
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """Logits for every position; with a cache, positions continue from cache.length and the cache grows."""
+        return self.lm_head(self.hidden(idx, cache))
+
+    def hidden(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """The final normed hidden state of every position (`lm_head` of it gives the logits): scoring a few
+        positions of a long row needs the vocabulary projection, the largest matmul here, only at those."""
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         if start + T > self.cfg.max_seq_len:
@@ -268,4 +273,4 @@ class Transformer(nn.Module):
             x = block(x, cos, sin, cache)
         if cache is not None:
             cache.length = start + T
-        return self.lm_head(self.norm(x))
+        return self.norm(x)

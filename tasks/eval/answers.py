@@ -5,6 +5,10 @@
 
 Used by the evaluation stage (answer-level calibration), by GRPO for its held-out accuracy
 before and after training, and for the count of distinct answers a policy gives.
+
+A model that never saw the chat template (the pretrained base) is asked with a few-shot
+completion prompt instead (`shots`: `3 + 4 = 7` lines, then `a + b =`); its answer is the
+text up to the first newline, scored by the `integer_exact` reward.
 """
 from __future__ import annotations
 
@@ -43,21 +47,55 @@ class AnswerScore:
     distinct_answers: int
 
 
+def prompt_ids(tokenizer: Any, problem: Any, shots: Sequence[Any] | None = None) -> list[int]:
+    """The prompt for one problem: the chat template, or with `shots` the few-shot completion prompt."""
+    from models.chat_template import encode_prompt, encode_text
+    from tasks.eval.arithmetic import few_shot_prompt
+
+    if shots is None:
+        return encode_prompt(tokenizer, problem.question)
+    return encode_text(tokenizer, few_shot_prompt(problem, shots))
+
+
+def answer_ids(tokenizer: Any, answer: int, shots: Sequence[Any] | None = None) -> list[int]:
+    """The tokens of a response stating `answer` in the format the prompt asks for, with what ends it."""
+    from models.chat_template import encode_text, special_ids
+    from tasks.eval.arithmetic import format_answer
+
+    if shots is None:
+        return [*encode_text(tokenizer, format_answer(answer)), special_ids(tokenizer).end_turn]
+    return encode_text(tokenizer, f" {answer}\n")
+
+
+def _first_line(tokenizer: Any, ids: list[int], stop_ids: set[int]) -> tuple[list[int], bool]:
+    """The tokens up to and including the one that ends the first line (a newline or a stop token), and
+    whether one did."""
+    for k in range(1, len(ids) + 1):
+        if ids[k - 1] in stop_ids or "\n" in tokenizer.decode(ids[:k], skip_special_tokens=False):
+            return ids[:k], True
+    return ids, False
+
+
 @torch.no_grad()
 def greedy_answers(model: torch.nn.Module, tokenizer: Any, problems: Sequence[Any], max_new_tokens: int,
-                   batch_size: int) -> list[GreedyAnswer]:
+                   batch_size: int, shots: Sequence[Any] | None = None) -> list[GreedyAnswer]:
     """Greedy response to each problem's chat prompt (`problem.question`), in problem order.
 
-    At most max_new_tokens are generated, fewer where the prompt leaves less room in the
-    model's max_seq_len. The model is put in eval mode and restored afterwards.
+    With `shots`, each problem is asked with the few-shot completion prompt instead, and the
+    response is the first line of the continuation. At most max_new_tokens are generated, fewer
+    where the prompt leaves less room in the model's max_seq_len. The model is put in eval mode
+    and restored afterwards.
     """
-    from models.chat_template import decode_completion, encode_prompt, special_ids
+    from models.chat_template import decode_completion, encode_text, special_ids
     from models.sampling import equal_length_batches, generate
 
     sp = special_ids(tokenizer)
+    newline = encode_text(tokenizer, "\n")
+    # The chat stops at <|end|>; a completion at its newline (when that is one token, else at the budget).
+    stop = sp.end_turn if shots is None else (newline[0] if len(newline) == 1 else None)
     device = next(model.parameters()).device
     max_seq_len = model.cfg.max_seq_len
-    prompts = [encode_prompt(tokenizer, p.question) for p in problems]
+    prompts = [prompt_ids(tokenizer, p, shots) for p in problems]
     answers: list[GreedyAnswer | None] = [None] * len(problems)
     was_training = model.training
     model.eval()
@@ -71,14 +109,18 @@ def greedy_answers(model: torch.nn.Module, tokenizer: Any, problems: Sequence[An
                     "use shorter questions or a model with a longer context"
                 )
             batch = torch.tensor([prompts[i] for i in idx], dtype=torch.long, device=device)
-            gen = generate(model, batch, max_new, temperature=0.0, eos_id=sp.end_turn, pad_id=sp.pad)
-            logprob = (gen.logprobs * gen.mask).sum(dim=1).double().cpu()
+            gen = generate(model, batch, max_new, temperature=0.0, eos_id=stop, pad_id=sp.pad)
+            logprobs = gen.logprobs.double().cpu()
             n_tok = gen.mask.sum(dim=1).cpu()
             new = gen.new_tokens.cpu()
             for row, i in enumerate(idx):
                 ids = new[row, : int(n_tok[row])].tolist()
-                answers[i] = GreedyAnswer(problems[i], ids, decode_completion(tokenizer, ids),
-                                          float(logprob[row]), sp.end_turn in ids)
+                if shots is None:
+                    text, finished = decode_completion(tokenizer, ids), sp.end_turn in ids
+                else:
+                    ids, finished = _first_line(tokenizer, ids, {sp.end_turn, sp.eos, sp.pad})
+                    text = decode_completion(tokenizer, ids).split("\n", 1)[0]
+                answers[i] = GreedyAnswer(problems[i], ids, text, float(logprobs[row, : len(ids)].sum()), finished)
     finally:
         model.train(was_training)
     return [a for a in answers if a is not None]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -43,6 +44,27 @@ def format_answer(n: int) -> str:
 
 def _question(a: int, op: str, b: int) -> str:
     return f"What is {a} {op} {b}?"
+
+
+_QUESTION = re.compile(r"What is (-?[0-9]+) ([-+*]) (-?[0-9]+)\?")
+
+
+def parse_question(question: str) -> tuple[int, str, int]:
+    """(a, op, b) of a question `What is a op b?`."""
+    m = _QUESTION.fullmatch(question)
+    if m is None:
+        raise ValueError(f"{question!r} is not an arithmetic question of the form 'What is a op b?'")
+    return int(m.group(1)), m.group(2), int(m.group(3))
+
+
+def few_shot_prompt(problem: ArithmeticProblem, shots: Sequence[ArithmeticProblem]) -> str:
+    """`a op b =` after worked examples, one per line (`3 + 4 = 7`): a prompt that a model which never
+    saw the chat template can complete with ` {answer}` and a newline."""
+    lines = []
+    for p in [*shots, problem]:
+        a, op, b = parse_question(p.question)
+        lines.append(f"{a} {op} {b} =" + (f" {p.answer}" if p is not problem else ""))
+    return "\n".join(lines)
 
 
 def _solve(a: int, op: str, b: int) -> int:

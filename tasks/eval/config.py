@@ -1,6 +1,8 @@
 """The evaluation's config, apart from the evaluation: the pipeline config composes it without importing torch."""
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from infra.config import StrictModel
@@ -19,8 +21,22 @@ class EvalConfig(StrictModel):
     temperature_fit_fraction: float = Field(default=0.5, gt=0.0, lt=1.0)
     n_questions: int = Field(default=100, ge=0)  # arithmetic questions, from the held-out "eval" split
     max_answer_tokens: int = Field(default=16, ge=1)
-    arithmetic_max_operand: int = Field(default=20, ge=0)  # must match what SFT/GRPO trained on
+    answer_batch_size: int = Field(default=64, ge=1)  # prompts generated (or options scored) together
+    # The eval questions' range. It may be wider than what SFT/GRPO trained on: the "eval" split of
+    # a narrow range holds too few questions for a useful interval, and the split is by question
+    # hash, so no question of it is ever trained on whatever the ranges.
+    arithmetic_max_operand: int = Field(default=20, ge=0)
     arithmetic_ops: str = "+-"
+    # The largest operand SFT/GRPO trained on: answers are also scored on the questions within it.
+    train_max_operand: int | None = Field(default=None, ge=0)
     reward: str = "arithmetic_exact"
+    # Models (by their name in the eval flow) that never saw the chat template: asked with a
+    # few-shot completion prompt (`few_shot` worked examples from the "sft" split) instead.
+    few_shot_models: list[str] = Field(default_factory=lambda: ["base"])
+    few_shot: int = Field(default=3, ge=1)
+    multiple_choice: bool = True  # also score each question as 4 options by their likelihood
+    answer_bin_strategy: Literal["uniform", "quantile"] = "quantile"  # reliability bins of answers: equal mass by default
+    bootstrap_resamples: int = Field(default=1000, ge=2)  # for the ECE intervals
+    target_accuracy: float = Field(default=0.9, gt=0.0, le=1.0)  # selective prediction: the threshold that reaches it
     seed: int = 0
     device: str | None = None  # evaluate_checkpoint only; None: cuda when available, else cpu

@@ -10,19 +10,35 @@ Two levels:
   token probabilities of every generated token up to and including `<|end|>`. The
   product (not the geometric mean) is a real probability of the output, so it can be
   calibrated against accuracy; the geometric mean is kept per answer for inspection.
+  A model that never saw the chat template (`few_shot_models`, the base) is asked with a
+  few-shot completion prompt instead; one that states no parseable answer at all gets no
+  answer metrics (n/a), never a 0.000 that would read as perfect calibration;
+- multiple choice (tasks/eval/choices.py): the same questions as 4 options scored by their
+  likelihood, which every model can answer, so every stage has a comparable row.
+
+Answers are independent questions, so each accuracy comes with a Wilson 95% interval and
+each ECE with a bootstrap one (tasks/eval/intervals.py); consecutive models (base -> SFT ->
+GRPO) are compared by a paired interval on the same questions; the accuracy-coverage curve,
+AURC and the threshold reaching `target_accuracy` say what the confidence is worth for
+answering selectively (tasks/eval/selective.py). Token predictions are not independent (one
+text, overlapping contexts), so token metrics get no intervals.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 from prefect import task
 from pydantic import BaseModel, Field
 
+from tasks.eval.choices import ChoiceRecord, choice_records
 from tasks.eval.config import EvalConfig
+from tasks.eval.intervals import PairedDifference, Proportion, bootstrap_ece_interval, paired_difference, proportion
+from tasks.eval.selective import SelectiveReport, selective_report
 from models.calibration import (
     CalibrationReport,
     ReliabilityBins,
@@ -38,6 +54,7 @@ from infra.atomic import write_text_atomic
 EVAL_FILE = "eval.json"
 TOKEN_RELIABILITY_PNG = "reliability_tokens.png"
 ANSWER_RELIABILITY_PNG = "reliability_answers.png"
+CHOICE_RELIABILITY_PNG = "reliability_choices.png"
 
 
 class AnswerRecord(BaseModel):
@@ -50,7 +67,9 @@ class AnswerRecord(BaseModel):
     confidence: float  # product of the response's token probabilities
     mean_token_prob: float  # geometric mean of the same
     n_tokens: int
-    finished: bool  # ended with <|end|> within max_answer_tokens
+    finished: bool  # ended with <|end|> (the few-shot prompt: a newline) within max_answer_tokens
+    parsed: int | None = None  # the integer the response states; None: it states none
+    in_train_range: bool | None = None  # operands within EvalConfig.train_max_operand; None: not set
 
 
 class EvalResult(BaseModel):
@@ -63,24 +82,42 @@ class EvalResult(BaseModel):
     token_accuracy: float
     token_calibration: CalibrationReport
     token_bins: ReliabilityBins
+    answer_format: Literal["chat", "few_shot"] = "chat"
+    # None (n/a) when no question was asked, or when no response stated a parseable answer.
     answer_calibration: CalibrationReport | None = None
     answer_bins: ReliabilityBins | None = None
+    answer_selective: SelectiveReport | None = None
+    answer_in_range: Proportion | None = None  # on the questions within EvalConfig.train_max_operand
     answers: list[AnswerRecord] = Field(default_factory=list)
+    choice_calibration: CalibrationReport | None = None
+    choice_bins: ReliabilityBins | None = None
+    choice_selective: SelectiveReport | None = None
+    choices: list[ChoiceRecord] = Field(default_factory=list)
+
+    @property
+    def n_answered(self) -> int:
+        """Responses that state a parseable answer."""
+        return sum(a.parsed is not None for a in self.answers)
 
     def metrics(self) -> dict[str, float]:
-        """Flat numeric metrics (e.g. `token.ece`, `answer.accuracy`), skipping ones not computed."""
+        """Flat numeric metrics (e.g. `token.ece`, `answer.accuracy`, `answer.accuracy_lo`), skipping ones not computed."""
         # `val_ppl` as the training runs name it; the accuracy comes as `token.accuracy` below.
         out = {
             "val_loss": self.val_loss,
             "val_ppl": self.perplexity,
             "n_tokens": float(self.n_tokens),
         }
-        for prefix, report in (("token", self.token_calibration), ("answer", self.answer_calibration)):
+        sections = (("token", self.token_calibration), ("answer", self.answer_calibration),
+                    ("answer", self.answer_selective), ("answer_in_range", self.answer_in_range),
+                    ("choice", self.choice_calibration), ("choice", self.choice_selective))
+        for prefix, report in sections:
             if report is None:
                 continue
             for key, value in report.model_dump().items():
-                if value is not None:
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
                     out[f"{prefix}.{key}"] = float(value)
+        if self.answers:
+            out["answer.n_answered"] = float(self.n_answered)
         return out
 
 
@@ -187,12 +224,23 @@ def token_metrics(model: Transformer, val_tokens: np.ndarray, cfg: EvalConfig) -
 # ----------------------------------------------------------------------------- answer level
 
 
-def answer_records(model: Transformer, tokenizer, problems: Sequence, cfg: EvalConfig) -> list[AnswerRecord]:
-    """Greedy response to each problem via the chat template, scored by `cfg.reward`."""
-    from tasks.eval.answers import greedy_answers
-    from tasks.eval.rewards import get_reward
+def few_shot_examples(cfg: EvalConfig) -> list:
+    """The worked examples of the few-shot prompt: from the "sft" split, so never an eval question."""
+    from tasks.eval.arithmetic import make_problems
 
-    reward = get_reward(cfg.reward)
+    max_operand = cfg.train_max_operand if cfg.train_max_operand is not None else cfg.arithmetic_max_operand
+    return make_problems(cfg.few_shot, cfg.seed, max_operand=max_operand, ops=cfg.arithmetic_ops, split="sft")
+
+
+def answer_records(model: Transformer, tokenizer, problems: Sequence, cfg: EvalConfig,
+                   shots: Sequence | None = None) -> list[AnswerRecord]:
+    """Greedy response to each problem via the chat template, scored by `cfg.reward`; with `shots`, via the
+    few-shot completion prompt, scored by `integer_exact`."""
+    from tasks.eval.answers import greedy_answers
+    from tasks.eval.rewards import get_reward, parse_answer, parse_integer
+
+    reward = get_reward(cfg.reward if shots is None else "integer_exact")
+    parse = parse_answer if shots is None else parse_integer
     return [
         AnswerRecord(
             question=a.problem.question,
@@ -203,9 +251,54 @@ def answer_records(model: Transformer, tokenizer, problems: Sequence, cfg: EvalC
             mean_token_prob=float(math.exp(a.logprob / max(a.n_tokens, 1))),
             n_tokens=a.n_tokens,
             finished=a.finished,
+            parsed=parse(a.text),
         )
-        for a in greedy_answers(model, tokenizer, problems, cfg.max_answer_tokens, cfg.batch_size)
+        for a in greedy_answers(model, tokenizer, problems, cfg.max_answer_tokens, cfg.answer_batch_size, shots)
     ]
+
+
+def scored_answers(confidences: Sequence[float], correct: Sequence[bool],
+                   cfg: EvalConfig) -> tuple[CalibrationReport, ReliabilityBins, SelectiveReport]:
+    """Calibration with its intervals, reliability bins and the selective-prediction report of one set of answers."""
+    report = calibration_report(confidences, correct, cfg.n_bins)
+    acc = proportion(correct)
+    ece_lo, ece_hi = bootstrap_ece_interval(confidences, correct, cfg.n_bins, "uniform", cfg.bootstrap_resamples, cfg.seed)
+    em_lo, em_hi = bootstrap_ece_interval(confidences, correct, cfg.n_bins, "quantile", cfg.bootstrap_resamples, cfg.seed)
+    report = report.model_copy(update={
+        "accuracy_lo": acc.accuracy_lo, "accuracy_hi": acc.accuracy_hi,
+        "ece_lo": ece_lo, "ece_hi": ece_hi, "ece_equal_mass_lo": em_lo, "ece_equal_mass_hi": em_hi,
+    })
+    bins = reliability_bins(confidences, correct, cfg.n_bins, cfg.answer_bin_strategy)
+    return report, bins, selective_report(confidences, correct, cfg.target_accuracy)
+
+
+def in_train_range(question: str, max_operand: int) -> bool:
+    """Whether both operands of the question lie in [0, max_operand], the range SFT/GRPO trained on."""
+    from tasks.eval.arithmetic import parse_question
+
+    a, _, b = parse_question(question)
+    return 0 <= a <= max_operand and 0 <= b <= max_operand
+
+
+def answer_metrics(model: Transformer, tokenizer, problems: Sequence, cfg: EvalConfig, few_shot: bool = False) -> dict:
+    """The answer-level and multiple-choice fields of an EvalResult."""
+    shots = few_shot_examples(cfg) if few_shot else None
+    answers = answer_records(model, tokenizer, problems, cfg, shots)
+    if cfg.train_max_operand is not None:
+        answers = [a.model_copy(update={"in_train_range": in_train_range(a.question, cfg.train_max_operand)})
+                   for a in answers]
+    out: dict = {"answer_format": "few_shot" if few_shot else "chat", "answers": answers}
+    if any(a.parsed is not None for a in answers):  # else n/a: a model that gave no answer has no accuracy to calibrate
+        conf, correct = [a.confidence for a in answers], [a.correct for a in answers]
+        out["answer_calibration"], out["answer_bins"], out["answer_selective"] = scored_answers(conf, correct, cfg)
+        inside = [a.correct for a in answers if a.in_train_range]
+        out["answer_in_range"] = proportion(inside) if inside else None
+    if cfg.multiple_choice:
+        choices = choice_records(model, tokenizer, problems, shots, cfg.answer_batch_size)
+        out["choices"] = choices
+        conf, correct = [c.confidence for c in choices], [c.correct for c in choices]
+        out["choice_calibration"], out["choice_bins"], out["choice_selective"] = scored_answers(conf, correct, cfg)
+    return out
 
 
 # ----------------------------------------------------------------------------- stage
@@ -217,18 +310,15 @@ def evaluate_model(
     tokenizer=None,
     problems: Sequence | None = None,
     cfg: EvalConfig | None = None,
+    few_shot: bool = False,
 ) -> EvalResult:
-    """Token-level metrics on `val_tokens`, plus answer-level calibration when tokenizer and problems are given."""
+    """Token-level metrics on `val_tokens`, plus answer-level metrics when tokenizer and problems are given
+    (asked with the few-shot completion prompt when `few_shot`, else the chat template)."""
     cfg = cfg or EvalConfig()
-    result = EvalResult(**token_metrics(model, val_tokens, cfg))
+    fields = token_metrics(model, val_tokens, cfg)
     if tokenizer is not None and problems:
-        answers = answer_records(model, tokenizer, problems, cfg)
-        conf = [a.confidence for a in answers]
-        correct = [a.correct for a in answers]
-        result.answers = answers
-        result.answer_calibration = calibration_report(conf, correct, cfg.n_bins)
-        result.answer_bins = reliability_bins(conf, correct, cfg.n_bins)
-    return result
+        fields.update(answer_metrics(model, tokenizer, problems, cfg, few_shot))
+    return EvalResult(**fields)
 
 
 def _pick_device(requested: str | None) -> torch.device:
@@ -260,18 +350,27 @@ def evaluate_checkpoint(
         problems = make_problems(
             cfg.n_questions, cfg.seed, max_operand=cfg.arithmetic_max_operand, ops=cfg.arithmetic_ops, split="eval"
         )
-    result = evaluate_model(model, val, tokenizer, problems, cfg)
-    out_dir = Path(out_dir)
     label = name or Path(model_dir).name
+    result = evaluate_model(model, val, tokenizer, problems, cfg, few_shot=label in cfg.few_shot_models)
+    out_dir = Path(out_dir)
     write_text_atomic(out_dir / EVAL_FILE, result.model_dump_json(indent=2))
     reliability_diagram_png(
         result.token_bins, out_dir / TOKEN_RELIABILITY_PNG, f"{label}: next-token", result.token_calibration.ece
     )
-    if result.answer_bins is not None and result.answer_calibration is not None:
-        reliability_diagram_png(
-            result.answer_bins, out_dir / ANSWER_RELIABILITY_PNG, f"{label}: answers", result.answer_calibration.ece
-        )
+    prompt = "few-shot prompt" if result.answer_format == "few_shot" else "chat"
+    for report, bins, png, what in ((result.answer_calibration, result.answer_bins, ANSWER_RELIABILITY_PNG, "answers"),
+                                    (result.choice_calibration, result.choice_bins, CHOICE_RELIABILITY_PNG, "multiple choice")):
+        if report is not None and bins is not None:
+            value, lo, hi = bins_ece(report, bins)
+            reliability_diagram_png(bins, out_dir / png, f"{label}: {what} ({prompt})", value, (lo, hi))
     return result
+
+
+def bins_ece(report: CalibrationReport, bins: ReliabilityBins) -> tuple[float, float | None, float | None]:
+    """The ECE of `report` binned as `bins` are (equal width or equal mass), with its interval."""
+    if bins.strategy == "quantile":
+        return report.ece_equal_mass, report.ece_equal_mass_lo, report.ece_equal_mass_hi
+    return report.ece, report.ece_lo, report.ece_hi
 
 
 def load_eval_result(out_dir: Path) -> EvalResult:
@@ -285,7 +384,7 @@ def load_eval_result(out_dir: Path) -> EvalResult:
 # ----------------------------------------------------------------------------- comparison
 
 _ROWS: tuple[tuple[str, str, str], ...] = (
-    # (label, metric key in EvalResult.metrics(), format)
+    # (label, metric key in EvalResult.metrics(), format); `<key>_lo`/`_hi`, where logged, print as [lo, hi]
     ("val loss", "val_loss", ".4f"),
     ("perplexity", "val_ppl", ".2f"),
     ("next-token accuracy", "token.accuracy", ".4f"),
@@ -297,39 +396,153 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     ("fitted temperature", "token.temperature", ".3f"),
     ("token ECE held-out, T=1", "token.ece_heldout", ".4f"),
     ("token ECE held-out, fitted T", "token.ece_after_temperature", ".4f"),
-    ("answer accuracy", "answer.accuracy", ".3f"),
+    ("answer accuracy [95% CI]", "answer.accuracy", ".3f"),
+    ("answer accuracy, operands in the training range", "answer_in_range.accuracy", ".3f"),
     ("answer ECE", "answer.ece", ".4f"),
+    ("answer ECE (equal mass)", "answer.ece_equal_mass", ".4f"),
     ("answer Brier", "answer.brier", ".4f"),
     ("answer NLL", "answer.nll", ".4f"),
-    ("questions", "answer.n", ".0f"),
+    ("answer AURC", "answer.aurc", ".4f"),
+    ("multiple-choice accuracy", "choice.accuracy", ".3f"),
+    ("multiple-choice ECE (equal mass)", "choice.ece_equal_mass", ".4f"),
+    ("multiple-choice Brier", "choice.brier", ".4f"),
+    ("multiple-choice AURC", "choice.aurc", ".4f"),
 )
+_NOT_ANSWERED = "n/a (no answer)"
+
+
+def _cell(metrics: Mapping[str, float], key: str, fmt: str) -> str:
+    if key.startswith("answer") and metrics.get("answer.n_answered") == 0:
+        return _NOT_ANSWERED
+    if key not in metrics:
+        return "-"
+    text = format(metrics[key], fmt)
+    if f"{key}_lo" in metrics and f"{key}_hi" in metrics:
+        text += f" [{metrics[f'{key}_lo']:{fmt}}, {metrics[f'{key}_hi']:{fmt}}]"
+    return text
+
+
+def _questions(r: EvalResult) -> str:
+    if not r.answers:
+        return "-"
+    prompt = "few-shot" if r.answer_format == "few_shot" else "chat"
+    return f"{len(r.answers)} ({r.n_answered} answered, {prompt})"
 
 
 def comparison_table(results: Mapping[str, EvalResult]) -> str:
-    """Markdown table: one row per metric, one column per model (e.g. base, sft, grpo); '-' where not measured."""
+    """Markdown table: one row per metric, one column per model (e.g. base, sft, grpo); '-' where not measured,
+    n/a where a model stated no answer."""
     names = list(results)
     metrics = {n: r.metrics() for n, r in results.items()}
     lines = ["| metric | " + " | ".join(names) + " |", "|---" + "|---:" * len(names) + "|"]
     for label, key, fmt in _ROWS:
-        cells = [format(metrics[n][key], fmt) if key in metrics[n] else "-" for n in names]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | " + " | ".join(_cell(metrics[n], key, fmt) for n in names) + " |")
+    lines.append("| questions (answered, prompt) | " + " | ".join(_questions(results[n]) for n in names) + " |")
     return "\n".join(lines)
 
 
+# Paired differences are taken on all answers, on the answers within the training range, and on multiple choice.
+_LEVELS = ("answer", "answer_in_range", "choice")
+
+
+def _correct_by_question(result: EvalResult, level: str) -> dict[str, bool]:
+    if level == "choice":
+        return {c.question: c.correct for c in result.choices}
+    if result.answer_calibration is None:
+        return {}  # n/a: no answers to compare
+    return {a.question: a.correct for a in result.answers if level == "answer" or a.in_train_range}
+
+
+def stage_differences(results: Mapping[str, EvalResult]) -> dict[str, PairedDifference]:
+    """Each model against the one before it (base -> sft -> grpo), paired on the questions both were asked:
+    keys `<b>_vs_<a>.answer`, `.answer_in_range` and `.choice`; none where a side has n/a."""
+    names = list(results)
+    out: dict[str, PairedDifference] = {}
+    for a, b in zip(names, names[1:]):
+        for level in _LEVELS:
+            ca, cb = _correct_by_question(results[a], level), _correct_by_question(results[b], level)
+            common = [q for q in cb if q in ca]
+            if common:
+                out[f"{b}_vs_{a}.{level}"] = paired_difference([ca[q] for q in common], [cb[q] for q in common])
+    return out
+
+
+def difference_metrics(results: Mapping[str, EvalResult]) -> dict[str, float]:
+    """The paired differences as MLflow metrics: `grpo_vs_sft.answer.accuracy_diff` and its `_lo`, `_hi`."""
+    out: dict[str, float] = {}
+    for key, d in stage_differences(results).items():
+        out[f"{key}.accuracy_diff"] = d.difference
+        out[f"{key}.accuracy_diff_lo"] = d.lo
+        out[f"{key}.accuracy_diff_hi"] = d.hi
+    return out
+
+
+def differences_table(results: Mapping[str, EvalResult]) -> str:
+    """Markdown: each model's accuracy minus the previous one's, paired 95% interval, and whether it is significant."""
+    diffs = stage_differences(results)
+    names = list(results)
+    lines = ["| accuracy difference (paired, 95% CI) | answers | answers, operands in the training range "
+             "| multiple choice |", "|---|---|---|---|"]
+    for a, b in zip(names, names[1:]):
+        cells = [diffs[f"{b}_vs_{a}.{level}"].describe() if f"{b}_vs_{a}.{level}" in diffs else "n/a"
+                 for level in _LEVELS]
+        lines.append(f"| {b} − {a} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def selective_table(results: Mapping[str, EvalResult]) -> str:
+    """Markdown: AURC and the confidence threshold that reaches the target accuracy, per model and task."""
+    target = next((s.target_accuracy for r in results.values() for s in (r.answer_selective, r.choice_selective)
+                   if s is not None), None)
+    head = f"threshold for accuracy ≥ {target:.2f}" if target is not None else "threshold"
+    lines = [f"| model, task | AURC (E-AURC) | {head} | coverage | accuracy there [95% CI] |", "|---|---:|---:|---:|---|"]
+    for name, r in results.items():
+        for what, sel in (("answers", r.answer_selective), ("multiple choice", r.choice_selective)):
+            if sel is None:
+                if what == "answers" and r.answers:
+                    lines.append(f"| {name}, {what} | {_NOT_ANSWERED} | | | |")
+                continue
+            if sel.threshold_at_target is None:
+                reach = "not reached | 0 | -"
+            else:
+                reach = (f"{sel.threshold_at_target:.3g} | {sel.coverage_at_target:.1%} ({sel.answered_at_target}) | "
+                         f"{sel.accuracy_at_target:.3f} [{sel.accuracy_at_target_lo:.3f}, {sel.accuracy_at_target_hi:.3f}]")
+            lines.append(f"| {name}, {what} | {sel.aurc:.4f} ({sel.e_aurc:.4f}) | {reach} |")
+    return "\n".join(lines)
+
+
+def comparison_markdown(results: Mapping[str, EvalResult]) -> str:
+    """The three comparison tables: metrics, paired differences, selective prediction."""
+    return "\n\n".join([comparison_table(results), differences_table(results), selective_table(results)])
+
+
 def write_comparison(results: Mapping[str, EvalResult], out_dir: Path) -> tuple[Path, Path]:
-    """comparison.md and calibration_comparison.png (answer-level when every model has it, else token-level)."""
+    """comparison.md and calibration_comparison.png (answer-level for the models that answered, else token-level)."""
     from tasks.reports.plots import compare_models_png
 
     out_dir = Path(out_dir)
-    md = write_text_atomic(out_dir / "comparison.md", comparison_table(results) + "\n")
-    answers = all(r.answer_calibration is not None for r in results.values())
-    reports = {
-        n: (r.answer_calibration, r.answer_bins) if answers else (r.token_calibration, r.token_bins)
-        for n, r in results.items()
-    }
-    level = "answers" if answers else "next-token predictions"
-    png = compare_models_png(reports, out_dir / "calibration_comparison.png", f"Calibration of {level}")
+    md = write_text_atomic(out_dir / "comparison.md", comparison_markdown(results) + "\n")
+    answered = {n: r for n, r in results.items() if r.answer_calibration is not None}
+    if answered:
+        reports = {n: (r.answer_calibration, r.answer_bins) for n, r in answered.items()}
+        missing = [n for n in results if n not in answered]
+        title = "Calibration of answers" + (f" (n/a, no answers: {', '.join(missing)})" if missing else "")
+    else:
+        reports = {n: (r.token_calibration, r.token_bins) for n, r in results.items()}
+        title = "Calibration of next-token predictions"
+    png = compare_models_png(reports, out_dir / "calibration_comparison.png", title)
     return md, png
+
+
+def write_accuracy_coverage(results: Mapping[str, EvalResult], out_dir: Path) -> Path | None:
+    """accuracy_coverage.png: each model's accuracy-coverage curves (answers, multiple choice); None without any."""
+    from tasks.reports.plots import accuracy_coverage_png
+
+    curves = {f"{n}, {what}": sel for n, r in results.items()
+              for what, sel in (("answers", r.answer_selective), ("multiple choice", r.choice_selective)) if sel is not None}
+    if not curves:
+        return None
+    return accuracy_coverage_png(curves, Path(out_dir) / "accuracy_coverage.png")
 
 
 evaluate_checkpoint_task = task(evaluate_checkpoint, name="evaluate")

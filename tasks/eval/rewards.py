@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from typing import Any
 
 RewardFn = Callable[[str, Any], float]
@@ -90,6 +91,22 @@ def arithmetic_exact(completion: str, reference: Any) -> float:
     return 1.0 if got is not None and want is not None and got == want else 0.0
 
 
+def parse_integer(completion: Any) -> int | None:
+    """The completion as one integer, surrounding whitespace allowed (a few-shot completion's answer), else None."""
+    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
+        return None
+    m = _INTEGER.fullmatch(completion)
+    return int(m.group(1)) if m else None
+
+
+@register_reward("integer_exact")
+def integer_exact(completion: str, reference: Any) -> float:
+    """1.0 iff the whole completion is the reference integer: the few-shot `a + b =` prompt's answer, no markers."""
+    got = parse_integer(completion)
+    want = reference_answer(reference)
+    return 1.0 if got is not None and want is not None and got == want else 0.0
+
+
 @register_reward("format")
 def format_reward(completion: str, reference: Any = None) -> float:
     """1.0 for exactly one well-formed <answer>integer</answer> block; 0.5 when the one block holds something else; 0.0 otherwise.
@@ -102,6 +119,58 @@ def format_reward(completion: str, reference: Any = None) -> float:
     if inner is None:
         return 0.0
     return 1.0 if _INTEGER.fullmatch(inner) else 0.5
+
+
+# GSM8K (Cobbe et al. 2021) ends a worked solution with its final answer after "####": "... = 18 dollars.\n#### 18".
+GSM8K_MARK = "####"
+# A final answer: an optional "$", digits (thousands grouped by commas, or not), an optional decimal part, an
+# optional full stop. Bounded repeats only, so no input can make the match backtrack.
+_DECIMAL = re.compile(
+    r"[ \t]*\$?(-?(?:[0-9]{1,3}(?:,[0-9]{3}){1,6}|[0-9]{1,%d})(?:\.[0-9]{1,8})?)\.?[ \t\r]*" % MAX_ANSWER_DIGITS
+)
+
+
+def _decimal(text: str) -> Decimal | None:
+    m = _DECIMAL.fullmatch(text)
+    return Decimal(m.group(1).replace(",", "")) if m else None
+
+
+def final_answer(text: Any) -> Decimal | None:
+    """The final answer a GSM8K-style text states: in its single <answer> block, else on the line after its last
+    "####"; "1,000", "$18" and "18.00" are numbers. None when it states none (or several blocks)."""
+    if not isinstance(text, str):
+        return None
+    text = text[:MAX_COMPLETION_CHARS]
+    if OPEN in text or CLOSE in text:
+        inner = _answer_block(text)
+        return _decimal(inner.strip()) if inner is not None else None
+    at = text.rfind(GSM8K_MARK)
+    if at < 0:
+        return None
+    return _decimal(text[at + len(GSM8K_MARK):].split("\n", 1)[0])
+
+
+def reference_number(reference: Any) -> Decimal | None:
+    """The number a GSM8K-style reference states: its `.answer`, a number, a bare number string or a solution."""
+    value = getattr(reference, "answer", reference)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, Decimal)):
+        return Decimal(value)
+    if isinstance(value, str):
+        return final_answer(value) if GSM8K_MARK in value or OPEN in value else _decimal(value.strip())
+    return None
+
+
+@register_reward("gsm8k_exact")
+def gsm8k_exact(completion: str, reference: Any) -> float:
+    """1.0 iff the completion's final answer (`final_answer`) equals the reference's as a number.
+
+    The reference is a problem with `.answer`, a number, or a GSM8K solution ending in "#### n".
+    """
+    got = final_answer(completion)
+    want = reference_number(reference)
+    return 1.0 if got is not None and want is not None and got == want else 0.0
 
 
 def combined_reward(weights: Mapping[str, float]) -> RewardFn:

@@ -26,7 +26,17 @@ from infra.paths import Workspace, point_latest
 from infra.tracking import active_run, log_artifact, log_metrics, metric_history
 from tasks.data.funnel import funnel_markdown, funnel_totals
 from tasks.data.manifest import load_manifest
-from tasks.eval.evaluate import EvalResult, comparison_table, write_comparison
+from tasks.eval.evaluate import (
+    EvalResult,
+    comparison_table,
+    difference_metrics,
+    differences_table,
+    selective_table,
+    stage_differences,
+    write_accuracy_coverage,
+    write_comparison,
+)
+from tasks.eval.intervals import proportion, wilson_interval
 from tasks.reports.data import publish_prefect_artifact
 from tasks.reports.plots import loss_curve_png
 from tasks.reports.register import lineage_tags, register_final_model
@@ -64,6 +74,12 @@ def _wall_row(wall_seconds: float, all_attempts: tuple[float, int] | None) -> st
     return f"| pipeline wall time, {n} attempts of this config (last attempt) | {total / 60:.1f} min ({wall_seconds / 60:.1f} min) |"
 
 
+def _share(k: int, n: int) -> str:
+    """`k/n (rate [Wilson 95% interval])`."""
+    lo, hi = wilson_interval(k, n)
+    return f"{k}/{n} ({k / n:.1%} [{lo:.1%}, {hi:.1%}])"
+
+
 def _headline_rows(totals: Mapping[str, int], pretrain_ppl: tuple[float | None, float], sft: SftResult,
                    grpo: GrpoStageResult, wall_seconds: float, all_attempts: tuple[float, int] | None = None) -> list[str]:
     val_ppl, unigram = pretrain_ppl
@@ -74,9 +90,29 @@ def _headline_rows(totals: Mapping[str, int], pretrain_ppl: tuple[float | None, 
         f"| near duplicates / exact duplicates / filtered / rejected | {totals.get('near_duplicates', 0)} / {totals.get('exact_duplicates', 0)} / {totals.get('filtered', 0)} / {totals.get('rejected', 0)} |",
         f"| base model validation perplexity (unigram baseline) | {val_ppl:.1f} ({unigram:.1f}) |" if val_ppl else f"| unigram baseline perplexity | {unigram:.1f} |",
         f"| SFT validation loss | {sft.val_loss:.3f} |" if sft.val_loss is not None else "| SFT validation loss | - |",
-        f"| held-out arithmetic accuracy SFT → GRPO | {b.n_correct}/{b.n} ({b.accuracy:.1%}) → {a.n_correct}/{a.n} ({a.accuracy:.1%}) |",
-        f"| held-out mean reward SFT → GRPO | {b.mean_reward:.3f} → {a.mean_reward:.3f} |",
+        f"| held-out arithmetic accuracy SFT → GRPO, the GRPO stage's own check (95% CI) | {_share(b.n_correct, b.n)} → {_share(a.n_correct, a.n)} |",
+        f"| held-out mean reward SFT → GRPO, the GRPO stage's own check | {b.mean_reward:.3f} → {a.mean_reward:.3f} |",
     ]
+
+
+def _eval_headline_rows(evals: Mapping[str, EvalResult]) -> list[str]:
+    """Held-out accuracy of SFT and GRPO on the evaluation's questions, with 95% intervals and the paired difference."""
+    sft, grpo = evals.get("sft"), evals.get("grpo")
+    if sft is None or grpo is None or sft.answer_calibration is None or grpo.answer_calibration is None:
+        return []
+    before, after = proportion([x.correct for x in sft.answers]), proportion([x.correct for x in grpo.answers])
+    rows = [f"| held-out arithmetic accuracy SFT → GRPO, evaluation ({before.n} questions, 95% CI) | "
+            f"{before.describe()} → {after.describe()} |"]
+    diffs = stage_differences(evals)
+    if "grpo_vs_sft.answer" in diffs:
+        rows.append(f"| GRPO − SFT accuracy (paired, 95% CI) | {diffs['grpo_vs_sft.answer'].describe()} |")
+    if sft.answer_in_range is not None and grpo.answer_in_range is not None:
+        rows.append(f"| of those, operands within the training range | "
+                    f"{sft.answer_in_range.describe()} → {grpo.answer_in_range.describe()} |")
+    if "grpo_vs_sft.answer_in_range" in diffs:
+        rows.append(f"| GRPO − SFT within the training range (paired, 95% CI) | "
+                    f"{diffs['grpo_vs_sft.answer_in_range'].describe()} |")
+    return rows
 
 
 def write_final_report(
@@ -94,13 +130,28 @@ def write_final_report(
     m = load_manifest(manifest)
     lines = ["# llmforge report card", "", "| headline | value |", "|---|---|"]
     lines += _headline_rows(funnel_totals(m.funnel), pretrain_ppl, sft, grpo, wall_seconds, all_attempts)
+    lines += _eval_headline_rows(evals)
     for name, r in evals.items():
-        answer_ece = f"{r.answer_calibration.ece:.3f}" if r.answer_calibration else "-"
-        lines.append(f"| {name}: perplexity / token ECE / answer ECE | {r.perplexity:.1f} / {r.token_calibration.ece:.3f} / {answer_ece} |")
-    lines += ["", "## Calibration", "", comparison_table(evals), ""]
+        answer_ece = "n/a (no answer)" if r.answers and r.answer_calibration is None else "-"
+        if r.answer_calibration is not None:
+            c = r.answer_calibration
+            answer_ece = f"{c.ece_equal_mass:.3f} [{c.ece_equal_mass_lo:.3f}, {c.ece_equal_mass_hi:.3f}]"
+        lines.append(f"| {name}: perplexity / token ECE / answer ECE (equal mass, 95% CI) | "
+                     f"{r.perplexity:.1f} / {r.token_calibration.ece:.3f} / {answer_ece} |")
+    lines += ["", "## Calibration", "", comparison_table(evals), "",
+              "Accuracy differences between consecutive stages, on the same questions; an interval that "
+              "contains 0 is *not significant*: these questions cannot tell the two models apart.", "",
+              differences_table(evals), ""]
     for label, img in images.items():
-        if img is not None:
+        if img is not None and label != "accuracy-coverage":
             lines.append(f"![{label}]({img.name})")
+    lines += ["", "## Selective prediction", "",
+              "Answer only when the confidence is at least t: the threshold that reaches the target accuracy is "
+              "chosen on these same questions, so it is optimistic for new ones; AURC is the area under the "
+              "risk-coverage curve (lower is better; E-AURC: above the best ranking of the same answers).", "",
+              selective_table(evals), ""]
+    if images.get("accuracy-coverage") is not None:
+        lines.append(f"![accuracy-coverage]({images['accuracy-coverage'].name})")
     lines += ["", "## Data funnel", "", funnel_markdown(m.funnel), ""]
     return write_text_atomic(out, "\n".join(lines) + "\n")
 
@@ -221,11 +272,14 @@ def _report_images(out: Path, base, sft: SftResult, grpo: GrpoStageResult, evals
         "SFT loss": _copy(sft.loss_curve, out / "sft_loss.png"),
         "GRPO reward": reward_curve(grpo.mlflow_run_id, out / "grpo_reward.png") if grpo.mlflow_run_id else None,
         "calibration": write_comparison(evals, out)[1],
+        "accuracy-coverage": write_accuracy_coverage(evals, out),
     }
 
 
-def _headline_metrics(base, grpo: GrpoStageResult, wall_seconds: float) -> dict[str, float | None]:
+def _headline_metrics(base, grpo: GrpoStageResult, wall_seconds: float,
+                      evals: Mapping[str, EvalResult] | None = None) -> dict[str, float | None]:
     return {
+        **difference_metrics(evals or {}),
         "wall_minutes": wall_seconds / 60,
         "base.val_ppl": base.val_ppl,
         "base.unigram_ppl": base.unigram_ppl,
@@ -254,7 +308,7 @@ def publish_pipeline_report(ws: Workspace, config, data, base, sft, grpo, evals,
     for img in images.values():
         if img is not None:
             log_artifact(img, artifact_path="report")
-    log_metrics({**_headline_metrics(base, grpo, wall_seconds), "wall_minutes_all_attempts": all_attempts[0] / 60})
+    log_metrics({**_headline_metrics(base, grpo, wall_seconds, evals), "wall_minutes_all_attempts": all_attempts[0] / 60})
     stage_runs = {"data": data.mlflow_run_id, "pretrain": base.mlflow_run_id, "sft": sft.mlflow_run_id, "grpo": grpo.mlflow_run_id}
     lineage = lineage_tags(Path(data.manifest), Path(base.tokenizer), config_hash(config), stage_runs)
     version = register_final_model(grpo.hf_dir, config.registered_model, lineage)

@@ -17,6 +17,7 @@ from infra.atomic import atomic_write
 
 if TYPE_CHECKING:  # annotations only: the data flow draws its funnel without importing torch
     from models.calibration import CalibrationReport, ReliabilityBins
+    from tasks.eval.selective import SelectiveReport
 
 # Where collected documents ended, in the stacking order of the funnel chart.
 _FUNNEL_FATES = ("kept", "filtered", "near_duplicates", "exact_duplicates", "rejected")
@@ -39,18 +40,36 @@ def _bin_arrays(bins: ReliabilityBins) -> tuple[np.ndarray, ...]:
     )
 
 
+def _bin_wilson(acc: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distances from each non-empty bin's accuracy down and up to its Wilson 95% bounds (error bars)."""
+    from tasks.eval.intervals import wilson_interval
+
+    bounds = np.array([wilson_interval(int(round(a * c)), int(c)) for a, c in zip(acc, counts)]).reshape(-1, 2)
+    return np.maximum(acc - bounds[:, 0], 0.0), np.maximum(bounds[:, 1] - acc, 0.0)
+
+
 def _draw_reliability(ax, bins: ReliabilityBins) -> None:
+    """Equal-width bins as bars; equal-mass bins, whose spans differ widely, as points at their mean
+    confidence. Either way each bin's accuracy carries its Wilson 95% interval."""
     edges, conf, acc, counts = _bin_arrays(bins)
     nonempty = counts > 0
-    left, width = edges[:-1], np.diff(edges)
-    ax.bar(left[nonempty], acc[nonempty], width=width[nonempty], align="edge",
-           color="#4C72B0", edgecolor="white", label="accuracy")
-    # The gap bar runs from accuracy to mean confidence: above the blue bar means overconfident,
-    # inside it underconfident; the tick marks where the confidence itself sits.
-    ax.bar(left[nonempty], conf[nonempty] - acc[nonempty], bottom=acc[nonempty], width=width[nonempty],
-           align="edge", color="none", edgecolor="#C44E52", hatch="//", label="gap to confidence")
-    ax.scatter(left[nonempty] + width[nonempty] / 2, conf[nonempty], marker="_", s=120, color="black",
-               zorder=3, label="mean confidence")
+    left, width = edges[:-1][nonempty], np.diff(edges)[nonempty]
+    conf, acc, counts = conf[nonempty], acc[nonempty], counts[nonempty]
+    if bins.strategy == "uniform":
+        x = left + width / 2
+        ax.bar(left, acc, width=width, align="edge", color="#4C72B0", edgecolor="white", label="accuracy")
+        # The gap bar runs from accuracy to mean confidence: above the blue bar means overconfident,
+        # inside it underconfident; the tick marks where the confidence itself sits.
+        ax.bar(left, conf - acc, bottom=acc, width=width, align="edge", color="none", edgecolor="#C44E52",
+               hatch="//", label="gap to confidence")
+        ax.scatter(x, conf, marker="_", s=120, color="black", zorder=3, label="mean confidence")
+    else:
+        x = conf  # on the diagonal's x: the gap to perfect calibration is the vertical distance
+        ax.vlines(x, acc, conf, color="#C44E52", lw=2, label="gap to confidence")
+        ax.scatter(x, acc, color="#4C72B0", zorder=3, s=18, label="accuracy at mean confidence")
+    # A bin of 3 answers says little: its interval is drawn with it.
+    ax.errorbar(x, acc, yerr=_bin_wilson(acc, counts), fmt="none", ecolor="#333333", elinewidth=0.8, capsize=2,
+                zorder=4, label="accuracy, 95% CI")
     ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=1, label="perfect calibration")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
@@ -58,19 +77,43 @@ def _draw_reliability(ax, bins: ReliabilityBins) -> None:
     ax.set_ylabel("accuracy")
 
 
+def _bins_note(bins: ReliabilityBins) -> str:
+    counts = [c for c in bins.counts if c > 0]
+    if bins.strategy == "quantile" and counts:
+        each = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
+        return f"{len(counts)} equal-mass bins of {each}"
+    return f"{len(bins.counts)} equal-width bins"
+
+
 def reliability_diagram_png(
-    bins: ReliabilityBins, path: Path, title: str = "Reliability diagram", ece: float | None = None
+    bins: ReliabilityBins, path: Path, title: str = "Reliability diagram", ece: float | None = None,
+    ece_interval: tuple[float | None, float | None] | None = None,
 ) -> Path:
-    """Accuracy per confidence bin against the diagonal, with the confidence histogram beneath."""
+    """Accuracy per confidence bin (with its count and Wilson interval) against the diagonal, the histogram beneath."""
     fig = Figure(figsize=(5.5, 6.5))
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     _draw_reliability(top, bins)
-    top.set_title(title if ece is None else f"{title}  (ECE {ece:.3f})")
+    if ece is not None:
+        lo, hi = ece_interval or (None, None)
+        band = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else ""
+        title = f"{title}\nECE {ece:.3f}{band}, {_bins_note(bins)}"
+    top.set_title(title, fontsize=10)
     top.legend(loc="upper left", fontsize=7, framealpha=0.9)
     edges, _, _, counts = _bin_arrays(bins)
-    bottom.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="#8C8C8C", edgecolor="white")
-    bottom.set_ylabel("predictions")
-    bottom.set_xlabel(f"confidence ({bins.strategy} bins, n={bins.n})")
+    widths = np.diff(edges)
+    if bins.strategy == "quantile":
+        # Equal counts over unequal spans: the height that shows where the confidences lie is count / span.
+        heights = np.divide(counts, widths, out=np.zeros_like(counts), where=widths > 0)
+        bottom.set_ylabel("predictions\nper unit conf.")
+    else:
+        heights = counts
+        bottom.set_ylabel("predictions")
+    bars = bottom.bar(edges[:-1], heights, width=widths, align="edge", color="#8C8C8C", edgecolor="white")
+    if bins.strategy == "uniform":  # each bin's count over its bar (equal-mass bins: in the title)
+        bottom.bar_label(bars, labels=[str(c) if c else "" for c in bins.counts], fontsize=6, padding=1,
+                         rotation=90 if len(bins.counts) > 10 else 0)
+        bottom.margins(y=0.35)
+    bottom.set_xlabel(f"confidence ({_bins_note(bins)}, n={bins.n})")
     top.set_xlabel("")
     return _save(fig, path)
 
@@ -89,7 +132,9 @@ def compare_models_png(
     for name, (report, bins) in reports.items():
         _, conf, acc, counts = _bin_arrays(bins)
         nonempty = counts > 0
-        curves.plot(conf[nonempty], acc[nonempty], marker="o", label=f"{name} (ECE {report.ece:.3f})")
+        value = report.ece_equal_mass if bins.strategy == "quantile" else report.ece
+        curves.errorbar(conf[nonempty], acc[nonempty], yerr=_bin_wilson(acc[nonempty], counts[nonempty]), marker="o",
+                        capsize=2, elinewidth=0.8, label=f"{name} (ECE {value:.3f}, {bins.strategy} bins)")
     curves.set_xlim(0, 1)
     curves.set_ylim(0, 1)
     curves.set_xlabel("mean confidence in bin")
@@ -102,14 +147,48 @@ def compare_models_png(
     width = 0.8 / len(names)
     x = np.arange(len(metrics))
     for i, name in enumerate(names):
-        values = [getattr(reports[name][0], m) for m in metrics]
-        bars = scores.bar(x + i * width - 0.4 + width / 2, values, width=width, label=name)
+        report = reports[name][0]
+        values = np.array([getattr(report, m) for m in metrics], dtype=float)
+        # The bootstrap intervals of the two ECEs, where computed (answers), as error bars.
+        bounds = [(getattr(report, f"{m}_lo", None), getattr(report, f"{m}_hi", None)) for m in metrics]
+        yerr = np.array([[v - lo if lo is not None else 0.0 for v, (lo, _) in zip(values, bounds)],
+                         [hi - v if hi is not None else 0.0 for v, (_, hi) in zip(values, bounds)]]).clip(min=0.0)
+        bars = scores.bar(x + i * width - 0.4 + width / 2, values, width=width, label=name, yerr=yerr, capsize=2,
+                          error_kw={"elinewidth": 0.8})
         scores.bar_label(bars, fmt="%.3f", fontsize=7, rotation=90, padding=2)
     scores.set_xticks(x, ["ECE", "ECE (eq. mass)", "MCE", "Brier", "NLL"])
     scores.set_title("Lower is better")
     scores.legend(fontsize=8)
     scores.margins(y=0.2)
     fig.suptitle(title)
+    return _save(fig, path)
+
+
+def accuracy_coverage_png(
+    curves: Mapping[str, SelectiveReport], path: Path, title: str = "Selective prediction: answer when confidence ≥ t",
+) -> Path:
+    """Accuracy against coverage as the confidence threshold rises, one line per model; the target accuracy and
+    the point where each curve reaches it marked."""
+    if not curves:
+        raise ValueError("accuracy_coverage_png needs at least one curve; got none")
+    fig = Figure(figsize=(7, 4.8))
+    ax = fig.subplots()
+    target = None
+    for name, sel in curves.items():
+        (line,) = ax.plot(sel.curve_coverage, sel.curve_accuracy, drawstyle="steps-post",
+                          label=f"{name} (AURC {sel.aurc:.3f})")
+        target = sel.target_accuracy
+        if sel.coverage_at_target is not None:
+            ax.scatter([sel.coverage_at_target], [sel.accuracy_at_target], color=line.get_color(), zorder=3, s=25)
+    if target is not None:
+        ax.axhline(target, ls="--", color="grey", lw=1, label=f"target accuracy {target:.2f}")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("coverage (share of questions answered)")
+    ax.set_ylabel("accuracy of the answered ones")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     return _save(fig, path)
 
 

@@ -15,12 +15,14 @@ from models.llama import Transformer
 from models.losses import next_token_loss
 from tasks.eval.arithmetic import make_problems
 from tasks.eval.evaluate import (
+    _ROWS,
     EVAL_FILE,
     TOKEN_RELIABILITY_PNG,
     EvalConfig,
     comparison_table,
     evaluate_checkpoint,
     evaluate_model,
+    in_train_range,
     load_eval_result,
     write_comparison,
 )
@@ -131,15 +133,21 @@ def test_answer_level_confidence_is_the_probability_of_the_response() -> None:
     model = tiny_llama(vocab=vocab, seed=3)
     problems = make_problems(8, seed=5, split="eval")
     tokens = np.random.default_rng(0).integers(0, vocab, 200).astype(np.uint16)
-    cfg = EvalConfig(max_tokens=100, seq_len=32, batch_size=4, temperature_tokens=50, max_answer_tokens=6)
+    cfg = EvalConfig(max_tokens=100, seq_len=32, batch_size=4, temperature_tokens=50, max_answer_tokens=6,
+                     train_max_operand=10)
     r = evaluate_model(model, tokens, tok, problems, cfg)
     assert len(r.answers) == 8
     assert [a.question for a in r.answers] == [p.question for p in problems]
-    # A random model answers nothing right, so the answer ECE is its mean confidence.
-    assert not any(a.correct for a in r.answers)
-    ac = r.answer_calibration
-    assert ac is not None and ac.n == 8 and ac.accuracy == 0.0
-    assert ac.ece == pytest.approx(np.mean([a.confidence for a in r.answers]))
+    assert [a.in_train_range for a in r.answers] == [in_train_range(p.question, 10) for p in problems]
+    # A random model states no answer: its answer metrics are n/a, never a 0.000 that reads as calibrated.
+    assert not any(a.correct for a in r.answers) and r.n_answered == 0
+    assert r.answer_calibration is None and r.answer_bins is None and r.answer_selective is None
+    metrics = r.metrics()
+    assert metrics["answer.n_answered"] == 0 and not any(k.startswith("answer.") and k != "answer.n_answered" for k in metrics)
+    # The multiple-choice task needs no parsing: every model has a row there.
+    cc = r.choice_calibration
+    assert cc is not None and cc.n == 8 and len(r.choices) == 8 and r.choice_selective is not None
+    assert cc.accuracy_lo <= cc.accuracy <= cc.accuracy_hi and cc.ece_lo <= cc.ece <= cc.ece_hi
     sp = special_ids(tok)
     for p, a in zip(problems, r.answers):
         assert 1 <= a.n_tokens <= 6 and 0.0 < a.confidence <= a.mean_token_prob <= 1.0
@@ -158,8 +166,10 @@ def test_answer_level_confidence_is_the_probability_of_the_response() -> None:
         assert a.confidence == pytest.approx(math.exp(want), rel=1e-4)
         assert a.finished == (cont[-1] == sp.end_turn)
     table = comparison_table({"base": r, "again": r})
-    assert "| answer accuracy | 0.000 | 0.000 |" in table
-    assert table.count("\n") == 17
+    assert "| answer accuracy [95% CI] | n/a (no answer) | n/a (no answer) |" in table
+    assert "| questions (answered, prompt) | 8 (0 answered, chat) | 8 (0 answered, chat) |" in table
+    assert f"| multiple-choice accuracy | {cc.accuracy:.3f} [{cc.accuracy_lo:.3f}, {cc.accuracy_hi:.3f}] |" in table
+    assert table.count("\n") == len(_ROWS) + 2
 
 
 def _write_val_split(out_dir: Path, tokens: np.ndarray, vocab: int) -> None:
@@ -193,7 +203,10 @@ def test_evaluate_checkpoint_writes_json_and_figures(tmp_path: Path) -> None:
     assert saved["n_tokens"] == 200 and len(saved["answers"]) == 5
     assert load_eval_result(out) == result
     assert (out / TOKEN_RELIABILITY_PNG).stat().st_size > 5_000
-    assert (out / "reliability_answers.png").stat().st_size > 5_000
+    # "base" is in few_shot_models: asked with the completion prompt, not the chat template it never saw.
+    assert saved["answer_format"] == "few_shot" and result.answer_format == "few_shot"
+    assert (out / "reliability_choices.png").stat().st_size > 5_000
+    assert (out / "reliability_answers.png").is_file() == (result.answer_calibration is not None)
     # The same model evaluated in memory gives the same numbers as from its checkpoint.
     again = evaluate_model(tiny_llama(vocab=vocab), tokens, cfg=cfg.model_copy(update={"n_questions": 0}))
     assert again.val_loss == pytest.approx(result.val_loss, rel=1e-6)

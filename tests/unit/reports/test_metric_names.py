@@ -28,9 +28,31 @@ def _eval_result() -> EvalResult:
     )
 
 
+def _with_answers(result: EvalResult) -> EvalResult:
+    from tasks.eval.evaluate import EvalConfig, scored_answers
+
+    rng = np.random.default_rng(1)
+    conf = rng.uniform(0.2, 1.0, 300)
+    correct = rng.uniform(size=300) < conf
+    cfg = EvalConfig(bootstrap_resamples=50, target_accuracy=0.7)
+    answer = scored_answers(conf, correct, cfg)
+    choice = scored_answers(conf[::-1], correct, cfg)
+    from tasks.eval.intervals import proportion
+
+    return result.model_copy(update={
+        "answer_calibration": answer[0], "answer_bins": answer[1], "answer_selective": answer[2],
+        "answer_in_range": proportion(correct[:50]),
+        "choice_calibration": choice[0], "choice_bins": choice[1], "choice_selective": choice[2],
+    })
+
+
 def test_eval_metrics_have_one_name_each_and_the_training_names() -> None:
-    result = _eval_result()
+    result = _with_answers(_eval_result())
     metrics = result.metrics()
+    # The intervals and selective-prediction numbers the issue asks for, under their MLflow names.
+    assert {"answer.accuracy_lo", "answer.accuracy_hi", "answer.ece_lo", "answer.ece_hi", "answer.aurc",
+            "answer.threshold_at_target", "answer_in_range.accuracy", "choice.accuracy_lo", "choice.aurc"} <= set(metrics)
+    assert not any(k.startswith("answer.curve_") for k in metrics)  # the curve is in eval.json and the figure
     assert len({_normalized(k) for k in metrics}) == len(metrics), sorted(metrics)
     assert "token_accuracy" not in metrics and metrics["token.accuracy"] == result.token_accuracy
     assert "perplexity" not in metrics and metrics["val_ppl"] == result.perplexity  # as pretrain/SFT log it

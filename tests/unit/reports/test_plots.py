@@ -8,7 +8,15 @@ import pytest
 from matplotlib.image import imread
 
 from models.calibration import calibration_report, reliability_bins
-from tasks.reports.plots import compare_models_png, funnel_figure, funnel_png, loss_curve_png, reliability_diagram_png
+from tasks.eval.selective import selective_report
+from tasks.reports.plots import (
+    accuracy_coverage_png,
+    compare_models_png,
+    funnel_figure,
+    funnel_png,
+    loss_curve_png,
+    reliability_diagram_png,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -38,7 +46,26 @@ def test_reliability_diagram_depends_on_data(tmp_path: Path) -> None:
     img_b = _check_png(reliability_diagram_png(b, tmp_path / "b.png", "calibrated", ece=0.01))
     assert img_a.shape != img_b.shape or not np.array_equal(img_a, img_b)
     q = reliability_bins(*_predictions(0, 2.0), n_bins=10, strategy="quantile")
-    _check_png(reliability_diagram_png(q, tmp_path / "sub" / "q.png", "equal mass"))
+    _check_png(reliability_diagram_png(q, tmp_path / "sub" / "q.png", "equal mass", ece=0.1, ece_interval=(0.08, 0.12)))
+    # A few answers in uneven bins (counts and intervals drawn), and the title says how the bins were made.
+    conf, correct = _predictions(2, 1.5)
+    few = reliability_bins(conf[:40], correct[:40], n_bins=15)
+    assert min(c for c in few.counts if c) < 3
+    _check_png(reliability_diagram_png(few, tmp_path / "few.png", "40 answers", ece=0.2))
+    from tasks.reports.plots import _bins_note
+
+    assert _bins_note(q) == "10 equal-mass bins of 300" and _bins_note(few) == "15 equal-width bins"
+
+
+def test_accuracy_coverage_curves(tmp_path: Path) -> None:
+    curves = {}
+    for name, k in (("sft", 1.0), ("grpo", 3.0)):
+        conf, correct = _predictions(3, k)
+        curves[name] = selective_report(conf, correct, target_accuracy=0.8)
+    assert curves["sft"].coverage_at_target is not None
+    _check_png(accuracy_coverage_png(curves, tmp_path / "coverage.png"))
+    with pytest.raises(ValueError, match="at least one curve"):
+        accuracy_coverage_png({}, tmp_path / "none.png")
 
 
 def test_compare_models(tmp_path: Path) -> None:

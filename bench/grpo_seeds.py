@@ -1,0 +1,112 @@
+"""GRPO over several seeds on one SFT model: is its held-out gain larger than the spread between seeds?
+
+    DS_ACCELERATOR=cpu .venv/bin/python bench/grpo_seeds.py \
+        --sft-model work/checkpoints/sft/latest/model --tokenizer work/tokenizer/latest --seeds 0 1 2
+
+runs the GRPO stage (tasks/training/grpo/stage.py, the preset's `grpo` section) once per seed,
+each into its own folder of a scratch workspace (`--workdir`, default a temporary folder: its
+own MLflow runs, never the pipeline's), then asks the SFT model and every policy the preset's
+evaluation questions (`eval` section: held out, never trained on) and prints, per seed, the
+accuracy with its Wilson 95% interval and the paired GRPO - SFT difference, then the mean ± sd
+over seeds. One seed's gain means little when seeds spread as far as the gain.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+from flows.config import load_pipeline_config, parse_overrides  # noqa: E402
+from tasks.eval.arithmetic import make_problems  # noqa: E402
+from tasks.eval.intervals import paired_difference, proportion  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sft-model", type=Path, required=True, help="the SFT model folder (a stage's model/)")
+    p.add_argument("--tokenizer", type=Path, required=True, help="its tokenizer (folder or tokenizer.json)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="GRPO seeds (default 0 1 2; at least 3 for an sd)")
+    p.add_argument("--preset", default="tiny", help="the preset whose grpo and eval sections are used (default tiny)")
+    p.add_argument("--steps", type=int, default=None, help="GRPO steps per seed (default: the preset's grpo.steps)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a preset key, e.g. --set grpo.lr=2e-5 (repeatable)")
+    p.add_argument("--workdir", type=Path, default=None, help="scratch workspace (default: a new temporary folder)")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    return p.parse_args(argv)
+
+
+def answers_correct(model_dir: Path, tokenizer, problems, eval_cfg) -> dict[str, bool]:
+    """Whether the model's greedy chat answer to each question is right, by question."""
+    from models.export import load_model
+    from tasks.eval.evaluate import answer_records
+
+    model = load_model(model_dir)
+    return {a.question: a.correct for a in answer_records(model, tokenizer, problems, eval_cfg)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from tasks.tokenizer.train import load_tokenizer
+    from tasks.training.grpo.stage import run_grpo
+
+    args = parse_args(argv)
+    if len(args.seeds) != len(set(args.seeds)):
+        raise SystemExit(f"--seeds {args.seeds} repeats a seed; give distinct seeds")
+    config = load_pipeline_config(args.preset, parse_overrides(args.overrides))
+    grpo_cfg = config.grpo.model_copy(update={"export_hf": False, **({"steps": args.steps} if args.steps else {})})
+    e = config.eval
+    problems = make_problems(e.n_questions, e.seed, e.arithmetic_max_operand, e.arithmetic_ops, split="eval")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="grpo-seeds-"))
+    torch.set_num_threads(grpo_cfg.torch_threads or 1)  # the scoring here; tiny models run fastest on one thread
+    tokenizer = load_tokenizer(args.tokenizer)
+    print(f"{len(problems)} held-out questions (preset {args.preset!r}, operands <= {e.arithmetic_max_operand}); "
+          f"GRPO {grpo_cfg.steps} steps per seed, lr {grpo_cfg.lr}; workspace {workdir}", flush=True)
+
+    sft = answers_correct(args.sft_model, tokenizer, problems, e)
+    questions = list(sft)
+    before = proportion([sft[q] for q in questions])
+    print(f"SFT: {before.describe()}", flush=True)
+    rows = []
+    for seed in args.seeds:
+        started = time.time()
+        result = run_grpo(args.sft_model, args.tokenizer, workdir / f"seed{seed}", grpo_cfg.model_copy(update={"seed": seed}),
+                          None, workdir, log=lambda line: None)
+        after = answers_correct(result.model_dir, tokenizer, problems, e)
+        score = proportion([after[q] for q in questions])
+        diff = paired_difference([sft[q] for q in questions], [after[q] for q in questions])
+        rows.append({"seed": seed, "accuracy": score.accuracy, "correct": score.correct, "n": score.n,
+                     "accuracy_lo": score.accuracy_lo, "accuracy_hi": score.accuracy_hi,
+                     "diff": diff.difference, "diff_lo": diff.lo, "diff_hi": diff.hi,
+                     "stage_before": f"{result.before.n_correct}/{result.before.n}",
+                     "stage_after": f"{result.after.n_correct}/{result.after.n}", "seconds": time.time() - started})
+        print(f"seed {seed}: {score.describe()}; GRPO - SFT {diff.describe()}; "
+              f"the stage's own check {rows[-1]['stage_before']} -> {rows[-1]['stage_after']} "
+              f"({rows[-1]['seconds']:.0f} s)", flush=True)
+
+    accs, diffs = [r["accuracy"] for r in rows], [r["diff"] for r in rows]
+
+    def sd(xs: list[float]) -> float:
+        return statistics.stdev(xs) if len(xs) > 1 else float("nan")
+
+    summary = {"sft_accuracy": before.accuracy, "n_questions": before.n, "seeds": rows,
+               "accuracy_mean": statistics.fmean(accs), "accuracy_sd": sd(accs),
+               "diff_mean": statistics.fmean(diffs), "diff_sd": sd(diffs)}
+    print(f"\nGRPO over {len(rows)} seeds: accuracy {summary['accuracy_mean']:.3f} ± {summary['accuracy_sd']:.3f} (sd), "
+          f"SFT {before.accuracy:.3f}; GRPO - SFT {summary['diff_mean'] * 100:+.1f} ± {summary['diff_sd'] * 100:.1f} pts")
+    if len(rows) < 3:
+        print("fewer than 3 seeds: the sd says little; run --seeds 0 1 2 (or more)")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

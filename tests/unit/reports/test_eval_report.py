@@ -1,0 +1,92 @@
+"""The report card and the eval run show intervals, significance, n/a and selective prediction, and log them."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import mlflow
+import numpy as np
+import pytest
+
+from infra.paths import Workspace
+from infra.tracking import stage_run
+from tasks.data.manifest import Manifest, write_manifest
+from tasks.eval.evaluate import EVAL_FILE, stage_differences
+from tasks.reports.card import write_final_report
+from tasks.reports.eval import log_comparison
+from tests.conftest import eval_result_with_answers
+
+
+def _evals() -> dict:
+    rng = np.random.default_rng(2)
+    questions = [f"What is {i} + 2?" for i in range(520)]
+    skill = rng.uniform(size=520)
+    sft = rng.uniform(size=520) < skill * 0.6
+    grpo = sft.copy()
+    grpo[rng.choice(520, 12, replace=False)] = True  # a few more right: too few to tell from noise?
+    conf = np.clip(skill + rng.normal(0, 0.05, 520), 0.01, 0.99)
+    base = eval_result_with_answers(questions, np.zeros(520, bool), np.full(520, 0.1), "few_shot")
+    # The base model stated no parseable answer: n/a, never a perfect-looking 0.000.
+    base = base.model_copy(update={
+        "answers": [a.model_copy(update={"parsed": None}) for a in base.answers],
+        "answer_calibration": None, "answer_bins": None, "answer_selective": None,
+    })
+    in_range = np.arange(520) < 60
+    return {"base": base, "sft": eval_result_with_answers(questions, sft, conf, in_range=in_range),
+            "grpo": eval_result_with_answers(questions, grpo, conf, in_range=in_range)}
+
+
+def test_report_card_shows_intervals_significance_and_selective_prediction(tmp_path: Path) -> None:
+    evals = _evals()
+    manifest = write_manifest(Manifest(funnel={"web": {"collected": 10, "kept": 8, "filtered": 2}}),
+                              tmp_path / "manifest.json")
+    stage_score = SimpleNamespace(n_correct=36, n=59, accuracy=36 / 59, mean_reward=0.7)
+    grpo = SimpleNamespace(before=stage_score, after=stage_score)
+    path = write_final_report(manifest, (None, 100.0), SimpleNamespace(val_loss=None), grpo, evals, {}, 60.0,
+                              tmp_path / "report.md")
+    text = path.read_text()
+    sft_k, grpo_k = sum(a.correct for a in evals["sft"].answers), sum(a.correct for a in evals["grpo"].answers)
+    assert f"| held-out arithmetic accuracy SFT → GRPO, evaluation (520 questions, 95% CI) | {sft_k}/520 (" in text
+    assert f"→ {grpo_k}/520 (" in text
+    assert "| GRPO − SFT accuracy (paired, 95% CI) | +" in text
+    assert "| held-out arithmetic accuracy SFT → GRPO, the GRPO stage's own check (95% CI) | 36/59 (61.0% [48.3%, 72.4%]) →" in text
+    assert "| base: perplexity / token ECE / answer ECE (equal mass, 95% CI) | 2.7 / " in text
+    assert "n/a (no answer) |" in text
+    assert "| answer accuracy [95% CI] | n/a (no answer) |" in text
+    assert "| sft − base | n/a |" in text  # no paired difference against a model with no answers
+    assert "## Selective prediction" in text and "| grpo, answers |" in text and "threshold for accuracy ≥ 0.80" in text
+    diffs = stage_differences(evals)
+    assert f"| GRPO − SFT accuracy (paired, 95% CI) | {diffs['grpo_vs_sft.answer'].describe()} |" in text
+    inside = diffs["grpo_vs_sft.answer_in_range"]
+    assert inside.n == 60 and f"| GRPO − SFT within the training range (paired, 95% CI) | {inside.describe()} |" in text
+    assert f"| of those, operands within the training range | {evals['sft'].answer_in_range.describe()} → " in text
+
+
+def test_eval_run_logs_intervals_differences_and_figures(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    ws = Workspace(tmp_path / "work")
+    evals = _evals()
+    dirs = {}
+    for name, r in evals.items():
+        dirs[name] = tmp_path / "eval" / name
+        dirs[name].mkdir(parents=True)
+        (dirs[name] / EVAL_FILE).write_text(r.model_dump_json())
+    with stage_run(ws, "evaluate") as run:
+        markdown = log_comparison(evals, dirs, tmp_path / "out")
+    logged = mlflow.get_run(run.info.run_id).data.metrics
+    assert logged["sft.answer.accuracy_lo"] < logged["sft.answer.accuracy"] < logged["sft.answer.accuracy_hi"]
+    assert {"grpo.answer.ece_lo", "grpo.answer.ece_hi", "grpo.answer.aurc", "grpo_vs_sft.answer.accuracy_diff",
+            "grpo_vs_sft.answer.accuracy_diff_lo", "grpo_vs_sft.answer.accuracy_diff_hi"} <= set(logged)
+    assert logged["base.answer.n_answered"] == 0 and "base.answer.accuracy" not in logged
+    assert "| accuracy difference (paired, 95% CI) |" in markdown
+    assert (tmp_path / "out" / "accuracy_coverage.png").stat().st_size > 5_000
+    assert markdown in (tmp_path / "out" / "comparison.md").read_text()
+    artifacts = {f.path for f in mlflow.MlflowClient().list_artifacts(run.info.run_id, "eval")}
+    assert {"eval/comparison.md", "eval/calibration_comparison.png", "eval/accuracy_coverage.png"} <= artifacts
+
+
+def test_paired_difference_is_by_question() -> None:
+    evals = _evals()
+    d = stage_differences(evals)["grpo_vs_sft.answer"]
+    assert d.n == 520 and d.only_a == 0 and 0 < d.only_b <= 12 and d.difference == pytest.approx(d.only_b / 520)
