@@ -67,7 +67,8 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = No
         print("stage 2/5 pretrain: tokenizer, token shards, DeepSpeed pretraining")
         base = pretrain_flow(config.pretrain, manifest=str(data.manifest), workdir=root)
         print("stage 3/5 sft: supervised fine-tuning")
-        sft = sft_flow(config.sft, base_model=str(base.model_dir), tokenizer=str(base.tokenizer), workdir=root)
+        sft = sft_flow(config.sft, base_model=str(base.model_dir), tokenizer=str(base.tokenizer), workdir=root,
+                       tokens=str(base.tokens))
         print("stage 4/5 grpo: reinforcement learning with verifiable rewards")
         grpo = grpo_flow(config.grpo, sft_model=str(sft.model_dir), tokenizer=str(base.tokenizer), workdir=root)
         print("stage 5/5 evaluate: calibration of base, SFT and GRPO; report card")

@@ -15,12 +15,16 @@ from tasks.training.sft.stage import SftConfig, SftResult, sft_task
 
 
 @flow(name="sft", log_prints=True)
-def sft_flow(config: SftConfig, base_model: str, tokenizer: str, workdir: str = "work") -> SftResult:
+def sft_flow(config: SftConfig, base_model: str, tokenizer: str, workdir: str = "work",
+             tokens: str | None = None) -> SftResult:
+    """SFT of `base_model`; `tokens` (the pretraining token shards) feeds config.replay_fraction."""
     ws = Workspace.locate(workdir).ensure_writable()
-    with stop_on_cancel(), workspace_lock(ws), stage_run(ws, "sft", config, run_key=flow_key("sft", __name__, config, {"base": Path(base_model)})) as run:
+    replay = Path(tokens) if tokens else None
+    inputs = {"base": Path(base_model), "tokens": replay}
+    with stop_on_cancel(), workspace_lock(ws), stage_run(ws, "sft", config, run_key=flow_key("sft", __name__, config, inputs)) as run:
         return run_cached(
             sft_task, ws, "checkpoints/sft", Path(base_model), Path(tokenizer), OUT, config, str(ws.root),
-            mlflow_run_id=run.info.run_id,
+            mlflow_run_id=run.info.run_id, replay_tokens=replay,
         )
 
 

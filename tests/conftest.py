@@ -284,3 +284,25 @@ def saved_tokenizer(tok, tmp_path: Path) -> Path:
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
     return path
+
+
+def eval_result_with_answers(questions: list[str], correct, confidences, answer_format: str = "chat",
+                             target_accuracy: float = 0.8, in_range=None):
+    """An EvalResult whose answers are `questions` with these correct flags and confidences (token level: the same);
+    `in_range`: which questions lie in the training range (None: no range set)."""
+    import math
+
+    from tasks.eval.evaluate import AnswerRecord, EvalConfig, EvalResult, scored_answers
+    from tasks.eval.intervals import proportion
+
+    cfg = EvalConfig(n_bins=10, bootstrap_resamples=200, target_accuracy=target_accuracy)
+    calibration, bins, selective = scored_answers(confidences, correct, cfg)
+    flags = [None] * len(questions) if in_range is None else [bool(f) for f in in_range]
+    answers = [AnswerRecord(question=q, expected=1, response="<answer>1</answer>", correct=bool(c), confidence=float(p),
+                            mean_token_prob=float(p), n_tokens=4, finished=True, parsed=1, in_train_range=f)
+               for q, c, p, f in zip(questions, correct, confidences, flags)]
+    inside = [a.correct for a in answers if a.in_train_range]
+    return EvalResult(n_tokens=10, seq_len=8, val_loss=1.0, perplexity=math.e, token_accuracy=0.5,
+                      token_calibration=calibration, token_bins=bins, answer_format=answer_format, answers=answers,
+                      answer_calibration=calibration, answer_bins=bins, answer_selective=selective,
+                      answer_in_range=proportion(inside) if inside else None)

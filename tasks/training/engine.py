@@ -36,6 +36,7 @@ class EngineSpec:
     weight_decay: float
     betas: tuple[float, float]
     optimizer_kernel: str = "auto"  # models.optim.OptimizerKernel
+    torch_compile: bool = False
 
     @classmethod
     def of(cls, cfg: Any, **overrides: Any) -> "EngineSpec":
@@ -112,6 +113,10 @@ def build_engine(model: torch.nn.Module, spec: EngineSpec, schedule: ScheduleCon
                                 kernel=spec.optimizer_kernel)
     scheduler = build_scheduler(optimizer, schedule) if schedule is not None else None
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    if spec.torch_compile:
+        # DeepSpeed's own entry point: `model.compile()` in place, after its ZeRO hooks are set, so the
+        # state dict (checkpoints, export) keeps the same keys as an uncompiled run's.
+        engine.compile()
     return engine
 
 

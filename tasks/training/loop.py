@@ -3,7 +3,7 @@
     engine = build_engine(model, our AdamW groups, our LambdaLR, JSON for the ZeRO stage)
     for step in range(resumed_step, max_steps):
         for each micro-batch: loss = loss_fn(engine, train_batches(micro, rank, world)); backward; step
-        one all-reduce: mean loss + "was any loss non-finite?"  -> skipped/failed steps agree on all ranks
+        one all-reduce: mean loss (and its named parts) + "was any loss non-finite?"  -> skipped/failed steps agree
         log / validate / checkpoint on their schedules
 
 Data order is a pure function of (micro-batch index, rank, world), so resuming needs only the
@@ -36,7 +36,10 @@ from tasks.training.metrics import (
 
 Batch = Any  # whatever train_batches returns and loss_fn understands; tensors inside are moved to the device
 BatchFn = Callable[[int, int, int], Batch]  # (micro-batch index, rank, world size) -> batch
-LossFn = Callable[[torch.nn.Module, Batch], torch.Tensor]
+# A loss, or (loss, parts): named detached scalars, e.g. the loss of each data source in a mixed
+# batch, averaged like the loss and logged beside it. Every micro-batch returns the same names.
+LossParts = dict[str, torch.Tensor]
+LossFn = Callable[[torch.nn.Module, Batch], torch.Tensor | tuple[torch.Tensor, LossParts]]
 Echo = Callable[[str], Any]
 
 
@@ -77,6 +80,7 @@ class TrainResult:
     world_size: int
     checkpoint: Path | None
     history: list[dict[str, float]] = field(default_factory=list)
+    final_val_parts: dict[str, float] = field(default_factory=dict)  # the loss_fn's parts at the last validation
 
 
 @dataclass
@@ -89,6 +93,7 @@ class _Progress:
     bad_run: int = 0  # consecutive non-finite steps
     last_loss: float | None = None
     last_val: float | None = None
+    last_val_parts: dict[str, float] = field(default_factory=dict)
     # Carried in the checkpoint so a resumed run's loss curve starts at step 1, not at the resume.
     history: list[dict[str, float]] = field(default_factory=list)
     clock: StepClock | None = field(default=None, repr=False)  # this session's elapsed time and ETA
@@ -105,6 +110,7 @@ class _Progress:
             bad_run=int(client.get("consecutive_bad", 0)),
             last_loss=client.get("last_loss"),
             last_val=client.get("last_val_loss"),
+            last_val_parts=dict(client.get("last_val_parts") or {}),
             history=list(client.get("history") or []),
         )
 
@@ -117,6 +123,7 @@ class _Progress:
             "consecutive_bad": self.bad_run,
             "last_loss": self.last_loss,
             "last_val_loss": self.last_val,
+            "last_val_parts": self.last_val_parts,
             "history": self.history,
         }
 
@@ -130,6 +137,7 @@ class _StepStats:
     n_nonfinite: int  # micro-batches (all ranks) with a non-finite loss
     tokens: int  # fed by all ranks
     seconds: float
+    parts: dict[str, float] = field(default_factory=dict)  # the loss's named parts, averaged like it; {} when skipped
 
 
 def _to_device(batch: Batch, device: torch.device) -> Batch:
@@ -142,19 +150,40 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
     return batch
 
 
-def validation_loss(engine, eval_batches: BatchFn, loss_fn: LossFn, n_batches: int, rank: int, world: int) -> float:
-    """Mean loss over n_batches per rank, averaged over ranks; the model is left in train mode."""
+def split_loss(out: torch.Tensor | tuple[torch.Tensor, LossParts]) -> tuple[torch.Tensor, LossParts]:
+    """(loss, parts) of what a LossFn returned; a bare loss has no parts."""
+    if isinstance(out, tuple):
+        loss, parts = out
+        return loss, parts
+    return out, {}
+
+
+def _sum_parts(sums: dict[str, torch.Tensor], parts: LossParts) -> None:
+    for name, value in parts.items():
+        value = torch.nan_to_num(value.detach().double(), nan=0.0, posinf=0.0, neginf=0.0)
+        sums[name] = sums[name] + value if name in sums else value
+
+
+def validation_losses(engine, eval_batches: BatchFn, loss_fn: LossFn, n_batches: int, rank: int,
+                      world: int) -> tuple[float, dict[str, float]]:
+    """Mean loss (and its parts) over n_batches per rank, averaged over ranks; the model is left in train mode."""
     import torch.distributed as dist
 
     engine.eval()
     total = torch.zeros((), dtype=torch.float64, device=engine.device)
+    part_sums: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for i in range(n_batches):
-            total += loss_fn(engine, _to_device(eval_batches(i, rank, world), engine.device)).double()
+            loss, parts = split_loss(loss_fn(engine, _to_device(eval_batches(i, rank, world), engine.device)))
+            total += loss.double()
+            _sum_parts(part_sums, parts)
     engine.train()
+    names = sorted(part_sums)
+    stats = torch.stack([total, *(part_sums[n].to(total.device) for n in names)])
     if world > 1:
-        dist.all_reduce(total)
-    return float(total) / (n_batches * world)
+        dist.all_reduce(stats)
+    means = (stats / (n_batches * world)).tolist()
+    return means[0], dict(zip(names, means[1:]))
 
 
 # ----------------------------------------------------------------------------- one step and its reports
@@ -171,10 +200,12 @@ def _optimizer_step(engine, cfg: TrainConfig, train_batches: BatchFn, loss_fn: L
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     nonfinite = torch.zeros((), dtype=torch.float64, device=device)
     fed = torch.zeros((), dtype=torch.float64, device=device)
+    part_sums: dict[str, torch.Tensor] = {}
     for k in range(cfg.grad_accum):
         batch = _to_device(train_batches(step * cfg.grad_accum + k, rank, world), device)
         fed += batch_tokens(batch) if batch_tokens else cfg.micro_batch_size * cfg.seq_len
-        loss = loss_fn(engine, batch)
+        loss, parts = split_loss(loss_fn(engine, batch))
+        _sum_parts(part_sums, parts)
         if not loss.requires_grad:
             raise TypeError("loss_fn must return a scalar tensor attached to the model's graph (requires_grad)")
         detached = loss.detach().double()
@@ -184,14 +215,16 @@ def _optimizer_step(engine, cfg: TrainConfig, train_batches: BatchFn, loss_fn: L
         # overflow check (or GuardedAdamW) skip the update on every rank, with no special path.
         engine.backward(loss)
         engine.step()
-    stats = torch.stack([loss_sum, nonfinite, fed])
+    names = sorted(part_sums)
+    stats = torch.stack([loss_sum, nonfinite, fed, *(part_sums[n].to(device) for n in names)])
     if world > 1:
         dist.all_reduce(stats)
     n_nonfinite = int(stats[1].item())
     tokens = int(stats[2].item())  # summed over ranks by the same all_reduce
     bad = n_nonfinite > 0 or not engine.was_step_applied()
     loss_mean = None if bad else float(stats[0].item()) / (cfg.grad_accum * world)
-    return _StepStats(lr, loss_mean, n_nonfinite, tokens, time.perf_counter() - t0)
+    parts = {} if bad else {n: v / (cfg.grad_accum * world) for n, v in zip(names, stats[3:].tolist())}
+    return _StepStats(lr, loss_mean, n_nonfinite, tokens, time.perf_counter() - t0, parts)
 
 
 def _count_bad_step(progress: _Progress, stats: _StepStats, cfg: TrainConfig, rank: int, log: MetricsSink,
@@ -215,11 +248,12 @@ def _count_bad_step(progress: _Progress, stats: _StepStats, cfg: TrainConfig, ra
 
 def _log_window(engine, progress: _Progress, clock: Throughput, stats: _StepStats, cfg: TrainConfig, world: int,
                 log: MetricsSink, echo: Echo | None) -> None:
-    """Rank 0: mean loss, lr, throughput, grad norm and MFU of the steps since the last log."""
+    """Rank 0: mean loss (and its parts), lr, throughput, grad norm and MFU of the steps since the last log."""
     done = progress.step
     window = clock.window_metrics(world)
+    parts = clock.window_parts_mean()
     grad_norm = engine.get_global_grad_norm()
-    metrics = {"loss": window["loss"], "lr": stats.lr, "tokens_per_s": window["tokens_per_s"],
+    metrics = {"loss": window["loss"], **parts, "lr": stats.lr, "tokens_per_s": window["tokens_per_s"],
                "tokens_seen": float(progress.tokens_seen)}
     if grad_norm is not None and stats.loss is not None:
         metrics["grad_norm"] = float(grad_norm)
@@ -228,22 +262,26 @@ def _log_window(engine, progress: _Progress, clock: Throughput, stats: _StepStat
     log.log_metrics(metrics, done)
     progress.history.append({"step": float(done), **metrics})
     if echo:
-        echo(f"step {done}/{cfg.max_steps} loss {metrics['loss']:.4f} lr {stats.lr:.2e} "
+        echo(f"step {done}/{cfg.max_steps} loss {metrics['loss']:.4f}"
+             + "".join(f" {name} {value:.4f}" for name, value in parts.items()) + f" lr {stats.lr:.2e} "
              f"{metrics['tokens_per_s']:,.0f} tok/s" + (f" mfu {metrics['mfu']:.1%}" if "mfu" in metrics else "")
              + f" ({progress.clock.text(done)})")
 
 
 def _validate(engine, progress: _Progress, eval_batches: BatchFn, loss_fn: LossFn, cfg: TrainConfig, rank: int,
               world: int, log: MetricsSink, echo: Echo | None) -> None:
-    """Validation loss on every rank; rank 0 logs it with its perplexity."""
+    """Validation loss (and its parts, as val_<name>) on every rank; rank 0 logs it with its perplexity."""
     done = progress.step
-    progress.last_val = validation_loss(engine, eval_batches, loss_fn, cfg.eval_batches, rank, world)
+    progress.last_val, progress.last_val_parts = validation_losses(engine, eval_batches, loss_fn, cfg.eval_batches,
+                                                                   rank, world)
     if rank == 0:
-        val_metrics = {"val_loss": progress.last_val, "val_ppl": perplexity(progress.last_val)}
+        parts = {f"val_{name}": value for name, value in progress.last_val_parts.items()}
+        val_metrics = {"val_loss": progress.last_val, "val_ppl": perplexity(progress.last_val), **parts}
         log.log_metrics(val_metrics, done)
         progress.history.append({"step": float(done), **val_metrics})
         if echo:
-            echo(f"step {done}: val_loss {progress.last_val:.4f} val_ppl {val_metrics['val_ppl']:.2f}")
+            echo(f"step {done}: val_loss {progress.last_val:.4f} val_ppl {val_metrics['val_ppl']:.2f}"
+                 + "".join(f" {name} {value:.4f}" for name, value in parts.items()))
 
 
 def _on_schedule(done: int, every: int, last: int) -> bool:
@@ -281,8 +319,9 @@ def train(
 
     `train_batches(i, rank, world)` returns micro-batch i (= step * grad_accum + k) of this rank;
     it must be a pure function of its arguments (and the seed it was built with) for resumes
-    to be exact. `loss_fn(engine, batch)` returns a scalar loss. Rank 0 sends metrics to `log`
-    and, when given, one line per log step to `echo`. `batch_tokens(batch)` counts the tokens a
+    to be exact. `loss_fn(engine, batch)` returns a scalar loss, or (loss, named parts) whose
+    means are logged beside the loss (as val_<name> on validation). Rank 0 sends metrics to
+    `log` and, when given, one line per log step to `echo`. `batch_tokens(batch)` counts the tokens a
     micro-batch really feeds the model, for tokens/s and MFU when batches are padded per batch
     and shorter than seq_len (SFT); without it every micro-batch counts micro_batch_size * seq_len.
     """
@@ -305,7 +344,7 @@ def train(
         stats = _optimizer_step(engine, cfg, train_batches, loss_fn, batch_tokens, step, rank, world)
         progress.step = done = step + 1
         progress.tokens_seen += stats.tokens
-        clock.add(stats.seconds, stats.tokens, stats.loss)
+        clock.add(stats.seconds, stats.tokens, stats.loss, stats.parts)
         if stats.loss is None:
             _count_bad_step(progress, stats, cfg, rank, log, echo, ckpt_dir)
         else:
@@ -333,4 +372,5 @@ def train(
         world_size=world,
         checkpoint=checkpoint,
         history=progress.history,
+        final_val_parts=progress.last_val_parts,
     )

@@ -98,15 +98,18 @@ class Throughput:
     window_seconds: float = 0.0
     window_tokens: int = 0
     window_losses: list[float] = field(default_factory=list)
+    window_parts: dict[str, list[float]] = field(default_factory=dict)
 
-    def add(self, seconds: float, tokens: int, loss: float | None) -> None:
-        """Count one optimizer step; `loss` is None for a skipped step."""
+    def add(self, seconds: float, tokens: int, loss: float | None, parts: dict[str, float] | None = None) -> None:
+        """Count one optimizer step; `loss` is None for a skipped step, `parts` the loss's named parts."""
         self.seconds += seconds
         self.tokens += tokens
         self.window_seconds += seconds
         self.window_tokens += tokens
         if loss is not None:
             self.window_losses.append(loss)
+        for name, value in (parts or {}).items():
+            self.window_parts.setdefault(name, []).append(value)
 
     def window_metrics(self, world: int) -> dict[str, float]:
         """Mean loss, tokens/s and (when FLOPs and peak are known) MFU of the window."""
@@ -116,8 +119,12 @@ class Throughput:
             metrics["mfu"] = mfu(tps, self.flops_per_token, self.peak_flops * world)
         return metrics
 
+    def window_parts_mean(self) -> dict[str, float]:
+        """Mean of each named part of the loss over the window's steps."""
+        return {name: sum(values) / len(values) for name, values in self.window_parts.items()}
+
     def reset_window(self) -> None:
-        self.window_seconds, self.window_tokens, self.window_losses = 0.0, 0, []
+        self.window_seconds, self.window_tokens, self.window_losses, self.window_parts = 0.0, 0, [], {}
 
     def tokens_per_s(self) -> float | None:
         """Session throughput; None before any step ran."""
@@ -139,6 +146,10 @@ def loss_curve(result: "TrainResult", path: Path, title: str) -> Path | None:
     train = [(h["step"], h["loss"]) for h in result.history if "loss" in h]
     val = [(h["step"], h["val_loss"]) for h in result.history if "val_loss" in h]
     series = {name: pts for name, pts in (("train loss", train), ("val loss", val)) if pts}
+    # Named parts of the loss (e.g. SFT's sft_loss and replay_loss, and their val_ twins) as their own lines.
+    parts = sorted({k for h in result.history for k in h if k.endswith("_loss") and k not in ("loss", "val_loss")})
+    for name in parts:
+        series[name.replace("_", " ")] = [(h["step"], h[name]) for h in result.history if name in h]
     if not series:
         return None
     return loss_curve_png(

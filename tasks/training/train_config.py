@@ -25,6 +25,9 @@ class TrainConfig(StrictModel):
     precision: Literal["fp32", "bf16", "auto"] = "auto"
     # AdamW kernel (models.optim.OptimizerKernel): auto is fused where torch has it, else foreach.
     optimizer_kernel: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
+    # torch.compile the model inside the engine (in place: checkpoints and exports keep their keys). Pays off on
+    # a GPU for long runs; the first steps then include the compilation, and the CPU build needs a C++ compiler.
+    torch_compile: bool = False
     ckpt_every: int = Field(default=0, ge=0)  # 0: only at the end
     keep_checkpoints: int = Field(default=2, gt=0)  # older checkpoint folders are deleted
     eval_every: int = Field(default=0, ge=0)  # 0: only at the end

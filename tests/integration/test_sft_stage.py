@@ -29,7 +29,7 @@ from tasks.training.sft.stage import (  # noqa: E402
     sft_sources,
 )
 from tasks.training.sft.data import ArithmeticSftOptions, SftExample  # noqa: E402
-from tests.conftest import saved_tokenizer, small_alphabet_bpe, tiny_llama  # noqa: E402
+from tests.conftest import saved_tokenizer, small_alphabet_bpe, tiny_llama, write_token_shards  # noqa: E402
 
 PAD = 0
 
@@ -145,12 +145,14 @@ def test_sft_end_to_end_through_the_launcher(tmp_path, tok):
     (catalog / "arith.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (catalog / "arith.yaml").write_text("name: arith_jsonl\nkind: sft_jsonl\npath: arith.jsonl\nlicence: CC0-1.0\n",
                                         encoding="utf-8")
+    # Two of each micro-batch's eight rows replay pretraining text.
+    tokens = write_token_shards(tmp_path / "tokens", tok.get_vocab_size())
     cfg = SftConfig(seq_len=48, micro_batch_size=8, max_steps=30, lr=3e-3, warmup_steps=2, log_every=10,
-                    eval_batches=2, peak_flops=1e9, torch_threads=1,
+                    eval_batches=2, peak_flops=1e9, torch_threads=1, replay_fraction=0.25,
                     data=SftDataConfig(catalog=catalog, val_fraction=0.2))
     out = tmp_path / "sft"
     lines_seen: list[str] = []
-    result = run_sft(base_dir, tok_path, out, cfg, None, tmp_path / "ws", log=lines_seen.append)
+    result = run_sft(base_dir, tok_path, out, cfg, None, tmp_path / "ws", log=lines_seen.append, replay_tokens=tokens)
 
     saved = json.loads((out / "result.json").read_text())
     assert saved["steps"] == 30 and saved["world_size"] == 1
@@ -159,6 +161,7 @@ def test_sft_end_to_end_through_the_launcher(tmp_path, tok):
     reasons = [json.loads(line)["reason"] for line in (out / "rejected.jsonl").read_text().splitlines()]
     assert sorted(reasons) == ["exceeds_seq_len", "malformed_json"]
     assert result.final_train_loss is not None and result.val_loss is not None
+    assert result.replay_val_loss is not None and result.replay_val_ppl is not None
     first_loss = next(float(s.split("loss ")[1].split()[0]) for s in lines_seen if s.startswith("step 10/"))
     assert result.final_train_loss < first_loss  # it learned something
     tuned = load_model(result.model_dir)
@@ -173,4 +176,5 @@ def test_sft_end_to_end_through_the_launcher(tmp_path, tok):
     client = mlflow.MlflowClient(tracking_uri(Workspace.locate(tmp_path / "ws")))
     run = client.get_run(result.mlflow_run_id)
     assert {"loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "final_val_loss"} <= set(run.data.metrics)
+    assert {"sft_loss", "replay_loss", "val_sft_loss", "val_replay_loss", "final_replay_val_ppl"} <= set(run.data.metrics)
     assert run.data.tags["llmforge.stage"] == "sft"

@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import Field
 
 from infra.config import StrictModel
+from tasks.eval.gsm8k import Gsm8kSource
 
 
 class GrpoConfig(StrictModel):
@@ -41,10 +42,14 @@ class GrpoConfig(StrictModel):
 
 
 class GrpoStageConfig(GrpoConfig):
-    """Every GrpoConfig field, the arithmetic problems to train and score on, and launch settings."""
+    """Every GrpoConfig field, the problems to train and score on, and launch settings."""
 
     max_new_tokens: int = Field(default=24, gt=0)  # "<answer>nn</answer>" is ~16 tokens, plus <|end|>
-    n_train_problems: int = Field(default=200, gt=0)  # drawn from the arithmetic "grpo" split
+    # arithmetic: the "grpo" split of tasks/eval/arithmetic.py to train on, its "eval" split to score on;
+    # gsm8k: word problems from `gsm8k` (train_split to train on, eval_split to score on; tasks/eval/gsm8k.py).
+    task: Literal["arithmetic", "gsm8k"] = "arithmetic"
+    gsm8k: Gsm8kSource = Field(default_factory=Gsm8kSource)
+    n_train_problems: int = Field(default=200, gt=0)  # drawn from the task's training split
     max_operand: int = Field(default=20, ge=0)  # keep equal to the SFT arithmetic options
     ops: str = "+-"
     problem_seed: int = 0

@@ -1,4 +1,4 @@
-"""GRPO stage: launch `tasks.training.grpo.worker` through the DeepSpeed launcher on arithmetic problems.
+"""GRPO stage: launch `tasks.training.grpo.worker` through the DeepSpeed launcher on arithmetic (or GSM8K) problems.
 
     run_grpo(sft_model_dir, tokenizer_path, out_dir, cfg, mlflow_run_id, ws_root)
       out_dir/grpo_config.json   resolved config
@@ -8,7 +8,8 @@
       out_dir/result.json        held-out accuracy and mean reward before (= the SFT model) and after GRPO
 
 The policy is trained on the `grpo` split of tasks/eval/arithmetic.py and scored greedily on
-the `eval` split, which neither SFT nor GRPO ever sees. GRPO runs single-rank here
+the `eval` split, which neither SFT nor GRPO ever sees (with `task: gsm8k`, on GSM8K's train
+and test splits, tasks/eval/gsm8k.py). GRPO runs single-rank here
 (num_procs = 1): rollouts are sampled step by step with a KV cache inside the one
 DeepSpeed engine (tasks/training/grpo/loop.py), and on this project's scale there is nothing to
 gain from splitting a batch of a few hundred short sequences across ranks.
@@ -85,6 +86,20 @@ class GrpoStageResult(ExportedModel):
     resumed_from: int | None = None  # the checkpoint step the last launch resumed from
 
 
+def grpo_problems(cfg: GrpoStageConfig) -> tuple[list[Any], list[Any]]:
+    """(problems to train on, held-out problems to score on) of cfg.task; an error when a split holds too few."""
+    if cfg.task == "gsm8k":
+        from tasks.eval.gsm8k import load_problems
+
+        src = cfg.gsm8k
+        return (load_problems(src, src.train_split, cfg.n_train_problems, cfg.problem_seed),
+                load_problems(src, src.eval_split, cfg.eval_prompts, cfg.problem_seed))
+    from tasks.eval.arithmetic import make_problems
+
+    return (make_problems(cfg.n_train_problems, cfg.problem_seed, cfg.max_operand, cfg.ops, split="grpo"),
+            make_problems(cfg.eval_prompts, cfg.problem_seed, cfg.max_operand, cfg.ops, split="eval"))
+
+
 def run_grpo(
     sft_model_dir: Path,
     tokenizer_path: Path,
@@ -95,13 +110,10 @@ def run_grpo(
     log: Callable[[str], Any] = print,
 ) -> GrpoStageResult:
     """Write the config into out_dir, launch the GRPO worker, and read back result.json."""
-    from tasks.eval.arithmetic import make_problems
-
     sft_model_dir, out_dir = Path(sft_model_dir), Path(out_dir)
     saved_model_config(sft_model_dir, tokenizer_path, "use the model fine-tuned with this tokenizer")
-    # Asking for more problems than the split holds fails here, with make_problems' message.
-    make_problems(cfg.n_train_problems, cfg.problem_seed, cfg.max_operand, cfg.ops, split="grpo")
-    make_problems(cfg.eval_prompts, cfg.problem_seed, cfg.max_operand, cfg.ops, split="eval")
+    # Asking for more problems than a split holds (or a hub dataset out of reach) fails here, before the launch.
+    grpo_problems(cfg)
     if cfg.eval_prompts < 1:
         raise ValueError("eval_prompts must be >= 1: the stage reports held-out accuracy before and after GRPO")
 

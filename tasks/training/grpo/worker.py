@@ -14,7 +14,14 @@ from infra.tracking import log_metrics
 from tasks.eval.answers import AnswerScore
 from tasks.training import worker
 from tasks.training.grpo.loop import GrpoResult, heldout_score
-from tasks.training.grpo.stage import SAMPLES_FILE, GrpoJob, GrpoStageConfig, GrpoStageResult, HeldoutScore
+from tasks.training.grpo.stage import (
+    SAMPLES_FILE,
+    GrpoJob,
+    GrpoStageConfig,
+    GrpoStageResult,
+    HeldoutScore,
+    grpo_problems,
+)
 from tasks.training.launch import CHECKPOINTS_DIR
 from tasks.training.metrics import StepClock
 
@@ -81,7 +88,6 @@ def stage_result(job: GrpoJob, res: GrpoResult, before: HeldoutScore, n_train_pr
 def run_worker(job: GrpoJob, rank: int, world: int) -> GrpoStageResult:
     """Train the policy with GRPO, write the model, samples and result.json; returns the result."""
     from models import export
-    from tasks.eval.arithmetic import make_problems
     from tasks.tokenizer.train import load_tokenizer
     from tasks.training.grpo.loop import grpo_train
 
@@ -89,8 +95,7 @@ def run_worker(job: GrpoJob, rank: int, world: int) -> GrpoStageResult:
     tokenizer = load_tokenizer(job.tokenizer_path)
     policy = export.load_model(job.sft_model_dir).float()
     reference = copy.deepcopy(policy)
-    train_problems = make_problems(cfg.n_train_problems, cfg.problem_seed, cfg.max_operand, cfg.ops, split="grpo")
-    eval_problems = make_problems(cfg.eval_prompts, cfg.problem_seed, cfg.max_operand, cfg.ops, split="eval")
+    train_problems, eval_problems = grpo_problems(cfg)
     with worker.rank0_run(job, "grpo", rank) as run:
         res = grpo_train(policy, reference, tokenizer, train_problems, cfg.grpo_config(), log=step_logger(cfg),
                          eval_problems=eval_problems, ckpt_dir=job.out_dir / CHECKPOINTS_DIR, echo=print)

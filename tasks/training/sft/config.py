@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from infra.config import StrictModel
 from infra.hostfile import HostfilePath
@@ -33,8 +33,29 @@ class SftConfig(TrainConfig):
     seq_len: int = Field(default=128, gt=0)  # longer examples are rejected (exceeds_seq_len), not truncated
     weight_decay: float = Field(default=0.0, ge=0.0)
     data: SftDataConfig = Field(default_factory=SftDataConfig)
+    # Share of each micro-batch's sequences that are windows of seq_len pretraining tokens (the
+    # token shards the flow passes in), trained with next-token loss on every token: without it,
+    # fine-tuning on a narrow set (arithmetic) wipes out the base model's language modelling.
+    replay_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
     num_procs: int = Field(default=1, gt=0)  # ranks per node (GPUs, or CPU processes)
     hostfile: HostfilePath | None = None  # DeepSpeed hostfile for multi-node runs (checked on load)
+    # More flags of DeepSpeed's runner for a multi-node run, e.g. ["--master_addr", "10.0.0.1", "--ssh_port", "2222"].
+    launcher_args: list[str] = Field(default_factory=list)
     export_hf: bool = True  # also write a transformers.LlamaForCausalLM folder
     # Intra-op threads per rank; tiny models on a shared CPU run far faster on 1 than on many.
     torch_threads: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _replay_rows(self) -> "SftConfig":
+        if self.replay_fraction > 0 and not 1 <= self.replay_rows < self.micro_batch_size:
+            raise ValueError(
+                f"replay_fraction={self.replay_fraction} of micro_batch_size={self.micro_batch_size} gives "
+                f"{self.replay_rows} replayed sequence(s) per micro-batch; it must leave at least one of each "
+                "kind: change replay_fraction or micro_batch_size (or set replay_fraction: 0)"
+            )
+        return self
+
+    @property
+    def replay_rows(self) -> int:
+        """Pretraining windows in each micro-batch; the other rows are SFT examples."""
+        return round(self.micro_batch_size * self.replay_fraction)

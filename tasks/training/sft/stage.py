@@ -1,6 +1,6 @@
 """Supervised fine-tuning stage: launch `tasks.training.sft.worker` on N DeepSpeed ranks over chat examples.
 
-    run_sft(base_model_dir, tokenizer_path, out_dir, cfg, mlflow_run_id, ws_root)
+    run_sft(base_model_dir, tokenizer_path, out_dir, cfg, mlflow_run_id, ws_root, replay_tokens=tokens_dir)
       out_dir/sft_config.json    resolved config
       out_dir/ds_config.json     the DeepSpeed config the ranks use
       out_dir/rejected.jsonl     SFT records that did not become examples, with their reason
@@ -11,7 +11,10 @@
 Examples come from tasks/training/sft/data.py (the built-in docstring + arithmetic sets, or an SFT
 catalog folder), are encoded with the one chat template and trained on with
 `tasks.training.loop.train`; the loss covers only assistant tokens (prompt and padding have
-target -100).
+target -100). With `replay_fraction`, that share of each micro-batch's rows are windows of the
+pretraining token shards (`replay_tokens`), trained with next-token loss on every token so the
+model keeps the language modelling it was pretrained for; the two losses are logged apart
+(sft_loss, replay_loss) and the step's loss weighs them by their rows.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from tasks.training.launch import (
     run_stage,
     saved_model_config,
 )
-from tasks.training.loop import BatchFn, epoch_orders
+from tasks.training.loop import BatchFn, LossParts, epoch_orders
 from tasks.training.sft.config import SftConfig, SftDataConfig
 from tasks.training.sft.data import SftExample, SftSourceConfig
 
@@ -44,7 +47,7 @@ REJECTED_FILE = "rejected.jsonl"
 WORKER_MODULE = "tasks.training.sft.worker"
 STAGE = StageSpec(name="sft", label="SFT", worker_module=WORKER_MODULE, config_file=CONFIG_FILE,
                   resume_neutral=LOOP_RESUME_NEUTRAL | {"torch_threads", "export_hf"},
-                  resume_identity={"base_model": "base model"})
+                  resume_identity={"base_model": "base model", "replay_tokens": "replayed token shards"})
 
 
 class SftJob(StageJob):
@@ -52,6 +55,7 @@ class SftJob(StageJob):
 
     base_model_dir: Path
     config: SftConfig
+    replay_tokens_dir: Path | None = None  # pretraining token shards, when config.replay_fraction > 0
 
 
 class SftResult(ExportedModel):
@@ -62,7 +66,10 @@ class SftResult(ExportedModel):
     rejected_path: Path
     steps: int
     final_train_loss: float | None
-    val_loss: float | None
+    val_loss: float | None  # on the held-out SFT examples' assistant tokens
+    # Next-token loss on the pretraining validation split at the last validation, when replaying.
+    replay_val_loss: float | None = None
+    replay_val_ppl: float | None = None
     tokens_per_s: float | None
     skipped_steps: int
     world_size: int
@@ -156,19 +163,48 @@ def chat_batches(encodings: Sequence[ChatEncoding], batch_size: int, pad_id: int
     return batch
 
 
-def sft_batch_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
-    """Positions the model computes for a collated batch, padding included (it costs the same FLOPs).
+def replay_mix(chat: BatchFn, replay: BatchFn) -> BatchFn:
+    """Micro-batch i as {"chat": chat(i, ...), "replay": replay(i, ...)}: both pure, so the mix is too.
+
+    The two kinds stay separate tensors, each padded to its own width: a conversation of a
+    dozen tokens is not padded to a full pretraining window.
+    """
+
+    def batch(i: int, rank: int, world: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return {"chat": chat(i, rank, world), "replay": replay(i, rank, world)}
+
+    return batch
+
+
+SftBatch = tuple[torch.Tensor, torch.Tensor] | dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def sft_batch_tokens(batch: SftBatch) -> int:
+    """Positions the model computes for a collated (or replay-mixed) batch, padding included (it costs the same FLOPs).
 
     Batches are padded to their longest row, not to seq_len, so counting seq_len per row
     would report tokens/s (and MFU) for work that never ran.
     """
+    if isinstance(batch, dict):
+        return sum(inputs.numel() for inputs, _ in batch.values())
     return batch[0].numel()
 
 
-def sft_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Cross-entropy on the assistant tokens of a collated (inputs, targets) batch."""
-    inputs, targets = batch
-    return next_token_loss(model(inputs), targets)
+def sft_loss(model: torch.nn.Module, batch: SftBatch) -> torch.Tensor | tuple[torch.Tensor, LossParts]:
+    """Cross-entropy on the assistant tokens of a collated (inputs, targets) batch.
+
+    For a replay mix, also next-token loss on every replayed token; the two means are weighted
+    by their share of the rows and come back as parts too (sft_loss, replay_loss).
+    """
+    if not isinstance(batch, dict):
+        inputs, targets = batch
+        return next_token_loss(model(inputs), targets)
+    (chat_in, chat_tgt), (replay_in, replay_tgt) = batch["chat"], batch["replay"]
+    chat = next_token_loss(model(chat_in), chat_tgt)
+    replay = next_token_loss(model(replay_in), replay_tgt)
+    n_chat, n_replay = chat_in.shape[0], replay_in.shape[0]
+    loss = (n_chat * chat + n_replay * replay) / (n_chat + n_replay)
+    return loss, {"sft_loss": chat.detach(), "replay_loss": replay.detach()}
 
 
 # ----------------------------------------------------------------------------- launching
@@ -182,23 +218,46 @@ def run_sft(
     mlflow_run_id: str | None,
     ws_root: Path | str | None,
     log: Callable[[str], Any] = print,
+    replay_tokens: Path | None = None,
 ) -> SftResult:
-    """Write the configs into out_dir, launch the DeepSpeed worker ranks, and read back result.json."""
+    """Write the configs into out_dir, launch the DeepSpeed worker ranks, and read back result.json.
+
+    `replay_tokens`: the pretraining token shards (tasks/tokenizer/tokenize_shards.py) that
+    `cfg.replay_fraction` replays; needed only when that is above 0.
+    """
     base_model_dir, out_dir = Path(base_model_dir), Path(out_dir)
     mcfg = saved_model_config(base_model_dir, tokenizer_path, "fine-tune a model trained with this tokenizer")
     if cfg.seq_len > mcfg.max_seq_len:
         raise ValueError(f"seq_len={cfg.seq_len} exceeds the base model's max_seq_len={mcfg.max_seq_len}; lower seq_len")
     if cfg.data.catalog is not None and not Path(cfg.data.catalog).is_dir():
         raise FileNotFoundError(f"data.catalog={cfg.data.catalog} is not a folder of sft_* YAML definitions")
+    replay_dir = check_replay_tokens(cfg, replay_tokens, mcfg.vocab_size)
     resolved = {"sft": cfg.model_dump(mode="json"), "base_model": str(base_model_dir.resolve()),
-                "model": mcfg.model_dump(mode="json")}
+                "model": mcfg.model_dump(mode="json"), "replay_tokens": str(replay_dir) if replay_dir else None}
 
     cfg_abs = cfg.model_copy(update={"data": cfg.data.model_copy(
         update={"catalog": Path(cfg.data.catalog).resolve() if cfg.data.catalog else None})})
-    job = SftJob(base_model_dir=base_model_dir.resolve(), config=cfg_abs,
+    job = SftJob(base_model_dir=base_model_dir.resolve(), config=cfg_abs, replay_tokens_dir=replay_dir,
                  **job_fields(tokenizer_path, out_dir, ws_root, mlflow_run_id))
     return run_stage(STAGE, out_dir, resolved, job, SftResult, ds_config=build_ds_config(cfg.zero, cfg),
-                     num_procs=cfg.num_procs, hostfile=cfg.hostfile, log=log)
+                     num_procs=cfg.num_procs, hostfile=cfg.hostfile, launcher_args=cfg.launcher_args, log=log)
+
+
+def check_replay_tokens(cfg: SftConfig, replay_tokens: Path | None, vocab_size: int) -> Path | None:
+    """The absolute token-shard folder to replay, checked against the model; None when replay is off."""
+    from tasks.tokenizer.tokenize_shards import load_token_index
+
+    if cfg.replay_fraction == 0:
+        return None
+    if replay_tokens is None:
+        raise ValueError(f"replay_fraction={cfg.replay_fraction} replays pretraining text but no token shards were "
+                         "given; pass the pretraining token folder (replay_tokens / the flow's `tokens`), "
+                         "or set replay_fraction: 0")
+    index = load_token_index(Path(replay_tokens))  # names the missing index.json when the folder is not one
+    if index.vocab_size > vocab_size:
+        raise ValueError(f"{replay_tokens} was tokenized with a {index.vocab_size}-token vocabulary but the base "
+                         f"model has {vocab_size}; replay the token shards the base model was pretrained on")
+    return Path(replay_tokens).resolve()
 
 
 @task(name="sft")
@@ -209,8 +268,9 @@ def sft_task(
     cfg: SftConfig,
     ws_root: str | Path | None = None,
     mlflow_run_id: str | None = None,
+    replay_tokens: Path | None = None,
 ) -> SftResult:
     """Prefect task: SFT inside an MLflow stage run (a new one, or `mlflow_run_id` when given)."""
     logger = get_run_logger()
     return in_stage_run("sft", cfg, ws_root, mlflow_run_id, lambda run_id, root: run_sft(
-        base_model_dir, tokenizer_path, out_dir, cfg, run_id, root, log=logger.info))
+        base_model_dir, tokenizer_path, out_dir, cfg, run_id, root, log=logger.info, replay_tokens=replay_tokens))

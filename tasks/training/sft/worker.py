@@ -1,7 +1,8 @@
 """One DeepSpeed rank of SFT: `deepspeed --module tasks.training.sft.worker --job out_dir/job.json`.
 
 Every rank loads the base model and builds the same examples (a fixed order from the
-catalog), then runs `tasks.training.loop.train` on its share of the micro-batches; rank 0
+catalog), memory-maps the pretraining token shards it replays (if any), then runs
+`tasks.training.loop.train` on its share of the micro-batches; rank 0
 logs to the MLflow run it was given and writes rejected.jsonl, the exported model, the
 loss curve and result.json.
 """
@@ -18,6 +19,7 @@ from infra.atomic import write_text_atomic
 from models.chat_template import ChatEncoding
 from tasks.training import worker
 from tasks.training.loop import BatchFn, TrainConfig
+from tasks.training.metrics import perplexity
 from tasks.training.sft.data import SftExample
 from tasks.training.sft.stage import (
     REJECTED_FILE,
@@ -27,6 +29,7 @@ from tasks.training.sft.stage import (
     chat_batches,
     encode_examples,
     is_val_example,
+    replay_mix,
     sft_batch_tokens,
     sft_loss,
     sft_sources,
@@ -65,10 +68,33 @@ def write_rejected(rows: list[dict], path: Path) -> Path:
     return write_text_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
-def example_batches(data: SftExamples, tcfg: TrainConfig, pad: int) -> tuple[BatchFn, BatchFn | None]:
-    """Train and (when any example is held out) validation batches."""
-    train_batches = chat_batches(data.train, tcfg.micro_batch_size, pad, tcfg.seq_len, tcfg.seed)
-    eval_batches = chat_batches(data.val, tcfg.micro_batch_size, pad, tcfg.seq_len, tcfg.seed + 1) if data.val else None
+def example_batches(data: SftExamples, tcfg: TrainConfig, pad: int, replay_rows: int = 0,
+                    replay_tokens_dir: Path | None = None, rank: int = 0) -> tuple[BatchFn, BatchFn | None]:
+    """Train and (when any example is held out) validation batches.
+
+    With `replay_rows`, each micro-batch holds that many windows of the pretraining token shards
+    (train split; val split for validation) beside micro_batch_size - replay_rows examples.
+    """
+    n_chat = tcfg.micro_batch_size - replay_rows
+    train_batches = chat_batches(data.train, n_chat, pad, tcfg.seq_len, tcfg.seed)
+    eval_batches = chat_batches(data.val, n_chat, pad, tcfg.seq_len, tcfg.seed + 1) if data.val else None
+    if not replay_rows:
+        return train_batches, eval_batches
+    from tasks.tokenizer.tokenize_shards import load_token_split
+    from tasks.training.pretrain.stage import token_window_batches
+
+    if replay_tokens_dir is None:
+        raise ValueError(f"{replay_rows} replay rows per micro-batch but no replay_tokens_dir in the job")
+    # Other seeds than pretraining's, so the replay does not retrace its first steps window for window.
+    train_tokens = load_token_split(replay_tokens_dir, "train", verify_sha256=True)
+    train_batches = replay_mix(train_batches, token_window_batches(train_tokens, tcfg.seq_len, replay_rows, tcfg.seed + 2))
+    val_tokens = load_token_split(replay_tokens_dir, "val", verify_sha256=True)
+    if eval_batches is not None and len(val_tokens) > tcfg.seq_len:
+        eval_batches = replay_mix(eval_batches,
+                                  token_window_batches(val_tokens, tcfg.seq_len, replay_rows, tcfg.seed + 3))
+    elif rank == 0:
+        print(f"replay: val split has {len(val_tokens)} tokens (seq_len + 1 = {tcfg.seq_len + 1} needed) or no SFT "
+              "example is held out: validation without replayed text")
     return train_batches, eval_batches
 
 
@@ -89,23 +115,31 @@ def run_worker(job: SftJob, rank: int, world: int) -> SftResult | None:
         write_rejected(data.rejected, job.out_dir / REJECTED_FILE)
         print(f"SFT examples: {len(data.train)} train, {len(data.val)} val, {len(data.rejected)} rejected "
               f"({dict(reasons)})")
-    batches = example_batches(data, tcfg, special_ids(tokenizer).pad)
+        if cfg.replay_rows:
+            print(f"replay: {cfg.replay_rows} of {tcfg.micro_batch_size} rows per micro-batch are windows of "
+                  f"{tcfg.seq_len} pretraining tokens from {job.replay_tokens_dir}")
+    batches = example_batches(data, tcfg, special_ids(tokenizer).pad, cfg.replay_rows, job.replay_tokens_dir, rank)
+    title = "SFT loss (assistant tokens" + (", replayed pretraining text)" if cfg.replay_rows else ")")
     with worker.rank0_run(job, "sft", rank) as run:
         done = worker.train_and_export(model, job, tcfg, batches, sft_loss, rank, export_hf=cfg.export_hf,
-                                       curve_title="SFT loss (assistant tokens)", batch_tokens=sft_batch_tokens)
+                                       curve_title=title, batch_tokens=sft_batch_tokens)
         if done is None:
             return None
         res = done.result
+        replay_val = res.final_val_parts.get("replay_loss")
         out = SftResult(
             out_dir=job.out_dir, model_dir=done.model_dir, hf_dir=done.hf_dir, checkpoint=res.checkpoint,
             loss_curve=done.loss_curve, rejected_path=job.out_dir / REJECTED_FILE, mlflow_run_id=run.info.run_id,
-            steps=res.steps, final_train_loss=res.final_loss, val_loss=res.final_val_loss,
+            steps=res.steps, final_train_loss=res.final_loss,
+            val_loss=res.final_val_parts.get("sft_loss", res.final_val_loss),
+            replay_val_loss=replay_val, replay_val_ppl=perplexity(replay_val) if replay_val is not None else None,
             tokens_per_s=res.tokens_per_s, skipped_steps=res.skipped_steps, world_size=world,
             examples_train=len(data.train), examples_val=len(data.val),
             examples_by_source=dict(sorted(Counter(ex.source for ex in data.kept).items())),
             rejected=dict(sorted(reasons.items())),
         )
         final = {"final_train_loss": out.final_train_loss, "final_val_loss": out.val_loss,
+                 "final_replay_val_loss": out.replay_val_loss, "final_replay_val_ppl": out.replay_val_ppl,
                  "examples_train": float(out.examples_train), "examples_val": float(out.examples_val),
                  "examples_rejected": float(len(data.rejected))}
         worker.publish(run, job.out_dir, out, final, res.steps, [out.rejected_path, done.loss_curve])

@@ -1,0 +1,31 @@
+"""Which problems the GRPO stage trains and scores on: the arithmetic splits, or a GSM8K source's splits."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tasks.eval.arithmetic import make_problems
+from tasks.eval.gsm8k import Gsm8kSource
+from tasks.training.grpo.stage import GrpoStageConfig, grpo_problems
+
+
+def test_arithmetic_by_default():
+    cfg = GrpoStageConfig(n_train_problems=20, eval_prompts=7, max_operand=9, ops="+")
+    train, held_out = grpo_problems(cfg)
+    assert train == make_problems(20, 0, 9, "+", split="grpo")
+    assert held_out == make_problems(7, 0, 9, "+", split="eval")
+
+
+def test_gsm8k_splits_from_a_local_copy(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    for split, n in (("train", 30), ("test", 8)):
+        rows = [{"question": f"{split} {i}?", "answer": f"#### {i}"} for i in range(n)]
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    cfg = GrpoStageConfig(task="gsm8k", gsm8k=Gsm8kSource(name=str(tmp_path), config=None), n_train_problems=25,
+                          eval_prompts=8, rewards={"gsm8k_exact": 1.0}, accuracy_reward="gsm8k_exact")
+    train, held_out = grpo_problems(cfg)
+    assert len(train) == 25 and all(p.question.startswith("train ") for p in train)
+    assert sorted(p.question for p in held_out) == sorted(f"test {i}?" for i in range(8))
+    with pytest.raises(ValueError, match="at most 30"):
+        grpo_problems(cfg.model_copy(update={"n_train_problems": 31}))
