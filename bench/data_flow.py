@@ -6,13 +6,15 @@ rules drop, e-mail and IP addresses, a few malformed lines), then runs the stage
 one, each in a fresh process, and measures per stage: documents in, documents per
 CPU-second (the stage's own CPU and its workers', imports not counted), peak RSS of the
 whole process tree (the stage's process and its descendants, summed, sampled every
-~50 ms) and wall time. Prints a table per corpus size and the ratio of peak RSS between
+~50 ms; a child between fork and exec, still its parent's image, is not counted twice)
+and wall time; for the flow, which processes made up its peak. Prints a table per corpus size and the ratio of peak RSS between
 the largest and the smallest size.
 
     python bench/data_flow.py                         # 25,000 and 200,000 documents
     python bench/data_flow.py --docs 25000 --json out.json
     python bench/data_flow.py --docs 25000 200000 1000000
     python bench/data_flow.py --docs 25000 --flow     # also the real Prefect data flow, end to end
+    python bench/data_flow.py --docs 200000 --flow-only
 """
 from __future__ import annotations
 
@@ -188,6 +190,17 @@ def run_stage(stage: str, catalog_dir: Path, work: Path) -> dict:
 # ---------------------------------------------------------------- the parent: watch a process tree
 
 
+def _short_cmd(p) -> str:
+    """A process's command line, short enough for a table: the interpreter's path dropped."""
+    try:
+        args = p.cmdline()
+    except Exception:  # noqa: BLE001 - it may have exited
+        return "?"
+    if args and "python" in Path(args[0]).name:
+        args = args[1:]
+    return " ".join(a if len(a) < 60 else "..." + a[-40:] for a in args)[:160]
+
+
 def watch(cmd: list[str], env: dict | None = None, interval: float = 0.05) -> dict:
     """Run `cmd`; return its wall time, peak RSS of its whole process tree and the tree's CPU seconds."""
     import psutil
@@ -197,17 +210,26 @@ def watch(cmd: list[str], env: dict | None = None, interval: float = 0.05) -> di
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     root = psutil.Process(proc.pid)
     peak = 0
+    at_peak: list[tuple[str, float]] = []
     while proc.poll() is None:
         total = 0
+        parts = []
         try:
             for p in [root, *root.children(recursive=True)]:
                 try:
-                    total += p.memory_info().rss
+                    if p is not root and p.cmdline() == p.parent().cmdline():
+                        # Between fork and exec a child is its parent's image (vfork shares its very
+                        # pages): counting it would count the parent twice for that instant.
+                        continue
+                    rss = p.memory_info().rss
+                    total += rss
+                    parts.append((_short_cmd(p), rss / 2**20))
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     pass
         except psutil.NoSuchProcess:
             pass
-        peak = max(peak, total)
+        if total > peak:
+            peak, at_peak = total, parts
         time.sleep(interval)
     out, err = proc.communicate()
     wall = time.perf_counter() - start
@@ -218,11 +240,13 @@ def watch(cmd: list[str], env: dict | None = None, interval: float = 0.05) -> di
         "wall_s": wall,
         "peak_rss_mb": peak / 2**20,
         "tree_cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+        "at_peak": [{"process": c, "rss_mb": round(m, 1)} for c, m in at_peak],
         "stdout": out,
     }
 
 
-def bench_size(n_docs: int, tmp: Path, flow: bool, keep: bool, skip: frozenset[str] = frozenset()) -> dict:
+def bench_size(n_docs: int, tmp: Path, flow: bool, keep: bool, skip: frozenset[str] = frozenset(),
+               flow_only: bool = False) -> dict:
     root = tmp / f"docs{n_docs}"
     t0 = time.perf_counter()
     catalog = generate_catalog(root, n_docs)
@@ -231,7 +255,7 @@ def bench_size(n_docs: int, tmp: Path, flow: bool, keep: bool, skip: frozenset[s
     work = root / "work"
     work.mkdir(exist_ok=True)
     rows = {}
-    for stage in STAGES:
+    for stage in STAGES[:1] if flow_only else STAGES:
         if stage in skip:
             inp, out, _ = _stage_paths(work, stage)
             shutil.copyfile(inp, out)
@@ -266,6 +290,8 @@ def bench_size(n_docs: int, tmp: Path, flow: bool, keep: bool, skip: frozenset[s
         out["flow"] = bench_flow(catalog, root, collected)
         print(f"[{n_docs}] flow     {collected:>9,d} docs  {out['flow']['docs_per_cpu_s']:>9,.0f} docs/CPU-s  "
               f"peak {out['flow']['peak_rss_mb']:>7,.0f} MB  wall {out['flow']['wall_s']:6.1f} s", flush=True)
+        for part in sorted(out["flow"]["at_peak"], key=lambda d: -d["rss_mb"]):
+            print(f"[{n_docs}]     at the peak: {part['rss_mb']:7,.0f} MB  {part['process']}", flush=True)
     if not keep:
         shutil.rmtree(root, ignore_errors=True)
     return out
@@ -313,6 +339,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--docs", type=int, nargs="+", default=[25_000, 200_000], help="corpus sizes (records)")
     p.add_argument("--flow", action="store_true", help="also run the real Prefect data flow on each corpus")
+    p.add_argument("--flow-only", action="store_true",
+                   help="only the flow (and collect, which counts the records): its peak and what made it up")
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--tmp", type=Path, help="work folder (default: a temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the generated corpora and stage outputs")
@@ -330,10 +358,10 @@ def main() -> None:
     if args.keep:
         tmp = Path(tempfile.mkdtemp(prefix="bench-data-flow-", dir=args.tmp))
         print(f"keeping the corpora and outputs in {tmp}")
-        results = [bench_size(n, tmp, args.flow, args.keep, skip) for n in args.docs]
+        results = [bench_size(n, tmp, args.flow or args.flow_only, args.keep, skip, args.flow_only) for n in args.docs]
     else:
         with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-            results = [bench_size(n, Path(tmp), args.flow, args.keep, skip) for n in args.docs]
+            results = [bench_size(n, Path(tmp), args.flow or args.flow_only, args.keep, skip, args.flow_only) for n in args.docs]
     for r in results:
         print()
         print(table(r))
@@ -341,7 +369,7 @@ def main() -> None:
         lo, hi = results[0], results[-1]
         print()
         print(f"peak RSS ratio {hi['docs']:,} / {lo['docs']:,} documents, per stage:")
-        for stage in STAGES:
+        for stage in lo["stages"]:
             if lo["stages"][stage]["peak_rss_mb"] and hi["stages"][stage]["peak_rss_mb"]:
                 print(f"  {stage:8s} {hi['stages'][stage]['peak_rss_mb'] / lo['stages'][stage]['peak_rss_mb']:.2f}x")
         if "flow" in lo and "flow" in hi:

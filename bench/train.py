@@ -14,7 +14,8 @@ background load only ever slows a measurement down):
   loop's overhead (goal >= 0.9);
 then MFU of `after` against the measured torch.mm peak of the precision it used (and fp32's).
 Last, `--curve-steps` steps of `before` and `after` on learnable synthetic tokens (a noisy
-bigram chain) show the loss curve unchanged within noise.
+bigram chain) show the loss curve unchanged within noise: the noise floor is `before` again
+with another batch order (`--curve-only` runs just this part).
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=6, help="timed steps per loop and round")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed ones")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the four loops")
-    p.add_argument("--curve-steps", type=int, default=40, help="steps of the loss-curve comparison (0: skip)")
+    p.add_argument("--curve-steps", type=int, default=60, help="steps of the loss-curve comparison (0: skip)")
+    p.add_argument("--curve-only", action="store_true", help="skip the speed rounds, run the loss-curve comparison only")
     p.add_argument("--peak-n", type=int, default=2048,
                    help="torch.mm peak = best of square sizes n/2, n, 3n/2 (default n=2048)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -122,6 +124,27 @@ def deepspeed_loop(args: argparse.Namespace, batches, cfg: TrainConfig) -> tuple
     return tokens * len(timed) / sum(tokens / t for t in timed), sink.series("loss")[1]
 
 
+def loss_curves(args: argparse.Namespace) -> dict:
+    """`before` and `after` on the same bigram batches, and `before` on another batch order: the noise floor."""
+    curve_data = bigram_tokens(args.vocab, 400_000)
+    runs = {"before": ("fp32", "for_loop", 0), "after": ("auto", "auto", 0), "before, other batch order": ("fp32", "for_loop", 1)}
+    curves = {name: deepspeed_loop(args, token_window_batches(curve_data, args.seq_len, args.batch, seed=seed),
+                                   train_config(args, prec, kern, args.curve_steps, lr=1e-3))[1]
+              for name, (prec, kern, seed) in runs.items()}
+    tail = max(1, args.curve_steps // 4)
+    end = {k: float(np.mean(v[-tail:])) for k, v in curves.items()}
+    diff = end["after"] - end["before"]
+    noise = end["before, other batch order"] - end["before"]
+    out = {"steps": args.curve_steps, "curves": curves, "final": end, "difference": diff, "noise_floor": noise,
+           "within_noise": abs(diff) <= max(abs(noise), 1e-9)}
+    print(f"  loss curve over {args.curve_steps} steps (bigram tokens, ln(vocab) = {np.log(args.vocab):.2f}): "
+          f"start {curves['before'][0]:.3f}; mean of the last {tail} steps: before {end['before']:.3f}, "
+          f"after {end['after']:.3f} (difference {diff:+.3f}); noise floor, before with another batch order: "
+          f"{end['before, other batch order']:.3f} ({noise:+.3f}): "
+          + ("within noise" if out["within_noise"] else "NOT within noise"), flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     init_distributed()
@@ -131,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     choice = choose_precision("auto")
     print(f"precision auto -> {choice.precision}: {choice.reason}", flush=True)
 
+    if args.curve_only:
+        figures = {"preset": args.preset, "precision_after": choice.precision, "curve": loss_curves(args)}
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        return 0
     device = "cuda" if torch.cuda.is_available() else "cpu"
     runs: dict[str, list[float]] = {"before": [], "after": [], "plain": [], "loop-fp32": []}
     peaks: dict[str, list[float]] = {"fp32": [], "bf16": []}
@@ -181,19 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  load average (1 min)              {figures['load_average_1m']:.1f}", flush=True
     )
     if args.curve_steps:
-        curve_data = bigram_tokens(args.vocab, 400_000)
-        curve_batches = token_window_batches(curve_data, args.seq_len, args.batch, seed=0)
-        curves = {name: deepspeed_loop(args, curve_batches, train_config(args, prec, kern, args.curve_steps, lr=1e-3))[1]
-                  for name, (prec, kern) in (("before", ("fp32", "for_loop")), ("after", ("auto", "auto")))}
-        tail = max(1, args.curve_steps // 4)
-        end = {k: float(np.mean(v[-tail:])) for k, v in curves.items()}
-        gap = max(abs(a - b) for a, b in zip(curves["before"], curves["after"]))
-        figures["curve"] = {"steps": args.curve_steps, "before": curves["before"], "after": curves["after"],
-                            "final_before": end["before"], "final_after": end["after"], "max_step_gap": gap}
-        print(f"  loss curve over {args.curve_steps} steps (bigram tokens, ln(vocab) = {np.log(args.vocab):.2f}): "
-              f"start {curves['before'][0]:.3f}; mean of the last {tail} steps before {end['before']:.3f}, "
-              f"after {end['after']:.3f} (difference {end['after'] - end['before']:+.3f}); "
-              f"largest gap at one step {gap:.3f}", flush=True)
+        figures["curve"] = loss_curves(args)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

@@ -30,6 +30,7 @@ from prefect.cache_policies import CacheKeyFnPolicy
 from pydantic import BaseModel
 
 from infra.code_version import code_version
+from infra.memory import release_freed_memory
 from infra.paths import Workspace, point_latest
 from infra.stage_record import read_record, record_root, verify_record, write_record
 from infra.tracking import tag_active_run
@@ -163,6 +164,7 @@ class StageCall:
             write_record(self.out_dir, self.key, self.task_obj.name)
         point_latest(self.ws.latest(self.store), self.out_dir)
         tag_active_run(f"llmforge.cache.{self.tag}", status)
+        release_freed_memory()  # the next stage starts from what this one freed, not from its peak
         return value
 
     @property

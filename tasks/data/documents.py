@@ -7,11 +7,13 @@ document ends in exactly one place.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from infra.atomic import atomic_path, atomic_write, commit_atomic
@@ -148,6 +150,23 @@ def iter_batches(
     pf = source if isinstance(source, pq.ParquetFile) else pq.ParquetFile(source)
     for group in range(pf.num_row_groups):
         yield from pf.iter_batches(batch_size=batch_size, row_groups=[group], columns=columns)
+
+
+def text_byte_slices(texts: pa.Array | pa.ChunkedArray | Sequence[str], limit: int) -> list[tuple[int, int]]:
+    """(start, stop) ranges cutting `texts` into consecutive runs of at most `limit` bytes of
+    text each (a longer text forms a run alone), so work on a run costs bounded memory
+    whatever the documents' lengths."""
+    if isinstance(texts, (pa.Array, pa.ChunkedArray)):
+        lengths = pc.fill_null(pc.binary_length(texts), 0).to_numpy(zero_copy_only=False)
+    else:
+        lengths = np.fromiter((len(t.encode("utf-8")) for t in texts), dtype=np.int64, count=len(texts))
+    ends = np.cumsum(lengths, dtype=np.int64)
+    out, i = [], 0
+    while i < len(ends):
+        j = max(i + 1, int(np.searchsorted(ends, (ends[i - 1] if i else 0) + limit, side="right")))
+        out.append((i, j))
+        i = j
+    return out
 
 
 class TableWriter:

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
+from tasks.data.documents import text_byte_slices
 from tasks.data.text_normalize import dedup_key
 
 Scheme = Literal["xxh3", "affine32", "affine64", "legacy"]
@@ -49,6 +50,8 @@ _FMIX = {
 # Cells of the [num_perm, shingles] permutation matrix computed at once: bounds worker memory
 # (4-8 MB) and keeps it near the CPU caches; measured fastest among 2^18..2^22.
 _CHUNK_CELLS = 1 << 20
+# Text bytes a signature job works on at once (see signature_job).
+SUB_BATCH_BYTES = 1 << 20
 # Odd multiplier of the n-gram fold (2^64 / golden ratio): any odd constant makes the fold
 # order-sensitive and invertible per word; this one spreads bits well.
 _FOLD = np.uint64(0x9E3779B97F4A7C15)
@@ -206,16 +209,33 @@ def signature_job(
     texts: Sequence[str] | pa.Array, ngram: int, perms: np.ndarray, scheme: Scheme, seed: int, sets: bool = False
 ) -> tuple[np.ndarray, np.ndarray, float, tuple[np.ndarray, np.ndarray] | None]:
     """Signatures [len(texts), num_perm] of one batch, shingles per text, the CPU seconds it took,
-    and with `sets` each text's distinct shingle hashes (unique_shingle_sets: flat, counts), else None."""
+    and with `sets` each text's distinct shingle hashes (unique_shingle_sets: flat, counts), else None.
+
+    Works through the batch SUB_BATCH_BYTES of text at a time: the word and shingle arrays
+    cost ~25 bytes of memory per byte of text, so a job's memory is bounded by that, not
+    by how long the batch's documents happen to be."""
     start = time.process_time()
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    parts = [_signature_part(texts[i:j], ngram, perms, scheme, seed, sets) for i, j in text_byte_slices(texts, SUB_BATCH_BYTES)]
+    sigs = np.concatenate([p[0] for p in parts]) if parts else np.empty((0, perms.shape[1]), dtype=DTYPE[scheme])
+    counts = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, dtype=np.int64)
+    shingle_sets = None
+    if sets:
+        shingle_sets = ((np.concatenate([p[2][0] for p in parts]), np.concatenate([p[2][1] for p in parts])) if parts
+                        else (np.empty(0, dtype=np.uint32), np.empty(0, dtype=np.int64)))
+    return sigs, counts, time.process_time() - start, shingle_sets
+
+
+def _signature_part(
+    texts: Sequence[str] | pa.Array, ngram: int, perms: np.ndarray, scheme: Scheme, seed: int, sets: bool
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
     if scheme == "xxh3":
-        if isinstance(texts, pa.ChunkedArray):
-            texts = texts.combine_chunks()
-        elif not isinstance(texts, pa.Array):
+        if not isinstance(texts, pa.Array):
             texts = pa.array(texts, pa.string())
         hashes, counts = _xxh3_shingle_hashes(texts, ngram, seed)
     else:
-        if isinstance(texts, (pa.Array, pa.ChunkedArray)):
+        if isinstance(texts, pa.Array):
             texts = texts.to_pylist()
         hashes, counts = _sha1_shingle_hashes(texts, ngram, scheme)
     shingle_sets = None
@@ -224,7 +244,5 @@ def signature_job(
         if scheme == "xxh3":
             # The minimum over a set is the minimum over its multiset: permute each distinct shingle
             # once (same signatures). Not for affine64, whose sets keep 32 of the hash's 64 bits.
-            sigs = _min_over_permutations(shingle_sets[0], shingle_sets[1], perms, scheme)
-            return sigs, counts, time.process_time() - start, shingle_sets
-    sigs = _min_over_permutations(hashes, counts, perms, scheme)
-    return sigs, counts, time.process_time() - start, shingle_sets
+            return _min_over_permutations(shingle_sets[0], shingle_sets[1], perms, scheme), counts, shingle_sets
+    return _min_over_permutations(hashes, counts, perms, scheme), counts, shingle_sets

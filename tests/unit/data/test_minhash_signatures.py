@@ -117,3 +117,29 @@ def test_estimates_track_exact_jaccard():
     # Standard error of a 128-permutation estimate is at most 0.044; no bias either way.
     assert max(map(abs, errors)) < 0.15
     assert abs(np.mean(errors)) < 0.03
+
+
+@pytest.mark.parametrize("scheme", ["xxh3", "affine32"])
+def test_a_job_works_in_pieces_of_bounded_text_with_the_same_results(monkeypatch, scheme):
+    """signature_job splits its batch by text bytes (bounded memory); the pieces change nothing."""
+    from tasks.data import minhash_signatures as ms
+
+    rng = random.Random(3)
+    texts = pa.array([" ".join(rng.choice(["a", "b", "cc", "é", "dd"]) for _ in range(rng.randint(0, 400)))
+                      for _ in range(120)], pa.string())
+    perms = ms.permutations(64, 1, scheme)
+    whole = ms.signature_job(texts, 5, perms, scheme, 1, sets=True)
+    monkeypatch.setattr(ms, "SUB_BATCH_BYTES", 700)  # about one document per piece
+    pieces = ms.signature_job(texts, 5, perms, scheme, 1, sets=True)
+    for a, b in [(whole[0], pieces[0]), (whole[1], pieces[1]), (whole[3][0], pieces[3][0]), (whole[3][1], pieces[3][1])]:
+        assert np.array_equal(a, b)
+
+
+def test_text_byte_slices_cover_every_text_once_within_the_limit():
+    from tasks.data.documents import text_byte_slices
+
+    texts = ["ab", "cdé", "f" * 10, "g", "h", ""]
+    for form in (texts, pa.array(texts)):
+        runs = text_byte_slices(form, 4)
+        assert runs == [(0, 1), (1, 2), (2, 3), (3, 6)]  # "cdé" is 4 bytes; the 10-byte text stands alone
+    assert text_byte_slices([], 4) == []

@@ -68,3 +68,26 @@ def test_the_real_stages_have_a_code_version():
     code_version.cache_clear()
     for module in ("tasks.data.collect", "flows.data_flow"):
         assert len(code_version(module)) == 64
+
+
+def test_code_version_reads_modules_without_importing_them():
+    """Hashing the data flow's code must not import what its modules import (torch, 177 MB)."""
+    import subprocess
+
+    probe = ("import sys; from infra.code_version import code_version; code_version('flows.pipeline_flow'); "
+             "print(sorted(m for m in ('torch', 'models.calibration', 'flows.pipeline_flow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[3])
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_nested_module_is_found_on_disk(package: Path):
+    (package / "sub").mkdir()
+    (package / "sub" / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (package / "sub" / "leaf.py").write_text("X = 1\n")
+    (package / "stage.py").write_text("from cachekeypkg.sub.leaf import X\n")
+    code_version.cache_clear()
+    before = code_version(f"{PKG}.stage", packages=(PKG,))  # sub/__init__ would raise if imported
+    (package / "sub" / "leaf.py").write_text("X = 2\n")
+    code_version.cache_clear()
+    assert code_version(f"{PKG}.stage", packages=(PKG,)) != before
