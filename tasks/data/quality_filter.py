@@ -65,7 +65,7 @@ def quality_filter(
     originals_path = Path(removed_path).with_name("rewritten.parquet")
     with DataStep(STAGE, out_path, removed_path) as step, TableWriter(originals_path, REMOVED_SCHEMA) as originals:
         mapped = ordered_map(judge_batch, jobs, plan_workers(n_rows, BATCH_ROWS, workers or 0, max_workers=MAX_AUTO_WORKERS),
-                             n_jobs=-(-n_rows // BATCH_ROWS), max_workers=MAX_AUTO_WORKERS, label=STAGE)
+                             n_jobs=_n_jobs(pf), max_workers=MAX_AUTO_WORKERS, label=STAGE)
         for batch, judgement in mapped:
             _write_judgement(step, originals, batch, judgement, chars)
     per_rule: dict[str, int] = {}
@@ -75,6 +75,15 @@ def quality_filter(
     stats: dict[str, int | str] = {f"removed:{rule}": n for rule, n in sorted(per_rule.items())}
     stats |= dict(sorted(chars.items())) | {"rewritten": originals.rows}
     return step.result(stats | {"workers": mapped.plan.workers, "worker_plan": mapped.plan.describe()})
+
+
+def _n_jobs(pf: pq.ParquetFile) -> int:
+    """About how many jobs the file makes (the worker plan weighs the work left): by rows, or by
+    the text column's uncompressed bytes where documents are long."""
+    meta = pf.metadata
+    text_bytes = sum(col.total_uncompressed_size for g in range(meta.num_row_groups)
+                     for col in (meta.row_group(g).column(i) for i in range(meta.num_columns)) if col.path_in_schema == "text")
+    return max(-(-meta.num_rows // BATCH_ROWS), -(-text_bytes // JOB_TEXT_BYTES))
 
 
 def _write_judgement(step: DataStep, originals: TableWriter, batch: pa.RecordBatch, judgement: Judgement,
