@@ -72,8 +72,13 @@ def main(argv: list[str] | None = None) -> int:
 
     sft = answers_correct(args.sft_model, tokenizer, problems, e)
     questions = list(sft)
+    # GRPO trains on operands <= train_max_operand: its effect, if any, shows there first.
+    from tasks.eval.evaluate import in_train_range
+
+    in_range = [q for q in questions if e.train_max_operand is not None and in_train_range(q, e.train_max_operand)]
     before = proportion([sft[q] for q in questions])
-    print(f"SFT: {before.describe()}", flush=True)
+    before_in = proportion([sft[q] for q in in_range]) if in_range else None
+    print(f"SFT: {before.describe()}" + (f"; in the training range: {before_in.describe()}" if before_in else ""), flush=True)
     rows = []
     for seed in args.seeds:
         started = time.time()
@@ -82,16 +87,23 @@ def main(argv: list[str] | None = None) -> int:
         after = answers_correct(result.model_dir, tokenizer, problems, e)
         score = proportion([after[q] for q in questions])
         diff = paired_difference([sft[q] for q in questions], [after[q] for q in questions])
+        score_in = proportion([after[q] for q in in_range]) if in_range else None
+        diff_in = paired_difference([sft[q] for q in in_range], [after[q] for q in in_range]) if in_range else None
         rows.append({"seed": seed, "accuracy": score.accuracy, "correct": score.correct, "n": score.n,
+                     **({"in_range_correct": score_in.correct, "in_range_n": score_in.n, "in_range_accuracy": score_in.accuracy,
+                         "in_range_diff": diff_in.difference, "in_range_diff_lo": diff_in.lo, "in_range_diff_hi": diff_in.hi}
+                        if in_range else {}),
                      "accuracy_lo": score.accuracy_lo, "accuracy_hi": score.accuracy_hi,
                      "diff": diff.difference, "diff_lo": diff.lo, "diff_hi": diff.hi,
                      "stage_before": f"{result.before.n_correct}/{result.before.n}",
                      "stage_after": f"{result.after.n_correct}/{result.after.n}", "seconds": time.time() - started})
         print(f"seed {seed}: {score.describe()}; GRPO - SFT {diff.describe()}; "
+              + (f"in the training range {score_in.describe()}, GRPO - SFT {diff_in.describe()}; " if in_range else "") +
               f"the stage's own check {rows[-1]['stage_before']} -> {rows[-1]['stage_after']} "
               f"({rows[-1]['seconds']:.0f} s)", flush=True)
 
     accs, diffs = [r["accuracy"] for r in rows], [r["diff"] for r in rows]
+    accs_in = [r["in_range_accuracy"] for r in rows if "in_range_accuracy" in r]
 
     def sd(xs: list[float]) -> float:
         return statistics.stdev(xs) if len(xs) > 1 else float("nan")
@@ -99,8 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"sft_accuracy": before.accuracy, "n_questions": before.n, "seeds": rows,
                "accuracy_mean": statistics.fmean(accs), "accuracy_sd": sd(accs),
                "diff_mean": statistics.fmean(diffs), "diff_sd": sd(diffs)}
+    if accs_in:
+        summary |= {"sft_in_range_accuracy": before_in.accuracy, "in_range_n": before_in.n,
+                    "in_range_accuracy_mean": statistics.fmean(accs_in), "in_range_accuracy_sd": sd(accs_in)}
     print(f"\nGRPO over {len(rows)} seeds: accuracy {summary['accuracy_mean']:.3f} ± {summary['accuracy_sd']:.3f} (sd), "
           f"SFT {before.accuracy:.3f}; GRPO - SFT {summary['diff_mean'] * 100:+.1f} ± {summary['diff_sd'] * 100:.1f} pts")
+    if accs_in:
+        print(f"in the training range ({before_in.n} questions): GRPO {summary['in_range_accuracy_mean']:.3f} ± "
+              f"{summary['in_range_accuracy_sd']:.3f} (sd), SFT {before_in.accuracy:.3f}")
     if len(rows) < 3:
         print("fewer than 3 seeds: the sd says little; run --seeds 0 1 2 (or more)")
     if args.json:
