@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import importlib.machinery
 import importlib.util
 import json
 from pathlib import Path
@@ -21,30 +22,22 @@ def _module_file(name: str) -> Path | None:
     """The source file of module `name`, found on disk without importing anything.
 
     `importlib.util.find_spec("a.b.c")` would import `a.b` (and all it imports: torch for
-    models.calibration), which cost the data flow's process 250 MB for a hash.
+    models.calibration), which cost the data flow's process 250 MB for a hash; the path
+    finder looks each part up in its parent package's folders instead.
     """
     top, *parts = name.split(".")
     try:
         spec = importlib.util.find_spec(top)  # a top-level name is found, not imported
+        for i in range(len(parts)):
+            if spec is None or spec.submodule_search_locations is None:
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(".".join([top, *parts[: i + 1]]),
+                                                            spec.submodule_search_locations)
     except (ImportError, ValueError):
         return None
-    if spec is None or spec.origin is None:
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
         return None
-    if not parts:
-        return Path(spec.origin) if spec.origin.endswith(".py") else None
-    dirs = [Path(d) for d in (spec.submodule_search_locations or [])]
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        nxt: list[Path] = []
-        for d in dirs:
-            if last and (d / f"{part}.py").is_file():
-                return d / f"{part}.py"
-            if (d / part).is_dir():
-                if last and (d / part / "__init__.py").is_file():
-                    return d / part / "__init__.py"
-                nxt.append(d / part)
-        dirs = nxt
-    return None
+    return Path(spec.origin)
 
 
 def _project_imports(name: str, source: str, packages: tuple[str, ...]) -> set[str]:
