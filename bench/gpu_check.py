@@ -160,17 +160,9 @@ def word_problems(n: int) -> list[Gsm8kProblem]:
 
 def small_tokenizer(problems: list[Gsm8kProblem], vocab_size: int = 512):
     """A byte-level BPE over the problems' text, with the project's special tokens at ids 0..5."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tasks.tokenizer.train import train_bpe
 
-    from models.special_tokens import SPECIAL_TOKENS
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([f"{p.question}\n{p.solution}" for p in problems], trainer)
-    return tok
+    return train_bpe([f"{p.question}\n{p.solution}" for p in problems], vocab_size)
 
 
 def grpo_check(trained: Transformer, precision: str, tiny: bool, new_tokens: int | None) -> dict:

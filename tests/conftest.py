@@ -155,18 +155,9 @@ def tiny_llama(vocab: int = 64, seed: int = 0, **overrides):
 
 def bpe_tokenizer_on(texts: list[str], vocab_size: int):
     """A small byte-level BPE trained on `texts`, with the project's special tokens at ids 0..5."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tasks.tokenizer.train import train_bpe
 
-    from models.special_tokens import SPECIAL_TOKENS
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(texts, trainer)
-    return tok
+    return train_bpe(texts, vocab_size)
 
 
 def run_cli(args: list[str], env: dict[str, str], timeout: float = 600):

@@ -8,7 +8,7 @@ BOS/EOS themselves.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -49,27 +49,34 @@ def train_tokenizer(manifest_path: Path, out_dir: Path, cfg: TokenizerConfig) ->
     if total_rows == 0:
         raise ValueError(f"{manifest_path}: the manifest lists no documents; cannot train a tokenizer on an empty corpus")
     chosen = _sample_rows(total_rows, cfg)
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = _pre_tokenizer(cfg.split_digits)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=cfg.vocab_size,
-        min_frequency=cfg.min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),  # the trainer adds these first, in order: ids 0..5
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
     n_docs = total_rows if chosen is None else len(chosen)
-    tokenizer.train_from_iterator(_text_batches(paths, chosen), trainer=trainer, length=n_docs)
-    ids = special_token_ids(tokenizer)
-    if list(ids.values()) != list(range(len(SPECIAL_TOKENS))):  # later stages rely on PAD=0, BOS=1, EOS=2, ...
-        raise RuntimeError(f"special tokens got ids {ids}, expected 0..{len(SPECIAL_TOKENS) - 1} in listed order")
+    tokenizer = train_bpe(_text_batches(paths, chosen), cfg.vocab_size, cfg.min_frequency, cfg.split_digits, n_docs)
 
     final = Path(out_dir) / TOKENIZER_FILE
     with atomic_write(final) as tmp:
         tokenizer.save(str(tmp))
     return final
+
+
+def train_bpe(texts: Iterable[str] | Iterable[list[str]], vocab_size: int, min_frequency: int = 0,
+              split_digits: bool = False, length: int | None = None) -> Tokenizer:
+    """A byte-level BPE trained on `texts` (strings, or batches of them; `length` documents, for
+    the trainer's progress), with the special tokens at ids 0..5 in their listed order (checked)."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = _pre_tokenizer(split_digits)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),  # the trainer adds these first, in order: ids 0..5
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer, length=length)
+    ids = special_token_ids(tokenizer)
+    if list(ids.values()) != list(range(len(SPECIAL_TOKENS))):  # later stages rely on PAD=0, BOS=1, EOS=2, ...
+        raise RuntimeError(f"special tokens got ids {ids}, expected 0..{len(SPECIAL_TOKENS) - 1} in listed order")
+    return tokenizer
 
 
 def _pre_tokenizer(split_digits: bool) -> pre_tokenizers.PreTokenizer:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models
 
 from models.chat_template import (
     ChatEncoding,
@@ -14,20 +14,13 @@ from models.chat_template import (
     special_ids,
 )
 from models.losses import IGNORE_INDEX
-from models.special_tokens import SPECIAL_TOKENS
+from tasks.tokenizer.train import train_bpe
 
 
 def tiny_tokenizer() -> Tokenizer:
     """A small byte-level BPE with the project's special tokens at ids 0..5."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
     corpus = ["What is 3 + 4? <answer>7</answer>", "hello world, the answer is here"] * 20
-    tok.train_from_iterator(corpus, trainer)
-    return tok
+    return train_bpe(corpus, vocab_size=320)
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,13 @@ import json
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 from models.chat_template import encode_chat
 from models.export import export_hf_llama, load_model, save_model
 from models.llama import ModelConfig, Transformer
 from models.special_tokens import BOS, END_TURN, EOS, PAD, SPECIAL_TOKENS
+from tasks.tokenizer.train import train_bpe
 
 VOCAB = 300
 
@@ -74,13 +75,7 @@ def test_load_errors_name_the_problem(tmp_path):
 
 
 def tiny_tokenizer(path) -> None:
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 20, trainer)
-    tok.save(str(path))
+    train_bpe(["the quick brown fox jumps over the lazy dog"] * 20, vocab_size=VOCAB).save(str(path))
 
 
 @pytest.mark.parametrize("tie,n_kv_heads", [(True, 2), (False, 4)])

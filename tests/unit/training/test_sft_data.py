@@ -8,13 +8,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 from infra.config import ConfigError
 from models.chat_template import encode_chat
-from models.special_tokens import SPECIAL_TOKENS
 from tasks.eval.arithmetic import assign_split
 from tasks.eval.rewards import arithmetic_exact
+from tasks.tokenizer.train import train_bpe
 from tasks.training.sft.data import (
     SftSourceConfig,
     default_sft_sources,
@@ -172,12 +172,7 @@ def test_first_sentence():
 
 
 def tiny_tokenizer() -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["What does it do? Return the value."] * 10, trainer)
-    return tok
+    return train_bpe(["What does it do? Return the value."] * 10, vocab_size=300)
 
 
 def test_builtin_set_is_nonempty_deterministic_and_encodable():
