@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -135,9 +136,9 @@ def train_steps(model: Transformer, tcfg: TrainConfig, untimed: int) -> dict:
         shutil.rmtree(ckpt, ignore_errors=True)  # the end-of-run checkpoint: not part of the check
     steps, losses = sink.series("loss")
     _, tps = sink.series("tokens_per_s")
-    step_tokens = tcfg.tokens_per_step(1)
     timed = [t for s, t in zip(steps, tps) if s > untimed] or tps[-1:]
-    tokens_per_s = step_tokens * len(timed) / sum(step_tokens / t for t in timed) if timed else None
+    # Equal tokens per step: total tokens over total time is the harmonic mean of the steps' rates.
+    tokens_per_s = statistics.harmonic_mean(timed) if timed else None
     return {"losses": losses, "tokens_per_s": tokens_per_s, "timed_steps": len(timed), "skipped_steps": skipped,
             "error": error}
 

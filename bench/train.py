@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -119,9 +120,8 @@ def deepspeed_loop(args: argparse.Namespace, batches, cfg: TrainConfig) -> tuple
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
     steps, tps = sink.series("tokens_per_s")
-    tokens = args.batch * args.seq_len
-    timed = [t for s, t in zip(steps, tps) if s > args.warmup]
-    return tokens * len(timed) / sum(tokens / t for t in timed), sink.series("loss")[1]
+    # Equal tokens per step: total tokens over total time is the harmonic mean of the steps' rates.
+    return statistics.harmonic_mean([t for s, t in zip(steps, tps) if s > args.warmup]), sink.series("loss")[1]
 
 
 def loss_curves(args: argparse.Namespace) -> dict:
