@@ -142,6 +142,10 @@ class Proportion(BaseModel):
 
 def proportion(correct: Sequence[bool]) -> Proportion:
     """How many of `correct` are true, with the Wilson interval of the share."""
-    k, n = int(sum(bool(c) for c in correct)), len(correct)
+    return proportion_of(int(sum(bool(c) for c in correct)), len(correct))
+
+
+def proportion_of(k: int, n: int) -> Proportion:
+    """`k` right of `n`, with the Wilson interval of the share."""
     lo, hi = wilson_interval(k, n)
     return Proportion(correct=k, n=n, accuracy=k / n, accuracy_lo=lo, accuracy_hi=hi)

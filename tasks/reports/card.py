@@ -36,7 +36,7 @@ from tasks.eval.evaluate import (
     write_accuracy_coverage,
     write_comparison,
 )
-from tasks.eval.intervals import proportion, wilson_interval
+from tasks.eval.intervals import proportion, proportion_of
 from tasks.reports.data import publish_prefect_artifact
 from tasks.reports.plots import loss_curve_png
 from tasks.reports.register import lineage_tags, register_final_model
@@ -74,12 +74,6 @@ def _wall_row(wall_seconds: float, all_attempts: tuple[float, int] | None) -> st
     return f"| pipeline wall time, {n} attempts of this config (last attempt) | {total / 60:.1f} min ({wall_seconds / 60:.1f} min) |"
 
 
-def _share(k: int, n: int) -> str:
-    """`k/n (rate [Wilson 95% interval])`."""
-    lo, hi = wilson_interval(k, n)
-    return f"{k}/{n} ({k / n:.1%} [{lo:.1%}, {hi:.1%}])"
-
-
 def _headline_rows(totals: Mapping[str, int], pretrain_ppl: tuple[float | None, float], sft: SftResult,
                    grpo: GrpoStageResult, wall_seconds: float, all_attempts: tuple[float, int] | None = None) -> list[str]:
     val_ppl, unigram = pretrain_ppl
@@ -90,7 +84,7 @@ def _headline_rows(totals: Mapping[str, int], pretrain_ppl: tuple[float | None, 
         f"| near duplicates / exact duplicates / filtered / rejected | {totals.get('near_duplicates', 0)} / {totals.get('exact_duplicates', 0)} / {totals.get('filtered', 0)} / {totals.get('rejected', 0)} |",
         f"| base model validation perplexity (unigram baseline) | {val_ppl:.1f} ({unigram:.1f}) |" if val_ppl else f"| unigram baseline perplexity | {unigram:.1f} |",
         f"| SFT validation loss | {sft.val_loss:.3f} |" if sft.val_loss is not None else "| SFT validation loss | - |",
-        f"| held-out arithmetic accuracy SFT → GRPO, the GRPO stage's own check (95% CI) | {_share(b.n_correct, b.n)} → {_share(a.n_correct, a.n)} |",
+        f"| held-out arithmetic accuracy SFT → GRPO, the GRPO stage's own check (95% CI) | {proportion_of(b.n_correct, b.n).describe()} → {proportion_of(a.n_correct, a.n).describe()} |",
         f"| held-out mean reward SFT → GRPO, the GRPO stage's own check | {b.mean_reward:.3f} → {a.mean_reward:.3f} |",
     ]
 
