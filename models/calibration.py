@@ -68,7 +68,9 @@ class CalibrationReport(BaseModel):
     ece_equal_mass_hi: float | None = None
 
 
-def _as_arrays(confidences, correct) -> tuple[np.ndarray, np.ndarray]:
+def prediction_arrays(confidences, correct, probabilities: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Flat float64 (confidence, correct) arrays, checked: the same length, non-empty, confidences finite
+    (and in [0, 1] when `probabilities`, as every calibration metric needs), correct only 0/1."""
     conf = _to_numpy(confidences).astype(np.float64).reshape(-1)
     corr = _to_numpy(correct).astype(np.float64).reshape(-1)
     if conf.shape != corr.shape:
@@ -76,12 +78,14 @@ def _as_arrays(confidences, correct) -> tuple[np.ndarray, np.ndarray]:
             f"confidences ({conf.size} values) and correct ({corr.size} values) must have the same length"
         )
     if conf.size == 0:
-        raise ValueError("calibration metrics need at least one prediction; got empty confidences")
-    if not np.all(np.isfinite(conf)) or conf.min() < 0.0 or conf.max() > 1.0:
+        raise ValueError("need non-empty confidences and correct (at least one prediction); got empty ones")
+    if probabilities and (not np.all(np.isfinite(conf)) or conf.min() < 0.0 or conf.max() > 1.0):
         raise ValueError(
             "confidences must be probabilities in [0, 1]; got values in "
             f"[{np.nanmin(conf):.4g}, {np.nanmax(conf):.4g}] (apply softmax to logits first)"
         )
+    if not np.all(np.isfinite(conf)):
+        raise ValueError("confidences must be finite numbers")
     if not np.all((corr == 0.0) | (corr == 1.0)):
         raise ValueError("correct must hold only 0/1 (or booleans)")
     return conf, corr
@@ -119,7 +123,7 @@ def reliability_bins(
     confidences, correct, n_bins: int = 15, strategy: BinStrategy = "uniform"
 ) -> ReliabilityBins:
     """Mean confidence, accuracy and count per confidence bin."""
-    conf, corr = _as_arrays(confidences, correct)
+    conf, corr = prediction_arrays(confidences, correct)
     idx, edges = _bin_index(conf, n_bins, strategy)
     k = len(edges) - 1
     counts = np.bincount(idx, minlength=k)
@@ -194,13 +198,13 @@ def mce(confidences, correct, n_bins: int = 15, strategy: BinStrategy = "uniform
 
 def brier(confidences, correct) -> float:
     """Binary Brier score of the top-1 confidence: mean (confidence - correct)^2."""
-    conf, corr = _as_arrays(confidences, correct)
+    conf, corr = prediction_arrays(confidences, correct)
     return float(np.mean((conf - corr) ** 2))
 
 
 def binary_nll(confidences, correct) -> float:
     """Log loss of the top-1 confidence read as P(correct); clipped so 0/1 confidences stay finite."""
-    conf, corr = _as_arrays(confidences, correct)
+    conf, corr = prediction_arrays(confidences, correct)
     p = np.clip(conf, _EPS, 1.0 - _EPS)
     return float(-np.mean(corr * np.log(p) + (1.0 - corr) * np.log1p(-p)))
 
@@ -298,7 +302,7 @@ def fit_temperature(
 
 def calibration_report(confidences, correct, n_bins: int = 15) -> CalibrationReport:
     """Every calibration number of one set of (confidence, correct) predictions."""
-    conf, corr = _as_arrays(confidences, correct)
+    conf, corr = prediction_arrays(confidences, correct)
     uniform = reliability_bins(conf, corr, n_bins, "uniform")
     return CalibrationReport(
         n=int(conf.size),

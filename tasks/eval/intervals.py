@@ -19,7 +19,7 @@ from statistics import NormalDist
 import numpy as np
 from pydantic import BaseModel
 
-from models.calibration import BinStrategy, ece_rows
+from models.calibration import BinStrategy, ece_rows, prediction_arrays
 
 LEVEL = 0.95
 # Rows of resampled predictions held at once: bounds the bootstrap's memory to ~64 MB.
@@ -56,10 +56,7 @@ def bootstrap_ece_interval(
     the interval can lie wholly above the estimate. It then says the ECE is at the noise level
     of this many answers, which is what a reader needs to know before comparing two ECEs.
     """
-    conf = np.asarray(confidences, dtype=np.float64).reshape(-1)
-    corr = np.asarray(correct, dtype=np.float64).reshape(-1)
-    if conf.size == 0 or conf.shape != corr.shape:
-        raise ValueError(f"need equal, non-empty confidences and correct; got {conf.size} and {corr.size} values")
+    conf, corr = prediction_arrays(confidences, correct)  # what the ECE itself accepts
     if resamples < 2:
         raise ValueError(f"resamples must be >= 2, got {resamples}")
     _z(level)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel
 
+from models.calibration import prediction_arrays
 from tasks.eval.intervals import wilson_interval
 
 
@@ -39,21 +40,9 @@ class SelectiveReport(BaseModel):
     curve_accuracy: list[float]
 
 
-def _arrays(confidences, correct) -> tuple[np.ndarray, np.ndarray]:
-    conf = np.asarray(confidences, dtype=np.float64).reshape(-1)
-    corr = np.asarray(correct, dtype=np.float64).reshape(-1)
-    if conf.size == 0 or conf.shape != corr.shape:
-        raise ValueError(f"need equal, non-empty confidences and correct; got {conf.size} and {corr.size} values")
-    if not np.all(np.isfinite(conf)):
-        raise ValueError("confidences must be finite numbers")
-    if not np.all((corr == 0.0) | (corr == 1.0)):
-        raise ValueError("correct must hold only 0/1 (or booleans)")
-    return conf, corr
-
-
 def accuracy_coverage(confidences, correct) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(threshold, coverage, accuracy) at each distinct confidence, highest first: answering when confidence >= threshold."""
-    conf, corr = _arrays(confidences, correct)
+    conf, corr = prediction_arrays(confidences, correct, probabilities=False)
     order = np.argsort(-conf, kind="stable")
     c, right = conf[order], corr[order]
     last = np.r_[np.flatnonzero(np.diff(c) != 0), c.size - 1]  # the last answer of each tie group
@@ -63,7 +52,7 @@ def accuracy_coverage(confidences, correct) -> tuple[np.ndarray, np.ndarray, np.
 
 def aurc(confidences, correct) -> float:
     """Area under the risk-coverage curve, ties in confidence taken in expectation over their orderings."""
-    conf, corr = _arrays(confidences, correct)
+    conf, corr = prediction_arrays(confidences, correct, probabilities=False)
     order = np.argsort(-conf, kind="stable")
     c, err = conf[order], 1.0 - corr[order]
     n = c.size
