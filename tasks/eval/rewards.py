@@ -83,12 +83,17 @@ def reference_answer(reference: Any) -> int | None:
     return None
 
 
+def _exact(got: Any, want: Any) -> float:
+    """1.0 when both answers were found and are equal, else 0.0."""
+    return 1.0 if got is not None and want is not None and got == want else 0.0
+
+
 @register_reward("arithmetic_exact")
 def arithmetic_exact(completion: str, reference: Any) -> float:
     """1.0 iff the completion's single <answer> block holds exactly the reference integer."""
     got = parse_answer(completion)
     want = reference_answer(reference)
-    return 1.0 if got is not None and want is not None and got == want else 0.0
+    return _exact(got, want)
 
 
 def parse_integer(completion: Any) -> int | None:
@@ -104,7 +109,7 @@ def integer_exact(completion: str, reference: Any) -> float:
     """1.0 iff the whole completion is the reference integer: the few-shot `a + b =` prompt's answer, no markers."""
     got = parse_integer(completion)
     want = reference_answer(reference)
-    return 1.0 if got is not None and want is not None and got == want else 0.0
+    return _exact(got, want)
 
 
 @register_reward("format")
@@ -170,7 +175,7 @@ def gsm8k_exact(completion: str, reference: Any) -> float:
     """
     got = final_answer(completion)
     want = reference_number(reference)
-    return 1.0 if got is not None and want is not None and got == want else 0.0
+    return _exact(got, want)
 
 
 def combined_reward(weights: Mapping[str, float]) -> RewardFn:
