@@ -54,6 +54,7 @@ def answers_correct(model_dir: Path, tokenizer, problems, eval_cfg) -> dict[str,
 def main(argv: list[str] | None = None) -> int:
     import torch
 
+    from tasks.eval.evaluate import in_train_range
     from tasks.tokenizer.train import load_tokenizer
     from tasks.training.grpo.stage import run_grpo
 
@@ -73,8 +74,6 @@ def main(argv: list[str] | None = None) -> int:
     sft = answers_correct(args.sft_model, tokenizer, problems, e)
     questions = list(sft)
     # GRPO trains on operands <= train_max_operand: its effect, if any, shows there first.
-    from tasks.eval.evaluate import in_train_range
-
     in_range = [q for q in questions if e.train_max_operand is not None and in_train_range(q, e.train_max_operand)]
     before = proportion([sft[q] for q in questions])
     before_in = proportion([sft[q] for q in in_range]) if in_range else None
