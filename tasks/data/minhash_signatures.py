@@ -148,7 +148,7 @@ def _xxh3_shingle_hashes(texts: pa.Array, ngram: int, seed: int) -> tuple[np.nda
     with np.errstate(over="ignore"):
         for k in range(1, ngram):
             nxt = np.zeros(total, dtype=np.uint64)
-            nxt[: total - k] = h[k:]
+            nxt[: max(total - k, 0)] = h[k:]  # a batch of fewer than n words: nothing to shift in
             nxt[pos + k >= ends] = 0
             gram *= _FOLD
             gram += nxt

@@ -143,3 +143,14 @@ def test_text_byte_slices_cover_every_text_once_within_the_limit():
         runs = text_byte_slices(form, 4)
         assert runs == [(0, 1), (1, 2), (2, 3), (3, 6)]  # "cdé" is 4 bytes; the 10-byte text stands alone
     assert text_byte_slices([], 4) == []
+
+
+def test_a_batch_of_fewer_words_than_the_ngram_is_hashed():
+    """Found by the conservation property test: two one-word texts (2 words < n = 5) crashed the fold."""
+    from tasks.data import minhash_signatures as ms
+
+    perms = ms.permutations(16, 1, "xxh3")
+    sigs, counts, _, _ = ms.signature_job(pa.array(["0", "00"]), 5, perms, "xxh3", 1, sets=True)
+    assert counts.tolist() == [1, 1]
+    alone = [ms.signature_job(pa.array([t]), 5, perms, "xxh3", 1)[0][0] for t in ("0", "00")]
+    assert np.array_equal(sigs, np.stack(alone))
