@@ -41,8 +41,9 @@ from models.flops import flops_per_token, mfu, num_params  # noqa: E402
 from models.llama import ModelConfig, Transformer, model_config  # noqa: E402
 from tasks.eval.gsm8k import Gsm8kProblem  # noqa: E402
 from tasks.training.engine import init_distributed  # noqa: E402
-from tasks.training.grpo.loop import GrpoConfig, grpo_train  # noqa: E402
-from tasks.training.loop import NonFiniteLossError, TrainConfig, train  # noqa: E402
+from tasks.training.config import GrpoConfig, PretrainConfig  # noqa: E402
+from tasks.training.grpo.loop import grpo_train  # noqa: E402
+from tasks.training.loop import NonFiniteLossError, train  # noqa: E402
 from tasks.training.metrics import ListSink, measure_peak_flops  # noqa: E402
 from tasks.training.pretrain.stage import lm_loss, token_window_batches  # noqa: E402
 
@@ -79,30 +80,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- setup
 
 
-def check_setup(args: argparse.Namespace, cuda: bool) -> tuple[ModelConfig, TrainConfig]:
+def check_setup(args: argparse.Namespace, cuda: bool) -> tuple[ModelConfig, PretrainConfig]:
     """The model and the loop's config: the preset's, for `args.steps` steps (tiny shapes with --tiny)."""
     cfg = load_pipeline_config(args.preset)
-    pre = cfg.pretrain.train
-    tcfg = pre.train_config()
+    pre = cfg.pretrain
     if args.tiny:
         mcfg = model_config(pre.model, TINY_SHAPE["vocab"], **TINY_MODEL)
         shape = {k: TINY_SHAPE[k] for k in ("seq_len", "micro_batch_size", "grad_accum")}
     else:
-        mcfg = model_config(pre.model, cfg.pretrain.tokenizer.vocab_size, **pre.model_overrides)
+        mcfg = model_config(pre.model, cfg.tokenizer.vocab_size, **pre.model_overrides)
         shape = {}
     if args.micro_batch:
         shape["micro_batch_size"] = args.micro_batch
     if args.grad_accum:
         shape["grad_accum"] = args.grad_accum
-    update = dict(
-        **shape,
-        max_steps=args.steps, warmup_steps=min(tcfg.warmup_steps, max(1, args.steps // 3)),
-        log_every=1, eval_every=0, eval_batches=0, ckpt_every=0,
+    launch = pre.launch.model_copy(update=dict(
         # bf16 is what a GPU trains in; on the CPU fp32 keeps the tiny check fast wherever bf16 is emulated.
-        precision=tcfg.precision if cuda else "fp32",
-        torch_compile=(tcfg.torch_compile if cuda else False) if args.compile is None else args.compile,
-    )
-    return mcfg, tcfg.model_copy(update=update)
+        precision=pre.launch.precision if cuda else "fp32",
+        torch_compile=(pre.launch.torch_compile if cuda else False) if args.compile is None else args.compile,
+    ))
+    return mcfg, pre.model_copy(update=dict(
+        steps=args.steps, batch=pre.batch.model_copy(update=shape), launch=launch,
+        optim=pre.optim.model_copy(update={"warmup_steps": min(pre.optim.warmup_steps, max(1, args.steps // 3))}),
+        log=pre.log.model_copy(update=dict(every=1, eval_every=0, eval_batches=0)),
+        checkpoint=pre.checkpoint.model_copy(update={"every": 0}),
+    ))
 
 
 def nominal_peak(device_name: str, override_tflops: float | None) -> float | None:
@@ -118,12 +120,12 @@ def nominal_peak(device_name: str, override_tflops: float | None) -> float | Non
 # ----------------------------------------------------------------------------- training
 
 
-def train_steps(model: Transformer, tcfg: TrainConfig, untimed: int) -> dict:
+def train_steps(model: Transformer, tcfg: PretrainConfig, untimed: int) -> dict:
     """Train `model` through the pipeline's loop; losses, tokens/s after the untimed steps, skipped steps."""
     # Enough windows that the check does not learn them by heart; 2M tokens take a second or two to draw.
-    wanted = tcfg.max_steps * tcfg.tokens_per_step(1) + tcfg.seq_len + 1
+    wanted = tcfg.steps * tcfg.batch.tokens_per_step(1) + tcfg.batch.seq_len + 1
     data = bigram_tokens(model.cfg.vocab_size, min(max(wanted, 200_000), 2_000_000))
-    batches = token_window_batches(data, tcfg.seq_len, tcfg.micro_batch_size, seed=tcfg.seed)
+    batches = token_window_batches(data, tcfg.batch.seq_len, tcfg.batch.micro_batch_size, seed=tcfg.seed)
     sink = ListSink()
     ckpt = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     error = None
@@ -175,7 +177,7 @@ def grpo_check(trained: Transformer, precision: str, tiny: bool, new_tokens: int
     gcfg = GrpoConfig(
         group_size=4 if tiny else 8, prompts_per_step=2 if tiny else 8,
         max_new_tokens=new_tokens or (8 if tiny else 128), steps=1, eval_prompts=0,
-        rewards={"gsm8k_exact": 1.0}, accuracy_reward="gsm8k_exact", precision=precision,
+        rewards={"gsm8k_exact": 1.0}, accuracy_reward="gsm8k_exact", launch={"precision": precision},
     )
     t0 = time.perf_counter()
     res = grpo_train(policy, reference, small_tokenizer(problems), problems, gcfg)
@@ -195,11 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     mcfg, tcfg = check_setup(args, cuda)
     device = torch.device("cuda") if cuda else torch.device("cpu")
     device_name = torch.cuda.get_device_name() if cuda else "cpu"
-    dtype = torch.bfloat16 if tcfg.precision == "bf16" else torch.float32
+    dtype = torch.bfloat16 if tcfg.launch.precision == "bf16" else torch.float32
     print(f"{device_name}: {mcfg.n_layers} layers, dim {mcfg.dim}, vocab {mcfg.vocab_size} "
-          f"({num_params(mcfg) / 1e6:.1f}M params); {tcfg.micro_batch_size} x {tcfg.seq_len} x {tcfg.grad_accum} = "
-          f"{tcfg.tokens_per_step(1):,} tokens a step, {tcfg.precision}, AdamW {tcfg.optimizer_kernel}, "
-          f"torch.compile {'on' if tcfg.torch_compile else 'off'}", flush=True)
+          f"({num_params(mcfg) / 1e6:.1f}M params); {tcfg.batch.micro_batch_size} x {tcfg.batch.seq_len} x {tcfg.batch.grad_accum} = "
+          f"{tcfg.batch.tokens_per_step(1):,} tokens a step, {tcfg.launch.precision}, AdamW {tcfg.optim.kernel}, "
+          f"torch.compile {'on' if tcfg.launch.torch_compile else 'off'}", flush=True)
 
     # The tiny CPU check measures a small matmul briefly: its seconds matter more than its peak there.
     peak = (measure_peak_flops(device, dtype, n=512, min_seconds=0.2) if args.tiny and not cuda
@@ -209,15 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     model = Transformer(mcfg)
     untimed = args.untimed if args.untimed is not None else max(1, args.steps // 5)
     t0 = time.perf_counter()
-    trained = train_steps(model, tcfg.model_copy(update={"peak_flops": peak}), untimed)
+    trained = train_steps(model, tcfg.model_copy(update={"log": tcfg.log.model_copy(update={"peak_flops": peak})}), untimed)
     train_seconds = time.perf_counter() - t0
 
-    fpt = flops_per_token(mcfg, tcfg.seq_len)
+    fpt = flops_per_token(mcfg, tcfg.batch.seq_len)
     tps = trained["tokens_per_s"]
     figures = {
         "device": device_name, "preset": args.preset, "tiny": args.tiny, "params": num_params(mcfg),
-        "seq_len": tcfg.seq_len, "micro_batch_size": tcfg.micro_batch_size, "grad_accum": tcfg.grad_accum,
-        "tokens_per_step": tcfg.tokens_per_step(1), "precision": tcfg.precision, "torch_compile": tcfg.torch_compile,
+        "seq_len": tcfg.batch.seq_len, "micro_batch_size": tcfg.batch.micro_batch_size, "grad_accum": tcfg.batch.grad_accum,
+        "tokens_per_step": tcfg.batch.tokens_per_step(1), "precision": tcfg.launch.precision, "torch_compile": tcfg.launch.torch_compile,
         "steps": args.steps, "timed_steps": trained["timed_steps"], "train_seconds": train_seconds,
         "first_loss": trained["losses"][0] if trained["losses"] else None,
         "last_loss": trained["losses"][-1] if trained["losses"] else None,
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     finite = (trained["error"] is None and trained["skipped_steps"] == 0 and bool(trained["losses"])
               and all(math.isfinite(x) for x in trained["losses"]))
     if finite:
-        grpo = grpo_check(model, tcfg.precision, args.tiny, args.grpo_tokens)
+        grpo = grpo_check(model, tcfg.launch.precision, args.tiny, args.grpo_tokens)
         figures["grpo"] = grpo
         finite = math.isfinite(grpo["loss"]) and grpo["skipped_steps"] == 0
 

@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--preset", default="tiny", help="the preset whose grpo and eval sections are used (default tiny)")
     p.add_argument("--steps", type=int, default=None, help="GRPO steps per seed (default: the preset's grpo.steps)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a preset key, e.g. --set grpo.lr=2e-5 (repeatable)")
+                   help="override a preset key, e.g. --set grpo.optim.lr=2e-5 (repeatable)")
     p.add_argument("--workdir", type=Path, default=None, help="scratch workspace (default: a new temporary folder)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return p.parse_args(argv)
@@ -66,10 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     e = config.eval
     problems = make_problems(e.n_questions, e.seed, e.arithmetic_max_operand, e.arithmetic_ops, split="eval")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="grpo-seeds-"))
-    torch.set_num_threads(grpo_cfg.torch_threads or 1)  # the scoring here; tiny models run fastest on one thread
+    torch.set_num_threads(grpo_cfg.launch.torch_threads or 1)  # the scoring here; tiny models run fastest on one thread
     tokenizer = load_tokenizer(args.tokenizer)
     print(f"{len(problems)} held-out questions (preset {args.preset!r}, operands <= {e.arithmetic_max_operand}); "
-          f"GRPO {grpo_cfg.steps} steps per seed, lr {grpo_cfg.lr}; workspace {workdir}", flush=True)
+          f"GRPO {grpo_cfg.steps} steps per seed, lr {grpo_cfg.optim.lr}; workspace {workdir}", flush=True)
 
     sft = answers_correct(args.sft_model, tokenizer, problems, e)
     questions = list(sft)

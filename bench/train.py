@@ -40,7 +40,9 @@ from models.llama import Transformer, model_config  # noqa: E402
 from models.optim import build_adamw, build_scheduler  # noqa: E402
 from tasks.training.pretrain.stage import lm_loss, token_window_batches  # noqa: E402
 from tasks.training.engine import init_distributed  # noqa: E402
-from tasks.training.loop import TrainConfig, train  # noqa: E402
+from tasks.training.config import PretrainConfig, nested  # noqa: E402
+from tasks.training.engine import Schedule  # noqa: E402
+from tasks.training.loop import train  # noqa: E402
 from tasks.training.metrics import ListSink, measure_peak_flops  # noqa: E402
 
 
@@ -67,12 +69,12 @@ def make_model(args: argparse.Namespace) -> Transformer:
 
 
 def train_config(args: argparse.Namespace, precision: str = "fp32", kernel: str = "auto", steps: int | None = None,
-                 lr: float = 3e-4) -> TrainConfig:
-    return TrainConfig(
+                 lr: float = 3e-4) -> PretrainConfig:
+    return PretrainConfig(**nested(dict(
         seq_len=args.seq_len, micro_batch_size=args.batch, grad_accum=1, lr=lr, warmup_steps=2,
         max_steps=steps or args.warmup + args.steps, weight_decay=0.1, grad_clip=1.0, zero="zero0",
         precision=precision, optimizer_kernel=kernel, log_every=1, eval_batches=0, peak_flops=1.0, seed=0,
-    )
+    )))
 
 
 def bigram_tokens(vocab: int, n: int, seed: int = 0, stay: float = 0.8) -> np.ndarray:
@@ -93,15 +95,16 @@ def plain_loop(args: argparse.Namespace, batches) -> float:
     """tokens/s of the textbook loop: forward, backward, clip, AdamW step, zero_grad, loss.item()."""
     cfg = train_config(args)
     model = make_model(args)
-    opt = build_adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, kernel=cfg.optimizer_kernel)
-    sched = build_scheduler(opt, cfg)
+    o = cfg.optim
+    opt = build_adamw(model, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas, kernel=o.kernel)
+    sched = build_scheduler(opt, Schedule.of(o, cfg.steps))
     tokens = args.batch * args.seq_len
     elapsed = 0.0
-    for step in range(cfg.max_steps):
+    for step in range(cfg.steps):
         t0 = time.perf_counter()
         loss = lm_loss(model, batches(step, 0, 1))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -111,7 +114,7 @@ def plain_loop(args: argparse.Namespace, batches) -> float:
     return tokens * args.steps / elapsed
 
 
-def deepspeed_loop(args: argparse.Namespace, batches, cfg: TrainConfig) -> tuple[float, list[float]]:
+def deepspeed_loop(args: argparse.Namespace, batches, cfg: PretrainConfig) -> tuple[float, list[float]]:
     """tokens/s of tasks.training.loop.train (ZeRO-0) after warm-up, and its loss per step."""
     sink = ListSink()
     ckpt = Path(tempfile.mkdtemp(prefix="bench-train-"))

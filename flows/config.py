@@ -17,17 +17,16 @@ import yaml
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from infra.config import ConfigError, StrictModel, YamlAliasRefused, load_config, parse_config, parse_yaml, set_dotted
+from infra.config import (ConfigError, StrictModel, YamlAliasRefused, load_config, parse_config, parse_yaml, read_yaml,
+                          set_dotted)
 from infra.paths import Workspace
 from tasks.eval.rewards import REWARDS
 from tasks.eval.config import EvalConfig
 from tasks.data.exact_dedup import ExactDedupConfig
-from tasks.training.grpo.config import GrpoStageConfig
 from tasks.data.minhash_dedup import NearDedupConfig
 from tasks.data.mix import MixConfig
 from tasks.data.pii_redact import PiiConfig
-from tasks.training.pretrain.config import PretrainConfig
-from tasks.training.sft.config import SftConfig
+from tasks.training.config import RENAMED, GrpoConfig, PretrainConfig, SftConfig
 from tasks.data.shards import ShardConfig
 from tasks.tokenizer.tokenize_shards import TokenizeConfig
 from tasks.tokenizer.train import TokenizerConfig
@@ -57,25 +56,21 @@ class DataConfig(StrictModel):
         return self.model_copy(update={"executor": "local", "ray_address": None})
 
 
-class PretrainStageConfig(StrictModel):
-    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
-    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
-    train: PretrainConfig = Field(default_factory=PretrainConfig)
-
-
 class PipelineConfig(StrictModel):
     name: str = "llmforge"
     data: DataConfig = Field(default_factory=DataConfig)
-    pretrain: PretrainStageConfig = Field(default_factory=PretrainStageConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
     sft: SftConfig = Field(default_factory=SftConfig)
-    grpo: GrpoStageConfig = Field(default_factory=GrpoStageConfig)
+    grpo: GrpoConfig = Field(default_factory=GrpoConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     registered_model: str = "llmforge-tiny"  # MLflow model registry name of the final model
 
     # The GRPO worker looks its rewards up by name hours into a run; an unknown name fails here instead.
     @field_validator("grpo")
     @classmethod
-    def _grpo_rewards_known(cls, grpo: GrpoStageConfig) -> GrpoStageConfig:
+    def _grpo_rewards_known(cls, grpo: GrpoConfig) -> GrpoConfig:
         if not grpo.rewards:
             raise _reward_error("grpo.rewards is empty; give at least one {name: weight}")
         _check_rewards("grpo.rewards", list(grpo.rewards))
@@ -141,7 +136,40 @@ def preset_path(name: str, within: Sequence[Path] | None = None) -> Path:
 def load_pipeline_config(preset: str, overrides: dict[str, Any] | None = None,
                          within: Sequence[Path] | None = None) -> PipelineConfig:
     """The preset's config with `overrides` ({dotted key: value}) applied; `within`: see `preset_path`."""
-    return load_config(PipelineConfig, preset_path(preset, within), overrides)
+    path = preset_path(preset, within)
+    refuse_renamed(_dotted_keys(read_yaml(path)), str(path))
+    refuse_renamed(list(overrides or {}), "override")
+    return load_config(PipelineConfig, path, overrides)
+
+
+def renamed_key(dotted: str) -> str | None:
+    """Where a key of the configs before they were composed went (`sft.optim.lr` -> `sft.optim.lr`), or None."""
+    for old, new in RENAMED.items():
+        if dotted == old or dotted.startswith(old + "."):
+            return new + dotted[len(old):]
+    if dotted == "pretrain" or dotted.startswith("pretrain."):
+        return "pretrain" + dotted[len("pretrain"):]
+    return None
+
+
+def refuse_renamed(keys: Sequence[str], origin: str) -> None:
+    """A ConfigError naming the new key of an old one among `keys` (dotted), the deepest first: it says the most."""
+    for dotted in sorted(keys, key=lambda k: -k.count(".")):
+        new = renamed_key(dotted)
+        if new is not None:
+            raise ConfigError(f"{origin}: key '{dotted}' is now '{new}' (training configs are composed of "
+                              "batch, optim, launch, checkpoint and log; see infra/presets/tiny.yaml)")
+
+
+def _dotted_keys(data: Any, prefix: str = "") -> list[str]:
+    """Every key path of a nested mapping, leaves and sections alike: {"a": {"b": 1}} -> ["a", "a.b"]."""
+    if not isinstance(data, dict):
+        return []
+    keys = []
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        keys += [dotted, *_dotted_keys(value, f"{dotted}.")]
+    return keys
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -167,6 +195,7 @@ def resolve_pipeline_config(config: PipelineConfig | None, preset: str, override
     `preset` comes from a flow's parameters, so a file must lie inside the checkout or the workspace at `workdir`.
     """
     parsed = parse_overrides(overrides or [])
+    refuse_renamed(list(parsed), "override")
     if config is None:
         return load_pipeline_config(preset, parsed, within=preset_roots(workdir))
     if not parsed:

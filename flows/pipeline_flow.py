@@ -65,7 +65,8 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = No
         print("stage 1/5 data: collect, dedup, filter, mix, shard")
         data = data_flow(config.data, workdir=root, overrides=[o for o in overrides or [] if o.startswith("data.")])
         print("stage 2/5 pretrain: tokenizer, token shards, DeepSpeed pretraining")
-        base = pretrain_flow(config.pretrain, manifest=str(data.manifest), workdir=root)
+        base = pretrain_flow(config.pretrain, manifest=str(data.manifest), workdir=root, tokenizer=config.tokenizer,
+                             tokenize=config.tokenize)
         print("stage 3/5 sft: supervised fine-tuning")
         sft = sft_flow(config.sft, base_model=str(base.model_dir), tokenizer=str(base.tokenizer), workdir=root,
                        tokens=str(base.tokens))

@@ -10,8 +10,9 @@ from infra.stage_cache import flow_key, OUT, run_cached
 from infra.tracking import stage_run
 from infra.run_signals import stop_on_cancel
 from infra.workspace_lock import workspace_lock
-from tasks.training.grpo.stage import GrpoStageConfig, GrpoStageResult, grpo_task
-from tasks.training.sft.stage import SftConfig, SftResult, sft_task
+from tasks.training.config import GrpoConfig, SftConfig
+from tasks.training.grpo.stage import GrpoStageResult, grpo_task
+from tasks.training.sft.stage import SftResult, sft_task
 
 
 @flow(name="sft", log_prints=True)
@@ -29,7 +30,7 @@ def sft_flow(config: SftConfig, base_model: str, tokenizer: str, workdir: str = 
 
 
 @flow(name="grpo", log_prints=True)
-def grpo_flow(config: GrpoStageConfig, sft_model: str, tokenizer: str, workdir: str = "work") -> GrpoStageResult:
+def grpo_flow(config: GrpoConfig, sft_model: str, tokenizer: str, workdir: str = "work") -> GrpoStageResult:
     ws = Workspace.locate(workdir).ensure_writable()
     with stop_on_cancel(), workspace_lock(ws), stage_run(ws, "grpo", config, run_key=flow_key("grpo", __name__, config, {"sft": Path(sft_model)})) as run:
         result = run_cached(

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from infra.process_tree import SUPERVISOR_ENV, stop_tree, supervisor_token
 
@@ -33,15 +33,6 @@ _LOG_TAIL_LINES = 60
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "deepspeed_allreduce_buffer"
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE")
-
-
-class DsRunConfig(Protocol):
-    """The run settings `build_ds_config` reads (the training engine's spec satisfies it)."""
-
-    micro_batch_size: int
-    grad_accum: int
-    grad_clip: float
-    precision: str
 
 
 def resolve_precision(precision: str) -> Literal["fp32", "bf16"]:
@@ -63,17 +54,17 @@ def load_zero_json(zero: str) -> dict[str, Any]:
     return data
 
 
-def build_ds_config(zero: str, train_cfg: DsRunConfig) -> dict[str, Any]:
-    """Merge infra/deepspeed/<zero>.json with the run's batch sizes, clipping and precision."""
+def build_ds_config(zero: str, precision: Literal["fp32", "bf16"], micro_batch_size: int, grad_accum: int,
+                    grad_clip: float) -> dict[str, Any]:
+    """Merge infra/deepspeed/<zero>.json with the run's batch shape, clipping and (resolved) precision."""
     import torch
 
     cfg = load_zero_json(zero)
-    precision = resolve_precision(train_cfg.precision)
     cfg.update(
         {
-            "train_micro_batch_size_per_gpu": int(train_cfg.micro_batch_size),
-            "gradient_accumulation_steps": int(train_cfg.grad_accum),
-            "gradient_clipping": float(train_cfg.grad_clip),
+            "train_micro_batch_size_per_gpu": int(micro_batch_size),
+            "gradient_accumulation_steps": int(grad_accum),
+            "gradient_clipping": float(grad_clip),
             "bf16": {"enabled": precision == "bf16"},
             "fp16": {"enabled": False},
             "steps_per_print": _QUIET_STEPS_PER_PRINT,

@@ -12,7 +12,7 @@ import torch
 
 
 class ScheduleConfig(Protocol):
-    """What `lr_at` reads; `tasks.training.loop.TrainConfig` satisfies it."""
+    """What `lr_at` reads (`tasks.training.engine.Schedule`); `schedule` is "cosine" (the default) or "constant"."""
 
     warmup_steps: int
     max_steps: int
@@ -77,7 +77,7 @@ def build_adamw(
 
 
 def lr_at(step: int, cfg: ScheduleConfig) -> float:
-    """LR multiplier at `step`: linear warmup to 1, then cosine decay to `min_lr_ratio`.
+    """LR multiplier at `step`: linear warmup to 1, then cosine decay to `min_lr_ratio` (or 1 for "constant").
 
     Returns a factor of the peak LR so it plugs straight into
     `LambdaLR(opt, lambda s: lr_at(s, cfg))`. Steps past `max_steps` stay at the floor.
@@ -85,6 +85,8 @@ def lr_at(step: int, cfg: ScheduleConfig) -> float:
     if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
         # (step + 1) so the very first update already moves the weights.
         return (step + 1) / cfg.warmup_steps
+    if getattr(cfg, "schedule", "cosine") == "constant":
+        return 1.0
     decay_steps = max(1, cfg.max_steps - cfg.warmup_steps)
     progress = min(1.0, max(0.0, (step - cfg.warmup_steps) / decay_steps))
     cosine = 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -1,7 +1,10 @@
 """Autoregressive generation: greedy or temperature + nucleus (top-p) sampling, with a KV cache.
 
 Used by GRPO rollouts and evaluation, so it returns what they need: the sampled tokens,
-their log-probs under the temperature-1 policy, and a mask of the tokens that count.
+their log-probs under the distribution they were drawn from (the policy at the sampling
+temperature, before top-p; temperature 1 when greedy), and a mask of the tokens that count.
+GRPO divides the policy's logits by the same temperature in its update (TRL does too), so the
+importance ratio of the first update is exactly 1 at any temperature.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ class Generation:
 
     tokens: torch.Tensor  # [B, T0 + new] prompt then generated tokens, pad_id after EOS
     new_tokens: torch.Tensor  # [B, new]
-    logprobs: torch.Tensor  # [B, new] fp32 log pi(token) at temperature 1; 0 where mask is False
+    logprobs: torch.Tensor  # [B, new] fp32 log pi_T(token), T the temperature (1 when greedy); 0 where mask is False
     mask: torch.Tensor  # [B, new] bool, True up to and including the first EOS
 
 
@@ -45,6 +48,13 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     probs = probs * keep
     return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature: the distribution a sampler at that temperature draws from (greedy: T = 1)."""
+    if temperature in (0, 1):
+        return logits
+    return logits / temperature
 
 
 def sample_next(
@@ -99,7 +109,7 @@ def generate(
     for _ in range(max_new_tokens):
         logits = model(step_input if use_cache else seq, cache=cache)[:, -1, :].float()
         token = sample_next(logits, temperature, top_p, generator)
-        logprob = torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+        logprob = torch.log_softmax(tempered(logits, temperature), dim=-1).gather(-1, token[:, None]).squeeze(-1)
         alive = ~done
         if fill is not None:
             token = torch.where(alive, token, torch.full_like(token, fill))

@@ -228,14 +228,14 @@ def write_token_shards(out_dir: Path, vocab_size: int) -> Path:
 
 def tiny_pretrain_config(**overrides):
     """A PretrainConfig of a 2-layer, 32-wide model on 16-token windows, with `overrides`."""
-    from tasks.training.pretrain.stage import PretrainConfig
+    from tasks.training.config import PretrainConfig, nested
 
     base = dict(
         model="demo",
         model_overrides=dict(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=64, max_seq_len=16),
         seq_len=16, micro_batch_size=4, max_steps=6, precision="fp32",
     )
-    return PretrainConfig(**{**base, **overrides})
+    return PretrainConfig(**nested({**base, **overrides}))
 
 
 TINY_VOCAB = 64
@@ -254,13 +254,34 @@ def random_tokens(n: int = 8_000):
     return np.random.default_rng(1).integers(6, TINY_VOCAB, n).astype(np.uint16)
 
 
+def train_config(**flat):
+    """A PretrainConfig from flat keys of the loop (lr=, zero=, max_steps=, ...), with no other defaults."""
+    from tasks.training.config import PretrainConfig, nested
+
+    return PretrainConfig(**nested(flat))
+
+
+def sft_config(**flat):
+    """An SftConfig from flat keys (lr=, seq_len=, ckpt_every=, ...)."""
+    from tasks.training.config import SftConfig, nested
+
+    return SftConfig(**nested(flat))
+
+
+def grpo_config(**flat):
+    """A GrpoConfig from flat keys (lr=, ckpt_every=, num_procs=, ...)."""
+    from tasks.training.config import GrpoConfig, nested
+
+    return GrpoConfig(**nested(flat))
+
+
 def train_config_for(**overrides):
-    """A fast fp32 ZeRO-0 TrainConfig for TINY_SEQ windows, with `overrides`."""
-    from tasks.training.loop import TrainConfig
+    """A fast fp32 ZeRO-0 training config for TINY_SEQ windows, with `overrides` (flat keys: lr=, zero=, ...)."""
+    from tasks.training.config import PretrainConfig, nested
 
     base = dict(seq_len=TINY_SEQ, micro_batch_size=4, grad_accum=1, lr=3e-3, warmup_steps=2, max_steps=8,
                 log_every=1, precision="fp32", zero="zero0", peak_flops=1e11, eval_batches=2, seed=0)
-    return TrainConfig(**{**base, **overrides})
+    return PretrainConfig(**nested({**base, **overrides}))
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The one DeepSpeed engine builder, and the process-group set-up every training stage shares.
 
     rank, world = init_distributed()                  # join the launcher's group, or make a one-rank one
-    engine = build_engine(model, EngineSpec(...), schedule)   # our AdamW groups (+ LambdaLR), ZeRO JSON
+    engine = build_engine(model, cfg.optim, cfg.launch, micro_batch_size, grad_accum, steps)  # our AdamW (+ LambdaLR)
 
 DeepSpeed never builds the optimizer or the LR schedule: both come from models/optim.py, so
 pretraining, SFT and GRPO step their weights the same way.
@@ -17,32 +17,41 @@ from typing import Any
 import torch
 
 from infra.deepspeed_launch import build_ds_config, free_port, remove_shm_buffers, resolve_precision
-from models.optim import GuardedAdamW, ScheduleConfig, build_adamw, build_scheduler
+from models.optim import GuardedAdamW, build_adamw, build_scheduler
+from tasks.training.config import LaunchConfig, OptimConfig
 
 
 @dataclass(frozen=True)
-class EngineSpec:
-    """What the engine is built from: ZeRO stage, precision, batch shape and AdamW settings.
+class Schedule:
+    """What models.optim.lr_at reads: the optim component's warmup and schedule over the stage's steps."""
 
-    It is also the run config `infra.deepspeed_launch.build_ds_config` reads.
-    """
-
-    zero: str
-    precision: str
-    micro_batch_size: int  # sequences per rank per micro-batch
-    grad_accum: int  # micro-batches per optimizer step
-    grad_clip: float  # 0 disables clipping
-    lr: float
-    weight_decay: float
-    betas: tuple[float, float]
-    optimizer_kernel: str = "auto"  # models.optim.OptimizerKernel
-    torch_compile: bool = False
+    warmup_steps: int
+    max_steps: int
+    min_lr_ratio: float
+    schedule: str = "cosine"
 
     @classmethod
-    def of(cls, cfg: Any, **overrides: Any) -> "EngineSpec":
-        """The spec of a config that has these fields (TrainConfig, GrpoConfig), with `overrides` applied."""
-        fields = {name: getattr(cfg, name) for name in cls.__dataclass_fields__ if hasattr(cfg, name)}
-        return cls(**{**fields, **overrides})
+    def of(cls, optim: OptimConfig, steps: int) -> "Schedule | None":
+        """The schedule of `optim` over `steps`; None for a constant lr (no LambdaLR at all)."""
+        if optim.schedule == "constant" and optim.warmup_steps == 0:
+            return None
+        return cls(optim.warmup_steps, steps, optim.min_lr_ratio, optim.schedule)
+
+
+def ds_config_for(optim: OptimConfig, launch: LaunchConfig, micro_batch_size: int, grad_accum: int) -> dict[str, Any]:
+    """The DeepSpeed config the ranks train with: the ZeRO stage's JSON, the batch shape, the precision
+    (`auto` measured on this machine) and where clipping happens (ours in GuardedAdamW on the plain fp32 path)."""
+    precision = resolve_precision(launch.precision)
+    ds_config = build_ds_config(launch.zero, precision, micro_batch_size, grad_accum, optim.grad_clip)
+    if guarded_step(launch.zero, precision):
+        ds_config["gradient_clipping"] = 0.0
+    return ds_config
+
+
+def guarded_step(zero: str, precision: str) -> bool:
+    """Whether the optimizer is GuardedAdamW: without a ZeRO/bf16 wrapper DeepSpeed steps our optimizer even
+    on NaN gradients and does not report the grad norm; GuardedAdamW clips, reports and skips instead."""
+    return zero == "zero0" and precision == "fp32"
 
 
 def _shm_op_built() -> bool:
@@ -94,26 +103,24 @@ def _unlink_shm_names() -> None:
     remove_shm_buffers(int(os.environ["MASTER_PORT"]), dist.get_rank())
 
 
-def build_engine(model: torch.nn.Module, spec: EngineSpec, schedule: ScheduleConfig | None = None):
-    """A DeepSpeed engine around `model` with our AdamW; `schedule` adds warmup + cosine, None keeps lr constant."""
+def build_engine(model: torch.nn.Module, optim: OptimConfig, launch: LaunchConfig, micro_batch_size: int,
+                 grad_accum: int, steps: int, ds_config: dict[str, Any] | None = None):
+    """A DeepSpeed engine around `model` with our AdamW and lr schedule; `ds_config` (what the stage wrote in
+    ds_config.json) defaults to `ds_config_for` the same settings."""
     init_distributed()
     import deepspeed
 
-    ds_config = build_ds_config(spec.zero, spec)
-    if spec.zero == "zero0" and resolve_precision(spec.precision) == "fp32":
-        # Without a ZeRO/bf16 wrapper DeepSpeed steps our optimizer even on NaN gradients and
-        # does not report the grad norm; GuardedAdamW clips, reports and skips instead.
-        optimizer = GuardedAdamW(
-            model, lr=spec.lr, weight_decay=spec.weight_decay, betas=spec.betas, max_grad_norm=spec.grad_clip,
-            kernel=spec.optimizer_kernel,
-        )
-        ds_config["gradient_clipping"] = 0.0
+    ds_config = dict(ds_config or ds_config_for(optim, launch, micro_batch_size, grad_accum))
+    precision = "bf16" if ds_config.get("bf16", {}).get("enabled") else "fp32"
+    adamw = dict(lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas, kernel=optim.kernel)
+    if guarded_step(launch.zero, precision):
+        optimizer = GuardedAdamW(model, max_grad_norm=optim.grad_clip, **adamw)
     else:
-        optimizer = build_adamw(model, lr=spec.lr, weight_decay=spec.weight_decay, betas=spec.betas,
-                                kernel=spec.optimizer_kernel)
+        optimizer = build_adamw(model, **adamw)
+    schedule = Schedule.of(optim, steps)
     scheduler = build_scheduler(optimizer, schedule) if schedule is not None else None
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
-    if spec.torch_compile:
+    if launch.torch_compile:
         # DeepSpeed's own entry point: `model.compile()` in place, after its ZeRO hooks are set, so the
         # state dict (checkpoints, export) keeps the same keys as an uncompiled run's.
         engine.compile()

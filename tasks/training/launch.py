@@ -2,7 +2,7 @@
 
     run_stage(spec, out_dir, resolved, job, ds_config=...)
       out_dir/<spec.config_file>   resolved config (what the run trains with)
-      out_dir/ds_config.json       the DeepSpeed config the ranks use (stages that train through the loop)
+      out_dir/ds_config.json       the DeepSpeed config the ranks train with (read by them, not rebuilt)
       out_dir/job.json             what the worker ranks read
       out_dir/result.json          what the worker's rank 0 writes last, read back here
 
@@ -16,12 +16,12 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
 from infra.atomic import write_json_atomic
-from infra.config import StrictModel
+from infra.config import StrictModel, flatten_params
 from infra.deepspeed_launch import launch
 from infra.paths import Workspace
 from infra.tracking import stage_run
@@ -30,9 +30,6 @@ JOB_FILE = "job.json"  # what a stage's worker ranks read
 RESULT_FILE = "result.json"  # what its rank 0 writes last
 DS_CONFIG_FILE = "ds_config.json"
 CHECKPOINTS_DIR = "checkpoints"
-# Settings of the training loop that can change between a run and its resume without changing what is trained.
-LOOP_RESUME_NEUTRAL = frozenset({"log_every", "eval_every", "eval_batches", "ckpt_every", "keep_checkpoints",
-                                 "peak_flops", "max_bad_steps", "hostfile", "torch_compile"})
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -44,6 +41,8 @@ class StageJob(StrictModel):
     out_dir: Path
     ws_root: Path
     mlflow_run_id: str | None
+    precision: Literal["fp32", "bf16"]  # what the stage resolved `launch.precision` to, and why
+    precision_reason: str
 
 
 class ExportedModel(BaseModel):
@@ -63,7 +62,8 @@ class StageSpec:
     label: str  # in messages ("pretrain", "SFT", "GRPO")
     worker_module: str
     config_file: str
-    # Keys of the config section that may differ on a resume; None: the stage keeps no checkpoints.
+    # Keys (dotted, or a whole component) of the config section that may differ on a resume;
+    # None: the stage keeps no checkpoints.
     resume_neutral: frozenset[str] | None = None
     # Other keys of the resolved config that must match on a resume, with how a message names them.
     resume_identity: dict[str, str] = field(default_factory=dict)
@@ -75,10 +75,11 @@ def check_resume_compatible(spec: StageSpec, out_dir: Path, resolved: dict[str, 
     if spec.resume_neutral is None or not old_path.is_file() or not (out_dir / CHECKPOINTS_DIR / "latest").is_file():
         return
     old = json.loads(old_path.read_text(encoding="utf-8"))
-    section_old, section_new = old[spec.name], resolved[spec.name]
+    section_old, section_new = flatten_params(old[spec.name]), flatten_params(resolved[spec.name])
+    neutral = spec.resume_neutral
     changed = sorted(
         k for k in set(section_old) | set(section_new)
-        if k not in spec.resume_neutral and section_old.get(k) != section_new.get(k)
+        if not any(k == n or k.startswith(n + ".") for n in neutral) and section_old.get(k) != section_new.get(k)
     )
     changed += [label for key, label in spec.resume_identity.items() if old.get(key) != resolved[key]]
     if changed:
@@ -148,10 +149,15 @@ def saved_model_config(model_dir: Path, tokenizer_path: Path, hint: str):
     return mcfg
 
 
-def job_fields(tokenizer_path: Path, out_dir: Path, ws_root: Path | str | None, mlflow_run_id: str | None) -> dict:
-    """The StageJob fields, as absolute paths."""
+def job_fields(tokenizer_path: Path, out_dir: Path, ws_root: Path | str | None, mlflow_run_id: str | None,
+               precision: str) -> dict:
+    """The StageJob fields, as absolute paths, with `precision` resolved ("auto": measured on this machine)."""
+    from infra.precision import choose_precision
+
+    choice = choose_precision(precision)
     return dict(tokenizer_path=Path(tokenizer_path).resolve(), out_dir=Path(out_dir).resolve(),
-                ws_root=Workspace.locate(ws_root).root, mlflow_run_id=mlflow_run_id)
+                ws_root=Workspace.locate(ws_root).root, mlflow_run_id=mlflow_run_id,
+                precision=choice.precision, precision_reason=choice.reason)
 
 
 def in_stage_run(stage: str, cfg: BaseModel, ws_root: str | Path | None, mlflow_run_id: str | None,

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from tasks.training.train_config import TrainConfig
+from tasks.training.config import TrainingConfig
 from infra.deepspeed_launch import resolve_precision
 from tasks.training.checkpoint import load_latest, save_checkpoint, seed_all, tag_of
-from tasks.training.engine import EngineSpec, build_engine, init_distributed
+from tasks.training.engine import build_engine, init_distributed
 from tasks.training.metrics import (
 
     MetricsSink,
@@ -189,7 +189,7 @@ def validation_losses(engine, eval_batches: BatchFn, loss_fn: LossFn, n_batches:
 # ----------------------------------------------------------------------------- one step and its reports
 
 
-def _optimizer_step(engine, cfg: TrainConfig, train_batches: BatchFn, loss_fn: LossFn,
+def _optimizer_step(engine, cfg: TrainingConfig, train_batches: BatchFn, loss_fn: LossFn,
                     batch_tokens: Callable[[Batch], int] | None, step: int, rank: int, world: int) -> _StepStats:
     """grad_accum micro-batches through forward, backward and the engine step; one all-reduce of the stats."""
     import torch.distributed as dist
@@ -201,9 +201,9 @@ def _optimizer_step(engine, cfg: TrainConfig, train_batches: BatchFn, loss_fn: L
     nonfinite = torch.zeros((), dtype=torch.float64, device=device)
     fed = torch.zeros((), dtype=torch.float64, device=device)
     part_sums: dict[str, torch.Tensor] = {}
-    for k in range(cfg.grad_accum):
-        batch = _to_device(train_batches(step * cfg.grad_accum + k, rank, world), device)
-        fed += batch_tokens(batch) if batch_tokens else cfg.micro_batch_size * cfg.seq_len
+    for k in range(cfg.batch.grad_accum):
+        batch = _to_device(train_batches(step * cfg.batch.grad_accum + k, rank, world), device)
+        fed += batch_tokens(batch) if batch_tokens else cfg.batch.micro_batch_size * cfg.batch.seq_len
         loss, parts = split_loss(loss_fn(engine, batch))
         _sum_parts(part_sums, parts)
         if not loss.requires_grad:
@@ -222,12 +222,12 @@ def _optimizer_step(engine, cfg: TrainConfig, train_batches: BatchFn, loss_fn: L
     n_nonfinite = int(stats[1].item())
     tokens = int(stats[2].item())  # summed over ranks by the same all_reduce
     bad = n_nonfinite > 0 or not engine.was_step_applied()
-    loss_mean = None if bad else float(stats[0].item()) / (cfg.grad_accum * world)
-    parts = {} if bad else {n: v / (cfg.grad_accum * world) for n, v in zip(names, stats[3:].tolist())}
+    loss_mean = None if bad else float(stats[0].item()) / (cfg.batch.grad_accum * world)
+    parts = {} if bad else {n: v / (cfg.batch.grad_accum * world) for n, v in zip(names, stats[3:].tolist())}
     return _StepStats(lr, loss_mean, n_nonfinite, tokens, time.perf_counter() - t0, parts)
 
 
-def _count_bad_step(progress: _Progress, stats: _StepStats, cfg: TrainConfig, rank: int, log: MetricsSink,
+def _count_bad_step(progress: _Progress, stats: _StepStats, cfg: TrainingConfig, rank: int, log: MetricsSink,
                     echo: Echo | None, ckpt_dir: Path) -> None:
     """Count a skipped step; fail after cfg.max_bad_steps of them in a row."""
     progress.skipped += 1
@@ -246,7 +246,7 @@ def _count_bad_step(progress: _Progress, stats: _StepStats, cfg: TrainConfig, ra
         )
 
 
-def _log_window(engine, progress: _Progress, clock: Throughput, stats: _StepStats, cfg: TrainConfig, world: int,
+def _log_window(engine, progress: _Progress, clock: Throughput, stats: _StepStats, cfg: TrainingConfig, world: int,
                 log: MetricsSink, echo: Echo | None) -> None:
     """Rank 0: mean loss (and its parts), lr, throughput, grad norm and MFU of the steps since the last log."""
     done = progress.step
@@ -262,17 +262,17 @@ def _log_window(engine, progress: _Progress, clock: Throughput, stats: _StepStat
     log.log_metrics(metrics, done)
     progress.history.append({"step": float(done), **metrics})
     if echo:
-        echo(f"step {done}/{cfg.max_steps} loss {metrics['loss']:.4f}"
+        echo(f"step {done}/{cfg.steps} loss {metrics['loss']:.4f}"
              + "".join(f" {name} {value:.4f}" for name, value in parts.items()) + f" lr {stats.lr:.2e} "
              f"{metrics['tokens_per_s']:,.0f} tok/s" + (f" mfu {metrics['mfu']:.1%}" if "mfu" in metrics else "")
              + f" ({progress.clock.text(done)})")
 
 
-def _validate(engine, progress: _Progress, eval_batches: BatchFn, loss_fn: LossFn, cfg: TrainConfig, rank: int,
+def _validate(engine, progress: _Progress, eval_batches: BatchFn, loss_fn: LossFn, cfg: TrainingConfig, rank: int,
               world: int, log: MetricsSink, echo: Echo | None) -> None:
     """Validation loss (and its parts, as val_<name>) on every rank; rank 0 logs it with its perplexity."""
     done = progress.step
-    progress.last_val, progress.last_val_parts = validation_losses(engine, eval_batches, loss_fn, cfg.eval_batches,
+    progress.last_val, progress.last_val_parts = validation_losses(engine, eval_batches, loss_fn, cfg.log.eval_batches,
                                                                    rank, world)
     if rank == 0:
         parts = {f"val_{name}": value for name, value in progress.last_val_parts.items()}
@@ -289,13 +289,13 @@ def _on_schedule(done: int, every: int, last: int) -> bool:
     return done == last or bool(every and done % every == 0)
 
 
-def _throughput(model: torch.nn.Module, cfg: TrainConfig, device, rank: int,
+def _throughput(model: torch.nn.Module, cfg: TrainingConfig, device, rank: int,
                 flops_per_token: float | None) -> Throughput:
     """FLOPs per token and (rank 0, when not configured) the measured peak FLOP/s that MFU divides by."""
-    fpt = flops_per_token if flops_per_token is not None else model_flops_per_token(model, cfg.seq_len)
-    peak = cfg.peak_flops
+    fpt = flops_per_token if flops_per_token is not None else model_flops_per_token(model, cfg.batch.seq_len)
+    peak = cfg.log.peak_flops
     if peak is None and rank == 0 and fpt is not None:
-        peak = measure_peak_flops(device, torch.bfloat16 if resolve_precision(cfg.precision) == "bf16" else torch.float32)
+        peak = measure_peak_flops(device, torch.bfloat16 if resolve_precision(cfg.launch.precision) == "bf16" else torch.float32)
     return Throughput(flops_per_token=fpt, peak_flops=peak)
 
 
@@ -304,7 +304,7 @@ def _throughput(model: torch.nn.Module, cfg: TrainConfig, device, rank: int,
 
 def train(
     model: torch.nn.Module,
-    cfg: TrainConfig,
+    cfg: TrainingConfig,
     train_batches: BatchFn,
     eval_batches: BatchFn | None,
     loss_fn: LossFn,
@@ -314,8 +314,9 @@ def train(
     flops_per_token: float | None = None,
     batch_tokens: Callable[[Batch], int] | None = None,
     echo: Echo | None = None,
+    ds_config: dict[str, Any] | None = None,
 ) -> TrainResult:
-    """Train `model` with DeepSpeed until cfg.max_steps, resuming from ckpt_dir's latest checkpoint if any.
+    """Train `model` with DeepSpeed until cfg.steps, resuming from ckpt_dir's latest checkpoint if any.
 
     `train_batches(i, rank, world)` returns micro-batch i (= step * grad_accum + k) of this rank;
     it must be a pure function of its arguments (and the seed it was built with) for resumes
@@ -329,18 +330,19 @@ def train(
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     seed_all(cfg.seed + rank)
-    engine = build_engine(model, EngineSpec.of(cfg), schedule=cfg)
-    progress = _Progress.resumed(load_latest(engine, ckpt_dir, rank, world, echo), cfg.tokens_per_step(world))
+    engine = build_engine(model, cfg.optim, cfg.launch, cfg.batch.micro_batch_size, cfg.batch.grad_accum, cfg.steps,
+                          ds_config)
+    progress = _Progress.resumed(load_latest(engine, ckpt_dir, rank, world, echo), cfg.batch.tokens_per_step(world))
     start = progress.step
-    progress.clock = StepClock(start, cfg.max_steps)
+    progress.clock = StepClock(start, cfg.steps)
     if start and echo:
-        echo(f"resuming from step {start} ({ckpt_dir / tag_of(start)}): training steps {start + 1}-{cfg.max_steps}")
+        echo(f"resuming from step {start} ({ckpt_dir / tag_of(start)}): training steps {start + 1}-{cfg.steps}")
     # After the resume: measuring the peak draws random matrices, as it always has at this point.
     clock = _throughput(model, cfg, engine.device, rank, flops_per_token)
     checkpoint: Path | None = ckpt_dir / tag_of(start) if start else None
 
     engine.train()
-    for step in range(start, cfg.max_steps):
+    for step in range(start, cfg.steps):
         stats = _optimizer_step(engine, cfg, train_batches, loss_fn, batch_tokens, step, rank, world)
         progress.step = done = step + 1
         progress.tokens_seen += stats.tokens
@@ -350,18 +352,18 @@ def train(
         else:
             progress.bad_run = 0
             progress.last_loss = stats.loss
-        if _on_schedule(done, cfg.log_every, cfg.max_steps):
+        if _on_schedule(done, cfg.log.every, cfg.steps):
             if rank == 0 and clock.window_losses:
                 _log_window(engine, progress, clock, stats, cfg, world, log, echo)
             clock.reset_window()
-        if _on_schedule(done, cfg.eval_every, cfg.max_steps) and eval_batches is not None and cfg.eval_batches > 0:
+        if _on_schedule(done, cfg.log.eval_every, cfg.steps) and eval_batches is not None and cfg.log.eval_batches > 0:
             _validate(engine, progress, eval_batches, loss_fn, cfg, rank, world, log, echo)
-        if _on_schedule(done, cfg.ckpt_every, cfg.max_steps):
+        if _on_schedule(done, cfg.checkpoint.every, cfg.steps):
             checkpoint = save_checkpoint(engine, ckpt_dir, done, progress.client_state(world), rank, world,
-                                         cfg.keep_checkpoints)
+                                         cfg.checkpoint.keep)
 
     return TrainResult(
-        steps=max(start, cfg.max_steps),
+        steps=max(start, cfg.steps),
         final_loss=progress.last_loss,
         final_val_loss=progress.last_val,
         final_val_ppl=perplexity(progress.last_val) if progress.last_val is not None else None,

@@ -23,11 +23,11 @@ from infra.atomic import write_json_atomic
 from infra.deepspeed_launch import remove_shm_buffers
 from infra.process_tree import watch_supervisor
 from infra.paths import Workspace
-from infra.precision import choose_precision
 from infra.tracking import log_artifact, log_config, log_metrics, stage_run
 from tasks.training.engine import full_parameters, init_distributed
-from tasks.training.launch import CHECKPOINTS_DIR, RESULT_FILE, StageJob
-from tasks.training.loop import BatchFn, LossFn, TrainConfig, TrainResult, train
+from tasks.training.launch import CHECKPOINTS_DIR, DS_CONFIG_FILE, RESULT_FILE, StageJob
+from tasks.training.config import TrainingConfig
+from tasks.training.loop import BatchFn, LossFn, TrainResult, train
 from tasks.training.metrics import ListSink, MlflowSink, loss_curve
 
 J = TypeVar("J", bound=StageJob)
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None, job_type: type[J], run_rank: Callable[[J, i
     parser.add_argument("--job", type=Path, required=True, help="job.json written by the stage's run_* function")
     args = parser.parse_args(argv)
     job = job_type.model_validate_json(args.job.read_text(encoding="utf-8"))
-    threads = getattr(job.config, "torch_threads", None)
+    threads = job.config.launch.torch_threads
     if threads is not None:
         torch.set_num_threads(threads)
     port, rank_env = os.environ.get("MASTER_PORT"), int(os.environ.get("RANK", "0"))
@@ -72,13 +72,17 @@ def rank0_run(job: StageJob, stage: str, rank: int) -> Iterator[Any]:
         return
     config = job.config if job.mlflow_run_id is None else None  # type: ignore[attr-defined]
     with stage_run(Workspace.locate(job.ws_root), stage, config=config, run_id=job.mlflow_run_id) as run:
-        precision = getattr(job.config, "precision", None)
-        if precision is not None:
-            # "auto" is decided by a measurement on this machine: say what it chose and why.
-            choice = choose_precision(precision)
-            log_config({"precision_used": choice.precision, "precision_reason": choice.reason})
-            print(f"{stage}: training in {choice.precision} ({choice.reason})", flush=True)
+        # Decided once, where the stage wrote ds_config.json (`auto`: by a measurement on that machine).
+        log_config({"precision_used": job.precision, "precision_reason": job.precision_reason})
+        print(f"{stage}: training in {job.precision} ({job.precision_reason})", flush=True)
         yield run
+
+
+def read_ds_config(job: StageJob) -> dict[str, Any]:
+    """The DeepSpeed config the stage wrote for this launch: the ranks train with exactly this file."""
+    import json
+
+    return json.loads((job.out_dir / DS_CONFIG_FILE).read_text(encoding="utf-8"))
 
 
 def tokenizer_json(path: Path) -> Path | None:
@@ -114,7 +118,7 @@ class Trained:
 def train_and_export(
     model: torch.nn.Module,
     job: StageJob,
-    tcfg: TrainConfig,
+    cfg: TrainingConfig,
     batches: tuple[BatchFn, BatchFn | None],
     loss_fn: LossFn,
     rank: int,
@@ -127,10 +131,10 @@ def train_and_export(
     train_batches, eval_batches = batches
     sink = MlflowSink(rank) if rank == 0 else ListSink()
     result = train(
-        model, tcfg, train_batches, eval_batches, loss_fn, job.out_dir / CHECKPOINTS_DIR, sink,
-        batch_tokens=batch_tokens, echo=print if rank == 0 else None,
+        model, cfg, train_batches, eval_batches, loss_fn, job.out_dir / CHECKPOINTS_DIR, sink,
+        batch_tokens=batch_tokens, echo=print if rank == 0 else None, ds_config=read_ds_config(job),
     )
-    with full_parameters(model, tcfg.zero):
+    with full_parameters(model, cfg.launch.zero):
         if rank != 0:
             return None
         model_dir, hf_dir = export_model(model, job, export_hf)

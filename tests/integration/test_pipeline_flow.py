@@ -8,9 +8,9 @@ from tests.conftest import run_cli
 # The tiny preset with every stage's budget cut to a few steps: this checks the wiring,
 # the tracking and the resume, not the model quality (the README's `make run` does that).
 SMALL = [
-    "pretrain.train.max_steps=6", "pretrain.train.eval_every=3", "pretrain.train.ckpt_every=3",
-    "pretrain.train.log_every=3", "pretrain.tokenizer.vocab_size=1024",
-    "sft.max_steps=4", "sft.log_every=2",
+    "pretrain.steps=6", "pretrain.log.eval_every=3", "pretrain.checkpoint.every=3",
+    "pretrain.log.every=3", "tokenizer.vocab_size=1024",
+    "sft.steps=4", "sft.log.every=2",
     "grpo.steps=2", "grpo.prompts_per_step=2", "grpo.group_size=4", "grpo.eval_prompts=6",
     "grpo.n_train_problems=8", "eval.n_questions=6", "eval.max_tokens=1024", "eval.temperature_tokens=512",
     "data.mix.total=400000",
@@ -37,7 +37,7 @@ def test_pipeline_end_to_end_tracked_registered_and_resumable(tmp_path, prefect_
     runs = client.search_runs([exp.experiment_id])
     stage_of = {r.info.run_id: r.data.tags.get("llmforge.stage") for r in runs}  # names also list the overrides
     parent = [r for r in runs if stage_of[r.info.run_id] == "pipeline"]
-    assert len(parent) == 1 and parent[0].info.run_name.startswith("pipeline pretrain.train.max_steps=6")
+    assert len(parent) == 1 and parent[0].info.run_name.startswith("pipeline pretrain.steps=6")
     children = {stage_of[r.info.run_id] for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id}
     assert {"data", "pretrain", "sft", "grpo", "evaluate"} <= children
     pre = next(r for r in runs if stage_of[r.info.run_id] == "pretrain")

@@ -21,7 +21,7 @@ from tasks.training.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from tasks.training.engine import EngineSpec, build_engine
+from tasks.training.engine import build_engine
 from tasks.training.loop import train
 from tasks.training.metrics import ListSink, MlflowSink
 from tasks.training.pretrain.stage import lm_loss, token_window_batches
@@ -67,7 +67,7 @@ def test_checkpoint_that_no_longer_fits_fails_early_and_the_rerun_resumes(mounts
     disk = mounts("disk", "size=2m")
     ckpt = disk / "ckpt"
     cfg = cfg_for(max_steps=6, ckpt_every=2)
-    batches = token_window_batches(random_tokens(), 16, cfg.micro_batch_size, seed=3)
+    batches = token_window_batches(random_tokens(), 16, cfg.batch.micro_batch_size, seed=3)
     straight = train(loop_model(), cfg, batches, None, lm_loss, tmp_path / "straight", ListSink())
 
     ws = Workspace(tmp_path / "ws")
@@ -97,7 +97,8 @@ def test_disk_filling_during_the_save_removes_the_partial_folder(mounts, tmp_pat
     disk = mounts("disk", "size=2m")
     ckpt = disk / "ckpt"
     ckpt.mkdir()
-    engine = build_engine(loop_model(), EngineSpec.of(cfg_for()))
+    cfg = cfg_for()
+    engine = build_engine(loop_model(), cfg.optim, cfg.launch, cfg.batch.micro_batch_size, cfg.batch.grad_accum, cfg.steps)
     save_checkpoint(engine, ckpt, 2, {"step": 2}, 0, 1, keep=2)
     needed = sum(p.stat().st_size for p in (ckpt / "step00000002").iterdir())
     fill(disk, 2 * needed)  # passes the check (the previous checkpoint's size), but the client state is big
@@ -121,7 +122,7 @@ def test_mlflow_store_on_the_full_disk_raises_enospc_naming_it(mounts, tmp_path,
     disk = mounts("disk", "size=2m")
     ws = Workspace(disk / "ws")
     cfg = cfg_for(max_steps=4, ckpt_every=2, log_every=1 if fails == "logging" else 10)
-    batches = filling_at(token_window_batches(random_tokens(), 16, cfg.micro_batch_size, seed=3), 3, disk, 0)
+    batches = filling_at(token_window_batches(random_tokens(), 16, cfg.batch.micro_batch_size, seed=3), 3, disk, 0)
     with pytest.raises(OSError) as info:
         with stage_run(ws, "pretrain"):
             train(loop_model(), cfg, batches, None, lm_loss, disk / "ckpt", MlflowSink(0) if fails == "logging"

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def trained(tmp_path):
     """4 steps with a checkpoint every 2: folders step2 and step4, each with its sums."""
     cfg = cfg_for(max_steps=4, ckpt_every=2)
-    batches = token_window_batches(random_tokens(), 16, cfg.micro_batch_size, seed=3)
+    batches = token_window_batches(random_tokens(), 16, cfg.batch.micro_batch_size, seed=3)
     result = train(tiny_model(), cfg, batches, None, lm_loss, tmp_path / "ckpt", ListSink())
     return tmp_path / "ckpt", batches, result
 

@@ -12,10 +12,11 @@ from tokenizers import Tokenizer
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from models.export import load_model, save_model  # noqa: E402
-from tasks.training.grpo.stage import GrpoStageConfig, run_grpo  # noqa: E402
+from tasks.training.grpo.stage import run_grpo  # noqa: E402
 from tasks.training.sft.data import ArithmeticSftOptions  # noqa: E402
-from tasks.training.sft.stage import SftConfig, SftDataConfig, run_sft  # noqa: E402
-from tests.conftest import saved_tokenizer, small_alphabet_bpe, tiny_llama  # noqa: E402
+from tasks.training.config import SftDataConfig  # noqa: E402
+from tasks.training.sft.stage import run_sft  # noqa: E402
+from tests.conftest import grpo_config, saved_tokenizer, sft_config, small_alphabet_bpe, tiny_llama  # noqa: E402
 from tests.integration.test_grpo_stage import quick_sft  # noqa: E402
 from tests.integration.test_reliability_train_kill import run_killed, straight_and_killed  # noqa: E402
 
@@ -42,7 +43,7 @@ def _same_weights(a, b, atol: float) -> None:
 def test_sigkilled_sft_resumes_to_the_uninterrupted_loss(tmp_path, tok):
     tok_path = saved_tokenizer(tok, tmp_path)
     base_dir = save_model(tiny_llama(tok.get_vocab_size()), tmp_path / "base")
-    cfg = SftConfig(seq_len=48, micro_batch_size=8, max_steps=40, lr=3e-3, warmup_steps=2, ckpt_every=5,
+    cfg = sft_config(seq_len=48, micro_batch_size=8, max_steps=40, lr=3e-3, warmup_steps=2, ckpt_every=5,
                     log_every=5, eval_batches=2, peak_flops=1e9, torch_threads=1, export_hf=False,
                     data=SftDataConfig(builtin=["arithmetic"], val_fraction=0.2,
                                        arithmetic=ArithmeticSftOptions(n=50, max_operand=9, ops="+")))
@@ -51,23 +52,23 @@ def test_sigkilled_sft_resumes_to_the_uninterrupted_loss(tmp_path, tok):
         lambda: run_sft(base_dir, tok_path, tmp_path / "straight", cfg, None, tmp_path / "ws-straight",
                         log=lambda _: None),
         lambda: run_killed("tasks.training.sft.stage", "run_sft", cfg, base_dir, tok_path, out, tmp_path / "ws",
-                           cfg.max_steps))
+                           cfg.steps))
 
     said: list[str] = []
     resumed = run_sft(base_dir, tok_path, out, cfg, None, tmp_path / "ws", log=said.append)
     assert any(f"resuming from step {killed_at} " in line for line in said)
-    assert resumed.steps == straight.steps == cfg.max_steps
+    assert resumed.steps == straight.steps == cfg.steps
     assert abs(resumed.final_train_loss - straight.final_train_loss) < 1e-5
     assert abs(resumed.val_loss - straight.val_loss) < 1e-5
     _same_weights(resumed.model_dir, straight.model_dir, atol=1e-5)
-    print(f"SFT killed with checkpoint step {killed_at} of {cfg.max_steps}; final loss "
+    print(f"SFT killed with checkpoint step {killed_at} of {cfg.steps}; final loss "
           f"{resumed.final_train_loss:.6f} vs {straight.final_train_loss:.6f} uninterrupted")
 
 
 def test_sigkilled_grpo_resumes_to_the_uninterrupted_rewards(tmp_path, tok):
     tok_path = saved_tokenizer(tok, tmp_path)
     sft_dir = save_model(quick_sft(tiny_llama(tok.get_vocab_size()), tok), tmp_path / "sft")
-    cfg = GrpoStageConfig(group_size=4, prompts_per_step=2, max_new_tokens=12, steps=16, lr=1e-3, eval_prompts=6,
+    cfg = grpo_config(group_size=4, prompts_per_step=2, max_new_tokens=12, steps=16, lr=1e-3, eval_prompts=6,
                           n_train_problems=10, max_operand=9, ops="+", samples_every=3, ckpt_every=3,
                           torch_threads=1, export_hf=False)
     out = tmp_path / "killed"

@@ -120,14 +120,14 @@ def test_sigkilled_pretraining_resumes_to_the_uninterrupted_loss(tmp_path, pretr
         lambda: run_pretrain(tokens, tokenizer, tmp_path / "straight", cfg, None, tmp_path / "ws-straight",
                              log=lambda _: None),
         lambda: run_killed("tasks.training.pretrain.stage", "run_pretrain", cfg, tokens, tokenizer, out,
-                           tmp_path / "ws", cfg.max_steps))
+                           tmp_path / "ws", cfg.steps))
 
     said: list[str] = []
     resumed = run_pretrain(tokens, tokenizer, out, cfg, None, tmp_path / "ws", log=said.append)
     assert any(f"resuming from step {killed_at} " in line for line in said)
-    assert resumed.steps == straight.steps == cfg.max_steps
+    assert resumed.steps == straight.steps == cfg.steps
     assert abs(resumed.final_train_loss - straight.final_train_loss) < 1e-5
     assert abs(resumed.val_loss - straight.val_loss) < 1e-5
     assert resumed.tokens_seen == straight.tokens_seen
-    print(f"killed with checkpoint step {killed_at} of {cfg.max_steps}; final loss {resumed.final_train_loss:.6f} "
+    print(f"killed with checkpoint step {killed_at} of {cfg.steps}; final loss {resumed.final_train_loss:.6f} "
           f"vs {straight.final_train_loss:.6f} uninterrupted")

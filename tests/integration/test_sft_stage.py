@@ -19,9 +19,8 @@ from models.export import load_model, save_model  # noqa: E402
 from models.llama import ModelConfig, Transformer  # noqa: E402
 from models.losses import IGNORE_INDEX  # noqa: E402
 from tasks.eval.arithmetic import make_problems  # noqa: E402
+from tasks.training.config import SftDataConfig  # noqa: E402
 from tasks.training.sft.stage import (  # noqa: E402
-    SftConfig,
-    SftDataConfig,
     chat_batches,
     encode_examples,
     run_sft,
@@ -29,7 +28,7 @@ from tasks.training.sft.stage import (  # noqa: E402
     sft_sources,
 )
 from tasks.training.sft.data import ArithmeticSftOptions, SftExample  # noqa: E402
-from tests.conftest import saved_tokenizer, small_alphabet_bpe, tiny_llama, write_token_shards  # noqa: E402
+from tests.conftest import saved_tokenizer, sft_config, small_alphabet_bpe, tiny_llama, write_token_shards  # noqa: E402
 
 PAD = 0
 
@@ -127,9 +126,9 @@ def test_source_selection():
     with pytest.raises(ValueError, match="not defined"):
         sft_sources(SftDataConfig(builtin=["arithmetic"], sources=["nope"]))
     with pytest.raises(ValueError, match="extra"):
-        SftConfig(lr=1e-3, learning_rate=1)
-    cfg = SftConfig()
-    assert cfg.lr < 3e-4 and cfg.warmup_steps <= 10  # fine-tuning defaults below pretraining's
+        sft_config(lr=1e-3, learning_rate=1)
+    cfg = sft_config()
+    assert cfg.optim.lr < 3e-4 and cfg.optim.warmup_steps <= 10  # fine-tuning defaults below pretraining's
 
 
 @pytest.mark.slow
@@ -147,7 +146,7 @@ def test_sft_end_to_end_through_the_launcher(tmp_path, tok):
                                         encoding="utf-8")
     # Two of each micro-batch's eight rows replay pretraining text.
     tokens = write_token_shards(tmp_path / "tokens", tok.get_vocab_size())
-    cfg = SftConfig(seq_len=48, micro_batch_size=8, max_steps=30, lr=3e-3, warmup_steps=2, log_every=10,
+    cfg = sft_config(seq_len=48, micro_batch_size=8, max_steps=30, lr=3e-3, warmup_steps=2, log_every=10,
                     eval_batches=2, peak_flops=1e9, torch_threads=1, replay_fraction=0.25,
                     data=SftDataConfig(catalog=catalog, val_fraction=0.2))
     out = tmp_path / "sft"

@@ -11,12 +11,12 @@
             loss = grpo_loss(policy_logp, old_logp, ref_logp, advantages, completion mask)
             engine.backward(loss); engine.step()
         log(reward_mean, reward_std, accuracy, kl, clip_fraction, completion_len, entropy, ...)
-        every cfg.ckpt_every steps: checkpoint (tasks/training/checkpoint.py) -> a rerun resumes there
+        every cfg.checkpoint.every steps: checkpoint (tasks/training/checkpoint.py) -> a rerun resumes there
 
 Prompts use the chat template (models/chat_template.py) and generation stops at <|end|>.
-Old log-probs are the ones the sampler computed (temperature-1 policy log-probs); with a
-rollout temperature other than 1 the tempered sampler is then treated as the policy
-itself, the usual approximation, so use temperature 1.0 for exactly on-policy ratios.
+Old log-probs are the ones the sampler computed, of the tempered policy it drew from
+(logits / temperature); the update and the reference divide their logits by the same
+temperature (as TRL does), so the first update's importance ratio is exactly 1 at any temperature.
 
 A checkpoint holds the policy and optimizer (DeepSpeed), the RNG states, the problem cycle's
 position, the metrics, samples and held-out score so far, and the reference model's sha256,
@@ -34,14 +34,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from tasks.training.grpo.config import GrpoConfig  # noqa: F401 (re-exported: the loop's config)
+from tasks.training.config import GrpoConfig
 from models.chat_template import decode_completion, encode_prompt, special_ids
 from models.grpo import group_advantages, grpo_loss
 from models.losses import IGNORE_INDEX, token_logprobs
+from models.sampling import tempered
 from tasks.eval.answers import AnswerScore, greedy_answers, score_answers
 from tasks.eval.rewards import combined_reward, get_reward
 from tasks.training.checkpoint import load_latest, save_checkpoint
-from tasks.training.engine import EngineSpec, build_engine, init_distributed
+from tasks.training.engine import build_engine, init_distributed
 
 
 class Problem(Protocol):
@@ -259,7 +260,7 @@ def _policy_updates(engine, batch: RolloutBatch, ref_logp: torch.Tensor, advanta
     stats_sum: dict[str, float] = {}
     losses, entropy = [], float("nan")
     for update in range(cfg.updates_per_batch):
-        logits = engine(batch.input_ids)
+        logits = tempered(engine(batch.input_ids), cfg.temperature)
         logp = token_logprobs(logits, batch.targets)
         loss, stats = grpo_loss(
             logp, batch.old_logprobs, ref_logp, advantages, batch.mask, clip_eps=cfg.clip_eps, beta=cfg.beta
@@ -315,7 +316,7 @@ def grpo_step(engine, reference: torch.nn.Module, tokenizer: Any, picked: Sequen
     advantages = group_advantages(rewards, group_size=cfg.group_size).to(device)
     batch = rollout_batch(rollouts, special_ids(tokenizer).pad).to(device)
     with torch.no_grad():
-        ref_logp = token_logprobs(reference(batch.input_ids), batch.targets)
+        ref_logp = token_logprobs(tempered(reference(batch.input_ids), cfg.temperature), batch.targets)
     updates = _policy_updates(engine, batch, ref_logp, advantages, cfg)
     rollout = _rollout_metrics(rollouts, rewards, len(picked), cfg.group_size)
     metrics = {
@@ -417,12 +418,13 @@ def grpo_train(
     eval_problems: Sequence[Problem] | None = None,
     ckpt_dir: Path | None = None,
     echo: Callable[[str], Any] | None = None,
+    ds_config: dict[str, Any] | None = None,
 ) -> GrpoResult:
     """Train `policy` with GRPO on `problems`; `reference` stays frozen. Metrics go to `log(metrics, step)`.
 
     With `eval_problems`, the first cfg.eval_prompts of them are scored greedily before and
     after training (eval_before / eval_after; logged as heldout_accuracy / heldout_reward / heldout_problems).
-    With `ckpt_dir`, a checkpoint is saved every cfg.ckpt_every steps and at the end, and a run
+    With `ckpt_dir`, a checkpoint is saved every cfg.checkpoint.every steps and at the end, and a run
     resumes from the latest one there (refusing one taken against another reference model);
     `echo` gets the line that says so. The returned result holds the trained module (the
     engine's), every step's metrics and sample completions.
@@ -438,8 +440,8 @@ def grpo_train(
     reference.eval()
     reference.requires_grad_(False)
     # One micro-batch (the whole sampled batch) per optimizer step; the LR is constant.
-    engine = build_engine(policy, EngineSpec.of(cfg, micro_batch_size=cfg.prompts_per_step * cfg.group_size,
-                                                grad_accum=1))
+    engine = build_engine(policy, cfg.optim, cfg.launch, cfg.prompts_per_step * cfg.group_size, 1, cfg.steps,
+                          ds_config)
     reference.to(engine.device)
     generator = torch.Generator(device=engine.device)
 
@@ -464,9 +466,9 @@ def grpo_train(
         log(metrics, step)
         _keep_samples(result, rollouts, step, len(picked), cfg)
         done = step + 1
-        if ckpts is not None and (done == cfg.steps or (cfg.ckpt_every and done % cfg.ckpt_every == 0)):
+        if ckpts is not None and (done == cfg.steps or (cfg.checkpoint.every and done % cfg.checkpoint.every == 0)):
             ckpts.save(engine, done, result, cycle, generator, seconds_before + time.perf_counter() - t_start,
-                       cfg.keep_checkpoints)
+                       cfg.checkpoint.keep)
     if evals:
         result.eval_after = heldout_score(engine.module, tokenizer, evals, cfg)
         log(eval_metrics(result.eval_after), cfg.steps)

@@ -32,7 +32,9 @@ from typing import Any
 from prefect import get_run_logger, task
 from pydantic import BaseModel
 
-from tasks.training.grpo.config import GrpoStageConfig
+from tasks.training.config import GrpoConfig
+from tasks.training.engine import ds_config_for
+from tasks.training.config import RESUME_NEUTRAL
 from tasks.training.launch import (
     ExportedModel,
     StageJob,
@@ -49,7 +51,7 @@ WORKER_MODULE = "tasks.training.grpo.worker"
 # A resume may change only how often it checkpoints and how it runs; the checkpoints also
 # carry the reference model's sha256, which the loop checks.
 STAGE = StageSpec(name="grpo", label="GRPO", worker_module=WORKER_MODULE, config_file=CONFIG_FILE,
-                  resume_neutral=frozenset({"ckpt_every", "keep_checkpoints", "torch_threads", "export_hf"}),
+                  resume_neutral=RESUME_NEUTRAL,
                   resume_identity={"sft_model": "SFT model"})
 
 
@@ -57,7 +59,7 @@ class GrpoJob(StageJob):
     """What the worker process reads (out_dir/job.json)."""
 
     sft_model_dir: Path
-    config: GrpoStageConfig
+    config: GrpoConfig
 
 
 class HeldoutScore(BaseModel):
@@ -86,7 +88,7 @@ class GrpoStageResult(ExportedModel):
     resumed_from: int | None = None  # the checkpoint step the last launch resumed from
 
 
-def grpo_problems(cfg: GrpoStageConfig) -> tuple[list[Any], list[Any]]:
+def grpo_problems(cfg: GrpoConfig) -> tuple[list[Any], list[Any]]:
     """(problems to train on, held-out problems to score on) of cfg.task; an error when a split holds too few."""
     if cfg.task == "gsm8k":
         from tasks.eval.gsm8k import load_problems
@@ -104,7 +106,7 @@ def run_grpo(
     sft_model_dir: Path,
     tokenizer_path: Path,
     out_dir: Path,
-    cfg: GrpoStageConfig,
+    cfg: GrpoConfig,
     mlflow_run_id: str | None,
     ws_root: Path | str | None,
     log: Callable[[str], Any] = print,
@@ -119,8 +121,11 @@ def run_grpo(
 
     resolved = {"grpo": cfg.model_dump(mode="json"), "sft_model": str(sft_model_dir.resolve())}
     job = GrpoJob(sft_model_dir=sft_model_dir.resolve(), config=cfg,
-                  **job_fields(tokenizer_path, out_dir, ws_root, mlflow_run_id))
-    return run_stage(STAGE, out_dir, resolved, job, GrpoStageResult, num_procs=cfg.num_procs, log=log)
+                  **job_fields(tokenizer_path, out_dir, ws_root, mlflow_run_id, cfg.launch.precision))
+    # One micro-batch (the whole sampled batch) per optimizer step.
+    ds_config = ds_config_for(cfg.optim, cfg.launch, cfg.prompts_per_step * cfg.group_size, 1)
+    return run_stage(STAGE, out_dir, resolved, job, GrpoStageResult, ds_config=ds_config,
+                     num_procs=cfg.launch.num_procs, log=log)
 
 
 @task(name="grpo")
@@ -128,7 +133,7 @@ def grpo_task(
     sft_model_dir: Path,
     tokenizer_path: Path,
     out_dir: Path,
-    cfg: GrpoStageConfig,
+    cfg: GrpoConfig,
     ws_root: str | Path | None = None,
     mlflow_run_id: str | None = None,
 ) -> GrpoStageResult:

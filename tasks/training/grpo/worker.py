@@ -17,11 +17,11 @@ from tasks.training.grpo.loop import GrpoResult, heldout_score
 from tasks.training.grpo.stage import (
     SAMPLES_FILE,
     GrpoJob,
-    GrpoStageConfig,
     GrpoStageResult,
     HeldoutScore,
     grpo_problems,
 )
+from tasks.training.config import GrpoConfig
 from tasks.training.launch import CHECKPOINTS_DIR
 from tasks.training.metrics import StepClock
 
@@ -32,7 +32,7 @@ def _heldout(score: AnswerScore, distinct_answers: int | None = None) -> Heldout
                         distinct_answers=score.distinct_answers if distinct_answers is None else distinct_answers)
 
 
-def step_logger(cfg: GrpoStageConfig):
+def step_logger(cfg: GrpoConfig):
     """log(metrics, step) for grpo_train: every metric to the MLflow run, a progress line now and then."""
 
     clock = StepClock(0, cfg.steps)
@@ -97,8 +97,9 @@ def run_worker(job: GrpoJob, rank: int, world: int) -> GrpoStageResult:
     reference = copy.deepcopy(policy)
     train_problems, eval_problems = grpo_problems(cfg)
     with worker.rank0_run(job, "grpo", rank) as run:
-        res = grpo_train(policy, reference, tokenizer, train_problems, cfg.grpo_config(), log=step_logger(cfg),
-                         eval_problems=eval_problems, ckpt_dir=job.out_dir / CHECKPOINTS_DIR, echo=print)
+        res = grpo_train(policy, reference, tokenizer, train_problems, cfg, log=step_logger(cfg),
+                         eval_problems=eval_problems, ckpt_dir=job.out_dir / CHECKPOINTS_DIR, echo=print,
+                         ds_config=worker.read_ds_config(job))
         assert res.eval_before is not None  # eval_prompts >= 1 is checked at launch
         # The reference is the untouched SFT model, so it stands in for "before" in the distinct answers.
         distinct_before = heldout_score(reference, tokenizer, eval_problems, cfg).distinct_answers

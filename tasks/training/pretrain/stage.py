@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 from prefect import get_run_logger, task
-from infra.deepspeed_launch import build_ds_config
 from models.losses import next_token_loss
+from tasks.training.config import RESUME_NEUTRAL, PretrainConfig
+from tasks.training.engine import ds_config_for
 from tasks.training.launch import (
-    LOOP_RESUME_NEUTRAL,
     ExportedModel,
     StageJob,
     StageSpec,
@@ -31,12 +31,11 @@ from tasks.training.launch import (
     run_stage,
 )
 from tasks.training.loop import BatchFn, epoch_orders
-from tasks.training.pretrain.config import PretrainConfig
 
 CONFIG_FILE = "pretrain_config.json"
 WORKER_MODULE = "tasks.training.pretrain.worker"
 STAGE = StageSpec(name="pretrain", label="pretrain", worker_module=WORKER_MODULE, config_file=CONFIG_FILE,
-                  resume_neutral=LOOP_RESUME_NEUTRAL, resume_identity={"model": "model architecture"})
+                  resume_neutral=RESUME_NEUTRAL, resume_identity={"model": "model architecture"})
 
 
 class PretrainJob(StageJob):
@@ -105,9 +104,9 @@ def resolve_model_config(cfg: PretrainConfig, vocab_size: int) -> dict[str, Any]
     from models.llama import model_config
 
     mcfg = model_config(cfg.model, vocab_size, **cfg.model_overrides)
-    if cfg.seq_len > mcfg.max_seq_len:
-        raise ValueError(f"seq_len={cfg.seq_len} exceeds the model's max_seq_len={mcfg.max_seq_len}; "
-                         "lower seq_len or override max_seq_len in model_overrides")
+    if cfg.batch.seq_len > mcfg.max_seq_len:
+        raise ValueError(f"batch.seq_len={cfg.batch.seq_len} exceeds the model's max_seq_len={mcfg.max_seq_len}; "
+                         "lower batch.seq_len or override max_seq_len in model_overrides")
     return mcfg.model_dump(mode="json")
 
 
@@ -134,9 +133,11 @@ def run_pretrain(
     model_cfg = resolve_model_config(cfg, vocab_size)
     resolved = {"pretrain": cfg.model_dump(mode="json"), "model": model_cfg}
     job = PretrainJob(tokens_dir=tokens_dir.resolve(), config=cfg, architecture=model_cfg,
-                      **job_fields(tokenizer_path, out_dir, ws_root, mlflow_run_id))
-    return run_stage(STAGE, out_dir, resolved, job, PretrainResult, ds_config=build_ds_config(cfg.zero, cfg),
-                     num_procs=cfg.num_procs, hostfile=cfg.hostfile, launcher_args=cfg.launcher_args, log=log)
+                      **job_fields(tokenizer_path, out_dir, ws_root, mlflow_run_id, cfg.launch.precision))
+    ds_config = ds_config_for(cfg.optim, cfg.launch, cfg.batch.micro_batch_size, cfg.batch.grad_accum)
+    return run_stage(STAGE, out_dir, resolved, job, PretrainResult, ds_config=ds_config,
+                     num_procs=cfg.launch.num_procs, hostfile=cfg.launch.hostfile,
+                     launcher_args=cfg.launch.launcher_args, log=log)
 
 
 @task(name="pretrain")

@@ -12,36 +12,37 @@ import torch
 
 from models.llama import ModelConfig, Transformer
 from tasks.training import worker
-from tasks.training.loop import BatchFn, TrainConfig
+from tasks.training.config import PretrainConfig
+from tasks.training.loop import BatchFn
 from tasks.training.pretrain.stage import PretrainJob, PretrainResult, lm_loss, token_window_batches
 
 
-def token_batches(job: PretrainJob, tcfg: TrainConfig, rank: int) -> tuple[BatchFn, BatchFn | None]:
+def token_batches(job: PretrainJob, cfg: PretrainConfig, rank: int) -> tuple[BatchFn, BatchFn | None]:
     """Train and validation batches over the token files; no validation when val is shorter than a window."""
     from tasks.tokenizer.tokenize_shards import load_token_split
 
     # Checked against index.json's sha256 so a same-size bit flip is caught before training.
     train_tokens = load_token_split(job.tokens_dir, "train", verify_sha256=True)
     val_tokens = load_token_split(job.tokens_dir, "val", verify_sha256=True)
-    train_batches = token_window_batches(train_tokens, tcfg.seq_len, tcfg.micro_batch_size, tcfg.seed)
+    seq_len, rows = cfg.batch.seq_len, cfg.batch.micro_batch_size
+    train_batches = token_window_batches(train_tokens, seq_len, rows, cfg.seed)
     eval_batches = None
-    if len(val_tokens) > tcfg.seq_len:
-        eval_batches = token_window_batches(val_tokens, tcfg.seq_len, tcfg.micro_batch_size, tcfg.seed + 1)
+    if len(val_tokens) > seq_len:
+        eval_batches = token_window_batches(val_tokens, seq_len, rows, cfg.seed + 1)
     elif rank == 0:
-        print(f"val split has {len(val_tokens)} tokens, fewer than seq_len+1={tcfg.seq_len + 1}: no validation loss")
+        print(f"val split has {len(val_tokens)} tokens, fewer than seq_len+1={seq_len + 1}: no validation loss")
     return train_batches, eval_batches
 
 
 def run_worker(job: PretrainJob, rank: int, world: int) -> PretrainResult | None:
     """Train on this rank; rank 0 returns (and writes) the result, the others return None."""
     cfg = job.config
-    tcfg = cfg.train_config()
     # Same seed on every rank: identical initial weights before DeepSpeed broadcasts/partitions them.
-    torch.manual_seed(tcfg.seed)
+    torch.manual_seed(cfg.seed)
     model = Transformer(ModelConfig(**job.architecture))
-    batches = token_batches(job, tcfg, rank)
+    batches = token_batches(job, cfg, rank)
     with worker.rank0_run(job, "pretrain", rank) as run:
-        done = worker.train_and_export(model, job, tcfg, batches, lm_loss, rank, export_hf=cfg.export_hf,
+        done = worker.train_and_export(model, job, cfg, batches, lm_loss, rank, export_hf=cfg.export_hf,
                                        curve_title="Pretraining loss")
         if done is None:
             return None

@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 from prefect import get_run_logger, task
-from infra.deepspeed_launch import build_ds_config
 from models.chat_template import ChatEncoding, collate
 from models.losses import next_token_loss
+from tasks.training.config import RESUME_NEUTRAL, SftConfig, SftDataConfig
+from tasks.training.engine import ds_config_for
 from tasks.training.launch import (
-    LOOP_RESUME_NEUTRAL,
     ExportedModel,
     StageJob,
     StageSpec,
@@ -39,14 +39,13 @@ from tasks.training.launch import (
     saved_model_config,
 )
 from tasks.training.loop import BatchFn, LossParts, epoch_orders
-from tasks.training.sft.config import SftConfig, SftDataConfig
 from tasks.training.sft.data import SftExample, SftSourceConfig
 
 CONFIG_FILE = "sft_config.json"
 REJECTED_FILE = "rejected.jsonl"
 WORKER_MODULE = "tasks.training.sft.worker"
 STAGE = StageSpec(name="sft", label="SFT", worker_module=WORKER_MODULE, config_file=CONFIG_FILE,
-                  resume_neutral=LOOP_RESUME_NEUTRAL | {"torch_threads", "export_hf"},
+                  resume_neutral=RESUME_NEUTRAL,
                   resume_identity={"base_model": "base model", "replay_tokens": "replayed token shards"})
 
 
@@ -227,8 +226,9 @@ def run_sft(
     """
     base_model_dir, out_dir = Path(base_model_dir), Path(out_dir)
     mcfg = saved_model_config(base_model_dir, tokenizer_path, "fine-tune a model trained with this tokenizer")
-    if cfg.seq_len > mcfg.max_seq_len:
-        raise ValueError(f"seq_len={cfg.seq_len} exceeds the base model's max_seq_len={mcfg.max_seq_len}; lower seq_len")
+    if cfg.batch.seq_len > mcfg.max_seq_len:
+        raise ValueError(f"batch.seq_len={cfg.batch.seq_len} exceeds the base model's max_seq_len={mcfg.max_seq_len}; "
+                         "lower batch.seq_len")
     if cfg.data.catalog is not None and not Path(cfg.data.catalog).is_dir():
         raise FileNotFoundError(f"data.catalog={cfg.data.catalog} is not a folder of sft_* YAML definitions")
     replay_dir = check_replay_tokens(cfg, replay_tokens, mcfg.vocab_size)
@@ -238,9 +238,11 @@ def run_sft(
     cfg_abs = cfg.model_copy(update={"data": cfg.data.model_copy(
         update={"catalog": Path(cfg.data.catalog).resolve() if cfg.data.catalog else None})})
     job = SftJob(base_model_dir=base_model_dir.resolve(), config=cfg_abs, replay_tokens_dir=replay_dir,
-                 **job_fields(tokenizer_path, out_dir, ws_root, mlflow_run_id))
-    return run_stage(STAGE, out_dir, resolved, job, SftResult, ds_config=build_ds_config(cfg.zero, cfg),
-                     num_procs=cfg.num_procs, hostfile=cfg.hostfile, launcher_args=cfg.launcher_args, log=log)
+                 **job_fields(tokenizer_path, out_dir, ws_root, mlflow_run_id, cfg.launch.precision))
+    ds_config = ds_config_for(cfg.optim, cfg.launch, cfg.batch.micro_batch_size, cfg.batch.grad_accum)
+    return run_stage(STAGE, out_dir, resolved, job, SftResult, ds_config=ds_config,
+                     num_procs=cfg.launch.num_procs, hostfile=cfg.launch.hostfile,
+                     launcher_args=cfg.launch.launcher_args, log=log)
 
 
 def check_replay_tokens(cfg: SftConfig, replay_tokens: Path | None, vocab_size: int) -> Path | None:

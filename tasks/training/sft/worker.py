@@ -18,12 +18,12 @@ from typing import Any
 from infra.atomic import write_text_atomic
 from models.chat_template import ChatEncoding
 from tasks.training import worker
-from tasks.training.loop import BatchFn, TrainConfig
+from tasks.training.config import SftConfig
+from tasks.training.loop import BatchFn
 from tasks.training.metrics import perplexity
 from tasks.training.sft.data import SftExample
 from tasks.training.sft.stage import (
     REJECTED_FILE,
-    SftConfig,
     SftJob,
     SftResult,
     chat_batches,
@@ -68,16 +68,17 @@ def write_rejected(rows: list[dict], path: Path) -> Path:
     return write_text_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
-def example_batches(data: SftExamples, tcfg: TrainConfig, pad: int, replay_rows: int = 0,
+def example_batches(data: SftExamples, cfg: SftConfig, pad: int, replay_rows: int = 0,
                     replay_tokens_dir: Path | None = None, rank: int = 0) -> tuple[BatchFn, BatchFn | None]:
     """Train and (when any example is held out) validation batches.
 
     With `replay_rows`, each micro-batch holds that many windows of the pretraining token shards
     (train split; val split for validation) beside micro_batch_size - replay_rows examples.
     """
-    n_chat = tcfg.micro_batch_size - replay_rows
-    train_batches = chat_batches(data.train, n_chat, pad, tcfg.seq_len, tcfg.seed)
-    eval_batches = chat_batches(data.val, n_chat, pad, tcfg.seq_len, tcfg.seed + 1) if data.val else None
+    seq_len, seed = cfg.batch.seq_len, cfg.seed
+    n_chat = cfg.batch.micro_batch_size - replay_rows
+    train_batches = chat_batches(data.train, n_chat, pad, seq_len, seed)
+    eval_batches = chat_batches(data.val, n_chat, pad, seq_len, seed + 1) if data.val else None
     if not replay_rows:
         return train_batches, eval_batches
     from tasks.tokenizer.tokenize_shards import load_token_split
@@ -87,13 +88,12 @@ def example_batches(data: SftExamples, tcfg: TrainConfig, pad: int, replay_rows:
         raise ValueError(f"{replay_rows} replay rows per micro-batch but no replay_tokens_dir in the job")
     # Other seeds than pretraining's, so the replay does not retrace its first steps window for window.
     train_tokens = load_token_split(replay_tokens_dir, "train", verify_sha256=True)
-    train_batches = replay_mix(train_batches, token_window_batches(train_tokens, tcfg.seq_len, replay_rows, tcfg.seed + 2))
+    train_batches = replay_mix(train_batches, token_window_batches(train_tokens, seq_len, replay_rows, seed + 2))
     val_tokens = load_token_split(replay_tokens_dir, "val", verify_sha256=True)
-    if eval_batches is not None and len(val_tokens) > tcfg.seq_len:
-        eval_batches = replay_mix(eval_batches,
-                                  token_window_batches(val_tokens, tcfg.seq_len, replay_rows, tcfg.seed + 3))
+    if eval_batches is not None and len(val_tokens) > seq_len:
+        eval_batches = replay_mix(eval_batches, token_window_batches(val_tokens, seq_len, replay_rows, seed + 3))
     elif rank == 0:
-        print(f"replay: val split has {len(val_tokens)} tokens (seq_len + 1 = {tcfg.seq_len + 1} needed) or no SFT "
+        print(f"replay: val split has {len(val_tokens)} tokens (seq_len + 1 = {seq_len + 1} needed) or no SFT "
               "example is held out: validation without replayed text")
     return train_batches, eval_batches
 
@@ -105,23 +105,22 @@ def run_worker(job: SftJob, rank: int, world: int) -> SftResult | None:
     from tasks.tokenizer.train import load_tokenizer
 
     cfg = job.config
-    tcfg = cfg.train_config()
     tokenizer = load_tokenizer(job.tokenizer_path)
     model = export.load_model(job.base_model_dir)
     model.float()  # the optimizer keeps fp32 masters; bf16 runs cast through DeepSpeed
-    data = load_examples(cfg, tokenizer, tcfg.seq_len)
+    data = load_examples(cfg, tokenizer, cfg.batch.seq_len)
     reasons = Counter(r["reason"] for r in data.rejected)
     if rank == 0:
         write_rejected(data.rejected, job.out_dir / REJECTED_FILE)
         print(f"SFT examples: {len(data.train)} train, {len(data.val)} val, {len(data.rejected)} rejected "
               f"({dict(reasons)})")
         if cfg.replay_rows:
-            print(f"replay: {cfg.replay_rows} of {tcfg.micro_batch_size} rows per micro-batch are windows of "
-                  f"{tcfg.seq_len} pretraining tokens from {job.replay_tokens_dir}")
-    batches = example_batches(data, tcfg, special_ids(tokenizer).pad, cfg.replay_rows, job.replay_tokens_dir, rank)
+            print(f"replay: {cfg.replay_rows} of {cfg.batch.micro_batch_size} rows per micro-batch are windows of "
+                  f"{cfg.batch.seq_len} pretraining tokens from {job.replay_tokens_dir}")
+    batches = example_batches(data, cfg, special_ids(tokenizer).pad, cfg.replay_rows, job.replay_tokens_dir, rank)
     title = "SFT loss (assistant tokens" + (", replayed pretraining text)" if cfg.replay_rows else ")")
     with worker.rank0_run(job, "sft", rank) as run:
-        done = worker.train_and_export(model, job, tcfg, batches, sft_loss, rank, export_hf=cfg.export_hf,
+        done = worker.train_and_export(model, job, cfg, batches, sft_loss, rank, export_hf=cfg.export_hf,
                                        curve_title=title, batch_tokens=sft_batch_tokens)
         if done is None:
             return None

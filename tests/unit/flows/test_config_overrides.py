@@ -30,7 +30,7 @@ def test_overrides_apply_on_top_of_preset_or_given_config():
     assert cfg.data.near.threshold == 0.7
     assert cfg.model_copy(update={"data": tiny.data}) == tiny  # nothing else moved
     given = tiny.model_copy(update={"name": "mine"})
-    assert resolve_pipeline_config(given, "ignored", ["pretrain.train.max_steps=3"]).name == "mine"
+    assert resolve_pipeline_config(given, "ignored", ["pretrain.steps=3"]).name == "mine"
     assert resolve_pipeline_config(given, "ignored", None) is given
     data = resolve_data_config(None, "tiny", ["data.near.threshold=0.7"])
     assert data.near.threshold == 0.7 and data.mix == tiny.data.mix
@@ -43,7 +43,7 @@ def test_overrides_refuse_unknown_keys_like_the_cli(capsys):
     with pytest.raises(ConfigError, match="key 'data.near.treshold'"):
         resolve_data_config(load_pipeline_config("tiny").data, "tiny", ["data.near.treshold=0.7"])
     with pytest.raises(ConfigError, match="only reads keys under 'data.'"):
-        resolve_data_config(None, "tiny", ["pretrain.train.max_steps=3"])
+        resolve_data_config(None, "tiny", ["pretrain.steps=3"])
     assert main(["show-config", "--set", "data.near.treshold=0.7"]) == 2
     assert "key 'data.near.treshold'" in capsys.readouterr().err
     assert main(["show-config", "--set", "data.near.threshold"]) == 2

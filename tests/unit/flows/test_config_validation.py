@@ -23,15 +23,15 @@ def refused(overrides: list[str]) -> str:
 
 
 @pytest.mark.parametrize("override, key", [
-    ("pretrain.train.lr=1e400", "pretrain.train.lr"),  # PyYAML reads 1e400 as a string; float() makes it inf
-    ("pretrain.train.lr=.inf", "pretrain.train.lr"),
-    ("sft.lr=nan", "sft.lr"),
+    ("pretrain.optim.lr=1e400", "pretrain.optim.lr"),  # PyYAML reads 1e400 as a string; float() makes it inf
+    ("pretrain.optim.lr=.inf", "pretrain.optim.lr"),
+    ("sft.optim.lr=nan", "sft.optim.lr"),
     ("data.near.threshold=.nan", "data.near.threshold"),
-    ("pretrain.train.peak_flops=.inf", "pretrain.train.peak_flops"),  # float | None
-    ("pretrain.train.betas=[0.9, .inf]", "pretrain.train.betas.1"),  # tuple[float, float]
+    ("pretrain.log.peak_flops=.inf", "pretrain.log.peak_flops"),  # float | None
+    ("pretrain.optim.betas=[0.9, .inf]", "pretrain.optim.betas.1"),  # tuple[float, float]
     ("grpo.rewards={format: .inf}", "grpo.rewards.format"),  # dict[str, float]
-    ("grpo.lr=-.inf", "grpo.lr"),
-    ("pretrain.train.model_overrides={rope_theta: .nan}", "pretrain.train.model_overrides.rope_theta.float"),
+    ("grpo.optim.lr=-.inf", "grpo.optim.lr"),
+    ("pretrain.model_overrides={rope_theta: .nan}", "pretrain.model_overrides.rope_theta.float"),
 ])
 def test_non_finite_floats_are_refused(override, key):
     msg = refused([override])
@@ -72,12 +72,12 @@ def test_rewards_need_one_entry_and_known_ones_pass():
 # ----------------------------------------------------------------------------- hostfiles
 
 
-@pytest.mark.parametrize("section", ["pretrain.train", "sft"])
+@pytest.mark.parametrize("section", ["pretrain", "sft"])
 def test_a_deepspeed_hostfile_is_accepted(tmp_path, section):
     f = tmp_path / "hostfile"
     f.write_text("# two nodes\nworker-0 slots=8\n\n  worker-1\tslots=4   # the small one\n")
-    cfg = resolve_pipeline_config(None, "tiny", [f"{section}.hostfile={f}"])
-    assert (cfg.pretrain.train if section != "sft" else cfg.sft).hostfile == f
+    cfg = resolve_pipeline_config(None, "tiny", [f"{section}.launch.hostfile={f}"])
+    assert getattr(cfg, section).launch.hostfile == f
 
 
 @pytest.mark.parametrize("text, why", [
@@ -92,14 +92,14 @@ def test_a_bad_hostfile_is_refused_naming_file_and_line(tmp_path, text, why):
     f = tmp_path / "hostfile"
     if text is not None:
         f.write_text(text)
-    msg = refused([f"pretrain.train.hostfile={f}"])
-    assert f"key 'pretrain.train.hostfile': hostfile {f}: {why}" in msg and "'<host> slots=<N>' with N >= 1" in msg, msg
+    msg = refused([f"pretrain.launch.hostfile={f}"])
+    assert f"key 'pretrain.launch.hostfile': hostfile {f}: {why}" in msg and "'<host> slots=<N>' with N >= 1" in msg, msg
 
 
 def test_etc_passwd_is_not_a_hostfile():
-    msg = refused(["sft.hostfile=/etc/passwd"])
+    msg = refused(["sft.launch.hostfile=/etc/passwd"])
     assert "hostfile /etc/passwd: line 1 " in msg and "is not '<host> slots=<N>'" in msg, msg
-    assert "hostfile /etc: not a regular file" in refused(["sft.hostfile=/etc"])
+    assert "hostfile /etc: not a regular file" in refused(["sft.launch.hostfile=/etc"])
 
 
 # ----------------------------------------------------------------------------- presets
@@ -143,9 +143,9 @@ def test_flow_presets_lie_in_the_checkout_or_the_workspace(tmp_path):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--set", "pretrain.train.lr=1e400"], "key 'pretrain.train.lr': Input should be a finite number (got '1e400')"),
+    (["--set", "pretrain.optim.lr=1e400"], "key 'pretrain.optim.lr': Input should be a finite number (got '1e400')"),
     (["--set", "grpo.rewards={nonexistent: 1.0}"], "grpo.rewards names unknown reward(s) ['nonexistent']; registered rewards:"),
-    (["--set", "pretrain.train.hostfile=/etc/passwd"], "hostfile /etc/passwd: line 1"),
+    (["--set", "pretrain.launch.hostfile=/etc/passwd"], "hostfile /etc/passwd: line 1"),
     (["--preset", "../../etc/passwd"], "preset '../../etc/passwd' is neither a preset name"),
     (["--set", "name=[&a 1, *a]"], "line 1: YAML anchor '&a' is not accepted"),
 ])
@@ -153,3 +153,36 @@ def test_show_config_refuses_with_the_message(capsys, args, expected):
     assert main(["show-config", *args]) == 2
     err = capsys.readouterr().err
     assert expected in err, err
+
+
+# ----------------------------------------------------------------------------- renamed keys (issue 25)
+
+
+@pytest.mark.parametrize("old, new", [
+    ("pretrain.train.lr=0.1", "pretrain.optim.lr"),
+    ("sft.max_steps=3", "sft.steps"),
+    ("grpo.ckpt_every=5", "grpo.checkpoint.every"),
+    ("sft.torch_threads=1", "sft.launch.torch_threads"),
+    ("pretrain.tokenizer.vocab_size=512", "tokenizer.vocab_size"),
+])
+def test_an_old_key_names_its_new_one(old, new):
+    msg = refused([old])
+    assert f"key '{old.split('=')[0]}' is now '{new}'" in msg, msg
+
+
+def test_an_old_key_in_a_preset_file_names_its_new_one(tmp_path):
+    from flows.config import load_pipeline_config
+
+    preset = tmp_path / "old.yaml"
+    preset.write_text("pretrain:\n  train:\n    max_steps: 3\n")
+    with pytest.raises(ConfigError, match=r"old.yaml: key 'pretrain.train.max_steps' is now 'pretrain.steps'"):
+        load_pipeline_config(str(preset))
+
+
+def test_every_training_stage_has_the_same_component_keys():
+    cfg = resolve_pipeline_config(None, "tiny", ["pretrain.optim.lr=0.01", "sft.optim.lr=0.02", "grpo.optim.lr=0.03",
+                                                 "sft.launch.num_procs=2", "grpo.checkpoint.every=7"])
+    assert (cfg.pretrain.optim.lr, cfg.sft.optim.lr, cfg.grpo.optim.lr) == (0.01, 0.02, 0.03)
+    assert cfg.sft.launch.num_procs == 2 and cfg.grpo.checkpoint.every == 7
+    # A stage's own defaults survive a partial component: SFT keeps no weight decay, GRPO a constant lr.
+    assert cfg.sft.optim.weight_decay == 0.0 and cfg.grpo.optim.schedule == "constant"

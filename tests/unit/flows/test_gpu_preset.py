@@ -17,19 +17,19 @@ def cfg() -> PipelineConfig:
 
 
 def test_model_has_124m_parameters(cfg):
-    train = cfg.pretrain.train
-    mcfg = model_config(train.model, cfg.pretrain.tokenizer.vocab_size, **train.model_overrides)
+    train = cfg.pretrain
+    mcfg = model_config(train.model, cfg.tokenizer.vocab_size, **train.model_overrides)
     assert (mcfg.dim, mcfg.n_layers, mcfg.n_heads, mcfg.max_seq_len) == (768, 12, 12, 1024)
     assert num_params(mcfg) == pytest.approx(124e6, rel=0.02)
-    assert train.seq_len <= mcfg.max_seq_len and mcfg.vocab_size % 64 == 0
+    assert train.batch.seq_len <= mcfg.max_seq_len and mcfg.vocab_size % 64 == 0
 
 
 def test_half_a_million_tokens_a_step_in_bf16_compiled_with_fused_adamw(cfg):
-    train = cfg.pretrain.train
-    assert train.tokens_per_step(world=1) == 16 * 1024 * 32 == pytest.approx(0.5e6, rel=0.05)
-    assert (train.precision, train.optimizer_kernel, train.torch_compile) == ("bf16", "fused", True)
-    assert train.warmup_steps < train.max_steps and train.min_lr_ratio < 1
-    assert cfg.sft.precision == "bf16" and cfg.grpo.precision == "bf16"
+    train = cfg.pretrain
+    assert train.batch.tokens_per_step(world=1) == 16 * 1024 * 32 == pytest.approx(0.5e6, rel=0.05)
+    assert (train.launch.precision, train.optim.kernel, train.launch.torch_compile) == ("bf16", "fused", True)
+    assert train.optim.warmup_steps < train.steps and train.optim.min_lr_ratio < 1
+    assert cfg.sft.launch.precision == "bf16" and cfg.grpo.launch.precision == "bf16"
 
 
 def test_catalogs_are_the_presets_own_and_name_hub_datasets(cfg):

@@ -36,7 +36,7 @@ SECRET_KEYS = [
     "secret_key", "client_secret", "credential", "aws.credentials", "ssh.private_key",
 ]
 PLAIN_KEYS = [
-    "pretrain.tokenizer.vocab_size", "pretrain.tokenizer.seed", "pretrain.tokenize.batch_size",
+    "tokenizer.vocab_size", "tokenizer.seed", "tokenize.batch_size",
     "data.mix.tokenizer", "grpo.max_new_tokens", "eval.max_tokens", "eval.max_answer_tokens",
     "eval.temperature_tokens", "tokenizer.bos_token", "model.pad_token_id", "train.tokens_per_step",
     "keyboard_layout", "db.port",
@@ -66,7 +66,7 @@ def test_no_param_of_the_tiny_preset_is_hidden(ws) -> None:
     params = _run(run.info.run_id).data.params
     assert len(params) > 100
     assert [k for k, v in params.items() if v == "***"] == []
-    assert params["pretrain.tokenizer.vocab_size"] == str(config.pretrain.tokenizer.vocab_size)
+    assert params["tokenizer.vocab_size"] == str(config.pretrain.tokenizer.vocab_size)
     assert params["grpo.max_new_tokens"] == str(config.grpo.max_new_tokens)
 
 
@@ -272,8 +272,8 @@ def test_describe_overrides_drops_the_stage_prefix() -> None:
 
 
 def test_describe_overrides_keeps_full_keys_across_stages_or_picks_one_stage() -> None:
-    overrides = ["data.near.threshold=0.7", "pretrain.train.lr = 1e-3"]
-    assert describe_overrides(overrides) == "data.near.threshold=0.7 pretrain.train.lr=1e-3"
+    overrides = ["data.near.threshold=0.7", "pretrain.optim.lr = 1e-3"]
+    assert describe_overrides(overrides) == "data.near.threshold=0.7 pretrain.optim.lr=1e-3"
     assert describe_overrides(overrides, stage="pretrain") == "train.lr=1e-3"
     assert describe_overrides(overrides, stage="sft") == ""
 

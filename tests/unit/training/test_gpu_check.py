@@ -24,10 +24,10 @@ def test_tiny_check_runs_to_completion(tmp_path, capsys):
 def test_the_full_check_uses_the_presets_settings():
     mcfg, tcfg = gpu_check.check_setup(gpu_check.parse_args(["--steps", "30"]), cuda=True)
     assert 123e6 < gpu_check.num_params(mcfg) < 125e6
-    assert tcfg.tokens_per_step(1) == 524_288 and tcfg.max_steps == 30
-    assert (tcfg.precision, tcfg.torch_compile) == ("bf16", True)
+    assert tcfg.batch.tokens_per_step(1) == 524_288 and tcfg.steps == 30
+    assert (tcfg.launch.precision, tcfg.launch.torch_compile) == ("bf16", True)
     _, eager = gpu_check.check_setup(gpu_check.parse_args(["--no-compile"]), cuda=True)
-    assert eager.torch_compile is False
+    assert eager.launch.torch_compile is False
 
 
 def test_nominal_peaks():

@@ -7,11 +7,12 @@ import pytest
 
 from tasks.eval.arithmetic import make_problems
 from tasks.eval.gsm8k import Gsm8kSource
-from tasks.training.grpo.stage import GrpoStageConfig, grpo_problems
+from tasks.training.grpo.stage import grpo_problems
+from tests.conftest import grpo_config
 
 
 def test_arithmetic_by_default():
-    cfg = GrpoStageConfig(n_train_problems=20, eval_prompts=7, max_operand=9, ops="+")
+    cfg = grpo_config(n_train_problems=20, eval_prompts=7, max_operand=9, ops="+")
     train, held_out = grpo_problems(cfg)
     assert train == make_problems(20, 0, 9, "+", split="grpo")
     assert held_out == make_problems(7, 0, 9, "+", split="eval")
@@ -22,7 +23,7 @@ def test_gsm8k_splits_from_a_local_copy(tmp_path, monkeypatch):
     for split, n in (("train", 30), ("test", 8)):
         rows = [{"question": f"{split} {i}?", "answer": f"#### {i}"} for i in range(n)]
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    cfg = GrpoStageConfig(task="gsm8k", gsm8k=Gsm8kSource(name=str(tmp_path), config=None), n_train_problems=25,
+    cfg = grpo_config(task="gsm8k", gsm8k=Gsm8kSource(name=str(tmp_path), config=None), n_train_problems=25,
                           eval_prompts=8, rewards={"gsm8k_exact": 1.0}, accuracy_reward="gsm8k_exact")
     train, held_out = grpo_problems(cfg)
     assert len(train) == 25 and all(p.question.startswith("train ") for p in train)

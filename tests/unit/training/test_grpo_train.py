@@ -20,8 +20,9 @@ from models.losses import IGNORE_INDEX, token_logprobs  # noqa: E402
 from tasks.eval.answers import greedy_answers, score_answers  # noqa: E402
 from tasks.eval.arithmetic import make_problems  # noqa: E402
 from tasks.eval.rewards import REWARDS, register_reward  # noqa: E402
-from tasks.training.grpo.loop import GrpoConfig, grpo_train, rollout_batch, sample_rollouts  # noqa: E402
-from tests.conftest import small_alphabet_bpe  # noqa: E402
+from tasks.training.config import GrpoConfig  # noqa: E402
+from tasks.training.grpo.loop import grpo_train, rollout_batch, sample_rollouts  # noqa: E402
+from tests.conftest import grpo_config, small_alphabet_bpe  # noqa: E402
 from tests.conftest import tiny_llama as tiny_model  # noqa: E402
 
 TARGET = "a"
@@ -79,6 +80,28 @@ def test_rollouts_align_with_a_full_forward(tok, max_batch_rows):
     assert torch.allclose(full[batch.mask], batch.old_logprobs[batch.mask], atol=1e-4)
 
 
+def test_the_first_updates_ratio_is_exactly_one_at_a_sampling_temperature(tok):
+    """The sampler keeps the log-probs of the tempered policy it drew from, and the update divides the
+    policy's logits by the same temperature (as TRL does): the first ratio is 1, not an approximation."""
+    from models.grpo import grpo_loss
+    from models.sampling import tempered
+
+    model = tiny_model(tok.get_vocab_size())
+    rollouts = sample_rollouts(model, tok, make_problems(4, seed=3), group_size=4, max_new_tokens=6, temperature=0.7,
+                               generator=torch.Generator().manual_seed(0))
+    batch = rollout_batch(rollouts, pad_id=0)
+    with torch.no_grad():
+        logits = model(batch.input_ids)
+        logp = token_logprobs(tempered(logits, 0.7), batch.targets)
+        untempered = token_logprobs(logits, batch.targets)
+    ratio = torch.exp(logp - batch.old_logprobs)[batch.mask]
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5)
+    _, stats = grpo_loss(logp, batch.old_logprobs, logp, torch.ones(len(rollouts)), batch.mask, clip_eps=0.2, beta=0.0)
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and stats["clip_fraction"] == 0.0
+    # The temperature-1 log-probs the update used before are off by far more than rounding.
+    assert (torch.exp(untempered - batch.old_logprobs)[batch.mask] - 1).abs().max() > 1e-2
+
+
 def test_greedy_answer_score_plumbing(tok, rewards):
     model = tiny_model(tok.get_vocab_size())
     problems = make_problems(6, seed=2, split="eval")
@@ -98,17 +121,17 @@ def test_greedy_answer_score_plumbing(tok, rewards):
 
 def test_config_and_argument_errors(tok, rewards):
     with pytest.raises(ValueError, match="group_size"):
-        GrpoConfig(group_size=1)
+        grpo_config(group_size=1)
     with pytest.raises(ValueError, match="extra"):
-        GrpoConfig(groupsize=4)
+        grpo_config(groupsize=4)
     model = tiny_model(tok.get_vocab_size())
     with pytest.raises(ValueError, match="separate frozen copy"):
-        grpo_train(model, model, tok, make_problems(2, seed=0), GrpoConfig(steps=1))
+        grpo_train(model, model, tok, make_problems(2, seed=0), grpo_config(steps=1))
     with pytest.raises(KeyError, match="unknown reward"):
-        grpo_train(model, copy.deepcopy(model), tok, make_problems(2, seed=0), GrpoConfig(steps=1, rewards={"nope": 1.0}))
+        grpo_train(model, copy.deepcopy(model), tok, make_problems(2, seed=0), grpo_config(steps=1, rewards={"nope": 1.0}))
     small = Transformer(model.cfg.model_copy(update={"vocab_size": 8}))
     with pytest.raises(ValueError, match="vocab_size"):
-        grpo_train(small, copy.deepcopy(small), tok, make_problems(2, seed=0), GrpoConfig(steps=1))
+        grpo_train(small, copy.deepcopy(small), tok, make_problems(2, seed=0), grpo_config(steps=1))
 
 
 def test_grpo_raises_mean_reward_on_a_learnable_task(tok, rewards):
@@ -117,7 +140,7 @@ def test_grpo_raises_mean_reward_on_a_learnable_task(tok, rewards):
     reference = copy.deepcopy(policy)
     ref_before = {k: v.clone() for k, v in reference.state_dict().items()}
     pol_before = {k: v.clone() for k, v in policy.state_dict().items()}
-    cfg = GrpoConfig(
+    cfg = grpo_config(
         group_size=8, prompts_per_step=4, max_new_tokens=8, lr=1e-2, beta=0.04, updates_per_batch=2, steps=12,
         rewards={"test_frac_target": 1.0}, accuracy_reward="test_frac_target", eval_prompts=4, samples_every=5,
     )
@@ -153,7 +176,7 @@ def test_grpo_raises_mean_reward_on_a_learnable_task(tok, rewards):
 @pytest.mark.parametrize("zero", ["zero1", "zero2"])
 def test_grpo_runs_under_zero_stages(tok, rewards, zero):
     policy = tiny_model(tok.get_vocab_size())
-    cfg = GrpoConfig(
+    cfg = grpo_config(
         group_size=4, prompts_per_step=2, max_new_tokens=4, lr=1e-2, steps=2, zero=zero,
         rewards={"test_frac_target": 1.0}, accuracy_reward="test_frac_target", eval_prompts=0,
     )
@@ -184,7 +207,7 @@ def _ckpt_cfg(**overrides) -> GrpoConfig:
     base = dict(group_size=4, prompts_per_step=3, max_new_tokens=6, lr=1e-2, updates_per_batch=2, steps=6,
                 rewards={"test_frac_target": 1.0}, accuracy_reward="test_frac_target", eval_prompts=3,
                 samples_every=2, ckpt_every=2, keep_checkpoints=2)
-    return GrpoConfig(**{**base, **overrides})
+    return grpo_config(**{**base, **overrides})
 
 
 def _comparable(result) -> tuple:
@@ -243,17 +266,17 @@ def test_grpo_resume_refuses_changed_settings(tmp_path):
     """A rerun into an out_dir with GRPO checkpoints may change only how it checkpoints and runs."""
     import json
 
-    from tasks.training.grpo.stage import CONFIG_FILE, STAGE, GrpoStageConfig
+    from tasks.training.grpo.stage import CONFIG_FILE, STAGE
     from tasks.training.launch import CHECKPOINTS_DIR, check_resume_compatible
 
     def resolved(**changes):
-        return {"grpo": GrpoStageConfig(**changes).model_dump(mode="json"), "sft_model": "/m"}
+        return {"grpo": grpo_config(**changes).model_dump(mode="json"), "sft_model": "/m"}
 
     (tmp_path / CONFIG_FILE).write_text(json.dumps(resolved()))
     (tmp_path / CHECKPOINTS_DIR).mkdir()
     (tmp_path / CHECKPOINTS_DIR / "latest").write_text("step00000010")
     check_resume_compatible(STAGE, tmp_path, resolved(ckpt_every=5, keep_checkpoints=3, torch_threads=1))
-    with pytest.raises(ValueError, match=r"different settings \(lr\)"):
+    with pytest.raises(ValueError, match=r"different settings \(optim.lr\)"):
         check_resume_compatible(STAGE, tmp_path, resolved(lr=1e-3))
     other_model = {**resolved(), "sft_model": "/other"}
     with pytest.raises(ValueError, match="SFT model"):

@@ -10,12 +10,12 @@ from pydantic import ValidationError
 from models.losses import IGNORE_INDEX
 from tasks.eval.arithmetic import make_problems
 from tasks.tokenizer.tokenize_shards import load_token_split
-from tasks.training.loop import TrainConfig, train
+from tasks.training.loop import train
 from tasks.training.metrics import ListSink
 from tasks.training.sft.data import SftExample
-from tasks.training.sft.stage import SftConfig, check_replay_tokens, encode_examples, sft_batch_tokens, sft_loss
+from tasks.training.sft.stage import check_replay_tokens, encode_examples, sft_batch_tokens, sft_loss
 from tasks.training.sft.worker import SftExamples, example_batches
-from tests.conftest import small_alphabet_bpe, tiny_llama, train_config_for, write_token_shards
+from tests.conftest import sft_config, small_alphabet_bpe, tiny_llama, train_config, train_config_for, write_token_shards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -44,7 +44,7 @@ def is_window_of(row: list[int], corpus: np.ndarray) -> bool:
 
 
 def test_replay_rows_carry_loss_on_every_token_and_sft_rows_only_on_responses(examples, tokens):
-    tcfg = TrainConfig(seq_len=SEQ, micro_batch_size=8)
+    tcfg = train_config(seq_len=SEQ, micro_batch_size=8)
     train_batches, eval_batches = example_batches(examples, tcfg, PAD, replay_rows=3, replay_tokens_dir=tokens)
     train_tokens = np.asarray(load_token_split(tokens, "train"))
     val_tokens = np.asarray(load_token_split(tokens, "val"))
@@ -68,7 +68,7 @@ def test_replay_rows_carry_loss_on_every_token_and_sft_rows_only_on_responses(ex
 
 
 def test_loss_weighs_the_two_means_by_their_rows(examples, tokens):
-    tcfg = TrainConfig(seq_len=SEQ, micro_batch_size=8)
+    tcfg = train_config(seq_len=SEQ, micro_batch_size=8)
     batch = example_batches(examples, tcfg, PAD, replay_rows=2, replay_tokens_dir=tokens)[0](0, 0, 1)
     model = tiny_llama(VOCAB)
     loss, parts = sft_loss(model, batch)
@@ -104,14 +104,14 @@ def test_the_loop_logs_both_losses_by_step(examples, tokens, tmp_path):
 
 
 def test_replay_settings_are_checked(tokens, tmp_path):
-    assert SftConfig(micro_batch_size=16, replay_fraction=0.25).replay_rows == 4
-    assert SftConfig().replay_fraction == 0 and SftConfig().replay_rows == 0
+    assert sft_config(micro_batch_size=16, replay_fraction=0.25).replay_rows == 4
+    assert sft_config().replay_fraction == 0 and sft_config().replay_rows == 0
     with pytest.raises(ValidationError, match="0 replayed sequence"):
-        SftConfig(micro_batch_size=16, replay_fraction=0.01)
+        sft_config(micro_batch_size=16, replay_fraction=0.01)
     with pytest.raises(ValidationError, match="4 replayed sequence"):
-        SftConfig(micro_batch_size=4, replay_fraction=0.9)  # no SFT row left
-    cfg = SftConfig(micro_batch_size=8, replay_fraction=0.5)
-    assert check_replay_tokens(SftConfig(), None, VOCAB) is None
+        sft_config(micro_batch_size=4, replay_fraction=0.9)  # no SFT row left
+    cfg = sft_config(micro_batch_size=8, replay_fraction=0.5)
+    assert check_replay_tokens(sft_config(), None, VOCAB) is None
     assert check_replay_tokens(cfg, tokens, VOCAB) == tokens.resolve()
     with pytest.raises(ValueError, match="no token shards were given"):
         check_replay_tokens(cfg, None, VOCAB)

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from tasks.training.checkpoint import checkpoint_tags, latest_checkpoint_step
-from tasks.training.loop import NonFiniteLossError, TrainConfig, train
+from tasks.training.loop import NonFiniteLossError, train
 from tasks.training.metrics import ListSink, MlflowSink
 from tasks.training.pretrain.stage import lm_loss, token_window_batches
 from tasks.training.sft.stage import sft_batch_tokens
 from tests.conftest import TINY_SEQ as SEQ
 from tests.conftest import loop_model as tiny_model
-from tests.conftest import random_tokens
+from tests.conftest import random_tokens, train_config
 from tests.conftest import train_config_for as cfg_for
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -34,7 +34,7 @@ def test_loss_decreases_on_patterned_corpus(tmp_path):
     tokens = patterned_tokens()
     cfg = cfg_for(max_steps=40, lr=1e-2, warmup_steps=4, log_every=5, eval_every=20)
     sink = ListSink()
-    batches = token_window_batches(tokens, SEQ, cfg.micro_batch_size, seed=0)
+    batches = token_window_batches(tokens, SEQ, cfg.batch.micro_batch_size, seed=0)
     result = train(tiny_model(), cfg, batches, batches, lm_loss, tmp_path / "ckpt", sink)
     steps, losses = sink.series("loss")
     assert steps[-1] == 40 and len(losses) == 8
@@ -94,13 +94,13 @@ def test_resume_matches_uninterrupted_run(tmp_path, zero):
     """2N steps straight == N steps, crash, new process state, resume, N more (fp32, CPU)."""
     n = 4
     cfg = cfg_for(max_steps=2 * n, ckpt_every=n, grad_accum=2, zero=zero)
-    batches = token_window_batches(random_tokens(), SEQ, cfg.micro_batch_size, seed=3)
+    batches = token_window_batches(random_tokens(), SEQ, cfg.batch.micro_batch_size, seed=3)
 
     straight_sink = ListSink()
     straight = train(tiny_model(), cfg, batches, None, lm_loss, tmp_path / "a", straight_sink)
 
     with pytest.raises(Crash):
-        train(tiny_model(), cfg, _crash_at(batches, (n + 1) * cfg.grad_accum), None, lm_loss, tmp_path / "b",
+        train(tiny_model(), cfg, _crash_at(batches, (n + 1) * cfg.batch.grad_accum), None, lm_loss, tmp_path / "b",
               ListSink())
     assert latest_checkpoint_step(tmp_path / "b") == n
     torch.manual_seed(1234)  # the resumed run must not depend on the process' RNG state
@@ -206,11 +206,11 @@ def test_mlflow_sink_logs_to_a_real_store(tmp_path, monkeypatch):
 
 def test_train_config_rejects_bad_values():
     with pytest.raises(ValueError):
-        TrainConfig(zero="zero4")
+        train_config(zero="zero4")
     with pytest.raises(ValueError):
-        TrainConfig(max_steps=0)
+        train_config(max_steps=0)
     with pytest.raises(ValueError):
-        TrainConfig(unknown_key=1)
+        train_config(unknown_key=1)
 
 
 def test_the_deepspeed_op_build_is_announced_only_when_it_is_not_cached(tmp_path, monkeypatch):

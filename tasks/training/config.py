@@ -1,0 +1,265 @@
+"""The training stages' configs, composed from the same components (torchtitan's way).
+
+Every training stage (pretraining, SFT, GRPO) has the same keys for the same thing:
+
+    <stage>.optim       lr, betas, weight_decay, warmup_steps, schedule, min_lr_ratio, grad_clip, kernel
+    <stage>.launch      num_procs, hostfile, launcher_args, zero, precision, torch_threads, torch_compile
+    <stage>.checkpoint  every, keep
+    <stage>.log         every, eval_every, eval_batches, peak_flops
+    <stage>.steps, <stage>.seed, <stage>.max_bad_steps, <stage>.export_hf
+
+plus what is its own (pretraining's `model` and `batch`, SFT's `data` and `replay_fraction`,
+GRPO's groups and rewards). A stage's defaults for a component are a subclass with other
+field defaults, so `sft.optim: {lr: 0.001}` keeps SFT's weight decay of 0, not pretraining's.
+
+Torch-free: `flows/config.py` composes these without importing torch into the data flow.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Protocol
+
+from pydantic import Field, model_validator
+
+from infra.config import StrictModel
+from infra.hostfile import HostfilePath
+from tasks.eval.gsm8k import Gsm8kSource
+from tasks.training.sft.data import ArithmeticSftOptions, SftBuiltin
+
+Zero = Literal["zero0", "zero1", "zero2", "zero3", "zero2_offload"]
+Precision = Literal["fp32", "bf16", "auto"]
+# AdamW kernel (models.optim.OptimizerKernel): auto is fused where torch has it, else foreach.
+Kernel = Literal["auto", "fused", "foreach", "for_loop"]
+
+
+class OptimConfig(StrictModel):
+    """AdamW (models/optim.py) and its learning-rate schedule."""
+
+    lr: float = Field(default=3e-4, gt=0)  # the peak
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = Field(default=0.1, ge=0.0)  # on matrices only
+    warmup_steps: int = Field(default=10, ge=0)
+    schedule: Literal["cosine", "constant"] = "cosine"  # after the warmup
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)  # cosine floor, as a fraction of lr
+    grad_clip: float = Field(default=1.0, ge=0.0)  # 0 disables clipping
+    kernel: Kernel = "auto"
+
+
+class LaunchConfig(StrictModel):
+    """How the stage's ranks are started (DeepSpeed's launcher) and what they compute in."""
+
+    num_procs: int = Field(default=1, gt=0)  # ranks per node (GPUs, or CPU processes)
+    hostfile: HostfilePath | None = None  # DeepSpeed hostfile for multi-node runs (checked on load)
+    # More flags of DeepSpeed's runner for a multi-node run, e.g. ["--master_addr", "10.0.0.1", "--ssh_port", "2222"].
+    launcher_args: list[str] = Field(default_factory=list)
+    zero: Zero = "zero0"
+    precision: Precision = "auto"
+    # Intra-op threads per rank; tiny models on a shared CPU run far faster on 1 than on many.
+    torch_threads: int | None = Field(default=None, gt=0)
+    # torch.compile the model inside the engine (in place: checkpoints and exports keep their keys). Pays off on
+    # a GPU for long runs; the first steps then include the compilation, and the CPU build needs a C++ compiler.
+    torch_compile: bool = False
+
+
+class CheckpointConfig(StrictModel):
+    every: int = Field(default=0, ge=0)  # steps; 0: only at the end
+    keep: int = Field(default=2, gt=0)  # older checkpoint folders are deleted
+
+
+class LogConfig(StrictModel):
+    every: int = Field(default=10, gt=0)  # steps per logged window of loss, lr, throughput
+    eval_every: int = Field(default=0, ge=0)  # 0: only at the end
+    eval_batches: int = Field(default=4, ge=0)
+    peak_flops: float | None = Field(default=None, gt=0)  # per-rank FLOP/s for MFU; None: measure once
+
+
+class BatchConfig(StrictModel):
+    seq_len: int = Field(default=256, gt=0)
+    micro_batch_size: int = Field(default=8, gt=0)  # sequences per rank per micro-batch
+    grad_accum: int = Field(default=1, gt=0)  # micro-batches per optimizer step
+
+    def tokens_per_step(self, world: int) -> int:
+        return self.micro_batch_size * self.seq_len * self.grad_accum * world
+
+
+class TrainingConfig(Protocol):
+    """What the training loop (tasks/training/loop.py) reads: PretrainConfig and SftConfig have it."""
+
+    steps: int
+    seed: int
+    max_bad_steps: int
+    batch: BatchConfig
+    optim: OptimConfig
+    launch: LaunchConfig
+    checkpoint: CheckpointConfig
+    log: LogConfig
+
+
+# Settings that may differ between a run and its resume without changing what is trained.
+RESUME_NEUTRAL = frozenset({"log", "checkpoint", "max_bad_steps", "export_hf", "launch.hostfile",
+                            "launch.launcher_args", "launch.torch_threads", "launch.torch_compile"})
+
+
+class PretrainConfig(StrictModel):
+    model: str = "demo"  # a models.llama.PRESETS name
+    model_overrides: dict[str, int | float | bool] = Field(default_factory=dict)
+    steps: int = Field(default=100, gt=0)
+    seed: int = 0
+    max_bad_steps: int = Field(default=5, gt=0)  # consecutive non-finite steps before failing
+    export_hf: bool = True  # also write a transformers.LlamaForCausalLM folder
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+
+class SftDataConfig(StrictModel):
+    """Which SFT examples to train on."""
+
+    catalog: Path | None = None  # folder of sft_* YAML definitions (e.g. data_catalog/sft/); None: built-in sets
+    builtin: list[SftBuiltin] = Field(default_factory=lambda: ["stdlib_docstrings", "arithmetic"])  # when catalog is None
+    sources: list[str] | None = None  # only these source names; None: all
+    arithmetic: ArithmeticSftOptions | None = None  # overrides every built-in arithmetic source's options
+    max_examples: int | None = Field(default=None, gt=0)  # cap per source (overrides the source's own)
+    val_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)  # by hash of the example id
+
+
+class SftBatch(BatchConfig):
+    seq_len: int = Field(default=128, gt=0)  # longer examples are rejected (exceeds_seq_len), not truncated
+
+
+class SftOptim(OptimConfig):
+    # Fine-tuning moves a trained model a little: a lower peak lr and a short warmup than pretraining.
+    lr: float = Field(default=1e-4, gt=0)
+    warmup_steps: int = Field(default=5, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+
+
+class SftConfig(StrictModel):
+    steps: int = Field(default=200, gt=0)
+    seed: int = 0
+    max_bad_steps: int = Field(default=5, gt=0)
+    export_hf: bool = True
+    data: SftDataConfig = Field(default_factory=SftDataConfig)
+    # Share of each micro-batch's sequences that are windows of seq_len pretraining tokens (the
+    # token shards the flow passes in), trained with next-token loss on every token: without it,
+    # fine-tuning on a narrow set (arithmetic) wipes out the base model's language modelling.
+    replay_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    batch: SftBatch = Field(default_factory=SftBatch)
+    optim: SftOptim = Field(default_factory=SftOptim)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @model_validator(mode="after")
+    def _replay_rows(self) -> "SftConfig":
+        if self.replay_fraction > 0 and not 1 <= self.replay_rows < self.batch.micro_batch_size:
+            raise ValueError(
+                f"replay_fraction={self.replay_fraction} of batch.micro_batch_size={self.batch.micro_batch_size} "
+                f"gives {self.replay_rows} replayed sequence(s) per micro-batch; it must leave at least one of each "
+                "kind: change replay_fraction or batch.micro_batch_size (or set replay_fraction: 0)"
+            )
+        return self
+
+    @property
+    def replay_rows(self) -> int:
+        """Pretraining windows in each micro-batch; the other rows are SFT examples."""
+        return round(self.batch.micro_batch_size * self.replay_fraction)
+
+
+class GrpoOptim(OptimConfig):
+    # A constant lr, as usual for GRPO: the policy starts from a tuned model.
+    lr: float = Field(default=1e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    warmup_steps: int = Field(default=0, ge=0)
+    schedule: Literal["cosine", "constant"] = "constant"
+
+
+class GrpoLaunch(LaunchConfig):
+    # ZeRO-3 is not offered: it partitions the weights, and the step-by-step KV-cache sampler
+    # would then gather every layer on every token. One rank: a batch of a few hundred short
+    # sequences has nothing to gain from being split.
+    num_procs: int = Field(default=1, ge=1, le=1)
+    zero: Literal["zero0", "zero1", "zero2"] = "zero0"
+    precision: Precision = "fp32"
+
+
+class GrpoCheckpoint(CheckpointConfig):
+    every: int = Field(default=10, ge=0)
+
+
+class GrpoLog(LogConfig):
+    every: int = Field(default=1, gt=0)  # every step's rollout metrics
+
+
+class GrpoConfig(StrictModel):
+    """One GRPO run: the groups it samples, its rewards, the problems it trains and scores on."""
+
+    steps: int = Field(default=50, gt=0)
+    seed: int = 0
+    max_bad_steps: int = Field(default=5, gt=0)
+    export_hf: bool = True
+    group_size: int = Field(default=8, ge=2)  # completions per prompt (G)
+    prompts_per_step: int = Field(default=8, gt=0)
+    max_new_tokens: int = Field(default=24, gt=0)  # "<answer>nn</answer>" is ~16 tokens, plus <|end|>
+    temperature: float = Field(default=1.0, gt=0)  # > 0: a greedy group would hold G copies of one answer
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    clip_eps: float = Field(default=0.2, gt=0, lt=1)
+    beta: float = Field(default=0.04, ge=0)  # weight of the KL penalty towards the reference
+    updates_per_batch: int = Field(default=2, gt=0)  # optimizer steps on each sampled batch
+    rewards: dict[str, float] = Field(default_factory=lambda: {"arithmetic_exact": 1.0, "format": 0.1})
+    accuracy_reward: str = "arithmetic_exact"  # a completion is correct when this reward is >= 1
+    eval_prompts: int = Field(default=64, ge=0)  # held-out prompts scored greedily before and after
+    samples_every: int = Field(default=10, gt=0)  # keep sample completions every this many steps
+    samples_per_step: int = Field(default=2, ge=0)
+    # arithmetic: the "grpo" split of tasks/eval/arithmetic.py to train on, its "eval" split to score on;
+    # gsm8k: word problems from `gsm8k` (train_split to train on, eval_split to score on; tasks/eval/gsm8k.py).
+    task: Literal["arithmetic", "gsm8k"] = "arithmetic"
+    gsm8k: Gsm8kSource = Field(default_factory=Gsm8kSource)
+    n_train_problems: int = Field(default=200, gt=0)  # drawn from the task's training split
+    max_operand: int = Field(default=20, ge=0)  # keep equal to the SFT arithmetic options
+    ops: str = "+-"
+    problem_seed: int = 0
+    optim: GrpoOptim = Field(default_factory=GrpoOptim)
+    launch: GrpoLaunch = Field(default_factory=GrpoLaunch)
+    checkpoint: GrpoCheckpoint = Field(default_factory=GrpoCheckpoint)
+    log: GrpoLog = Field(default_factory=GrpoLog)
+
+
+# Keys of the configs before they were composed (issue 25), and where each went: a preset or
+# `--set` that still uses one gets an error naming the new key instead of "extra inputs".
+LOOP_KEYS = {
+    "seq_len": "batch.seq_len", "micro_batch_size": "batch.micro_batch_size", "grad_accum": "batch.grad_accum",
+    "lr": "optim.lr", "betas": "optim.betas", "weight_decay": "optim.weight_decay",
+    "warmup_steps": "optim.warmup_steps", "min_lr_ratio": "optim.min_lr_ratio", "grad_clip": "optim.grad_clip",
+    "optimizer_kernel": "optim.kernel", "max_steps": "steps", "zero": "launch.zero", "precision": "launch.precision",
+    "num_procs": "launch.num_procs", "hostfile": "launch.hostfile", "launcher_args": "launch.launcher_args",
+    "torch_threads": "launch.torch_threads", "torch_compile": "launch.torch_compile",
+    "ckpt_every": "checkpoint.every", "keep_checkpoints": "checkpoint.keep", "log_every": "log.every",
+    "eval_every": "log.eval_every", "eval_batches": "log.eval_batches", "peak_flops": "log.peak_flops",
+}
+
+
+def nested(flat: dict) -> dict:
+    """Flat keys of the configs before composition (`lr=...`) as composed ones (`{"optim": {"lr": ...}}`)."""
+    out: dict = {}
+    for key, value in flat.items():
+        node = out
+        *parents, leaf = LOOP_KEYS.get(key, key).split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+RENAMED: dict[str, str] = {
+    "tokenizer": "tokenizer",
+    "tokenize": "tokenize",
+    **{f"pretrain.{old}": f"pretrain.{new}" for old, new in LOOP_KEYS.items()},
+    **{f"pretrain.{key}": f"pretrain.{key}" for key in ("model", "model_overrides", "seed", "max_bad_steps",
+                                                              "export_hf")},
+    **{f"sft.{old}": f"sft.{new}" for old, new in LOOP_KEYS.items()},
+    **{f"grpo.{old}": f"grpo.{new}" for old, new in LOOP_KEYS.items() if old != "max_steps"},
+}
