@@ -1,26 +1,20 @@
-"""The one MLflow logging helper: tracking URI, experiment, nested stage runs, safe params,
-and every kind of logging the stages and reports do (metrics, files, text, tags, dataset
-inputs, registered models).
+"""The one MLflow logging helper: tracking URI, experiment, the stage run's lifecycle, safe
+params, and every kind of logging the stages and reports do (metrics, files, text, tags,
+dataset inputs).
 
 Everything that logs goes to the active run and calls `active_run()` first, so logging
 outside `stage_run` is a clear error instead of MLflow silently opening a stray run.
 
-A new stage run says where it came from: the git commit (and whether the tree was dirty),
-the entry point, and, inside a Prefect flow run, that flow run's id and UI link, with a
-Prefect artifact on the flow run linking back to the MLflow run. It ends FINISHED, FAILED
-(an exception) or KILLED (an interrupt, a signal, a Prefect cancellation). When MLflow's own
-store is on a full disk, so that logging to the run or ending it fails, the run's code gets
-an OSError(ENOSPC) that names the store (`StoreFullError`).
+A new stage run is tagged with where it came from (infra/provenance.py). It ends FINISHED,
+FAILED (an exception) or KILLED (an interrupt, a signal, a Prefect cancellation). When
+MLflow's own store is on a full disk, so that logging to the run or ending it fails, the
+run's code gets an OSError(ENOSPC) that names the store (infra/store_errors.py). Params and
+run names never carry a secret (infra/redaction.py).
 """
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import re
-import subprocess
-import sys
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,46 +23,16 @@ from pydantic import BaseModel
 
 from infra.config import flatten_params
 from infra.paths import Workspace
+from infra.provenance import link_prefect_to_run, mlflow_run_url, origin_tags, prefect_flow_run
+from infra.redaction import redact
+from infra.store_errors import store_full_error
 
 DEFAULT_EXPERIMENT = "llmforge"
-REPO_ROOT = Path(__file__).resolve().parents[1]
-# Key segments that name a secret wherever they appear (`db.password`, `secret_sauce`, `client_secret`).
-_SECRET_SEGMENTS = frozenset(
-    {"password", "passwd", "passphrase", "secret", "secrets", "credential", "credentials", "apikey"}
-)
-_SECRET_PAIRS = frozenset({("api", "key"), ("private", "key")})
-# `token` is a secret as the last segment of a key part (`hub.token`, `hf_token`, `accessToken`),
-# except after these words, where it is a piece of the vocabulary (`bos_token`, `pad_token`).
-_VOCAB_TOKEN_WORDS = frozenset(
-    {"bos", "eos", "pad", "unk", "sep", "cls", "mask", "special", "start", "end", "stop", "eot", "im"}
-)
-_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
-_URI_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
 
 
 def tracking_uri(ws: Workspace) -> str:
     """`MLFLOW_TRACKING_URI` when set, else a SQLite store inside the workspace."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ws.mlflow_db}"
-
-
-def is_secret_key(key: str) -> bool:
-    """Whether a (dotted) config key names a secret, judged on whole segments of each part:
-    `hub.token`, `hf_token`, `db.password`, `api_key`, `secret_sauce` are; `max_new_tokens`,
-    `tokenizer.vocab_size`, `bos_token` are not."""
-    for part in key.split("."):
-        words = [w for w in re.split(r"[^a-z0-9]+", _CAMEL.sub("_", part).lower()) if w]
-        if _SECRET_SEGMENTS.intersection(words) or _SECRET_PAIRS.intersection(zip(words, words[1:])):
-            return True
-        if words and words[-1] == "token" and (len(words) == 1 or words[-2] not in _VOCAB_TOKEN_WORDS):
-            return True
-    return False
-
-
-def redact(key: str, value: str) -> str:
-    """Never write secrets to MLflow: blank secret-named keys and user:password in URIs."""
-    if is_secret_key(key):
-        return "***"
-    return _URI_USERINFO.sub(r"\g<scheme>***@", value)
 
 
 def configure(ws: Workspace, experiment: str | None = None) -> str:
@@ -123,11 +87,11 @@ def stage_run(
 ) -> Iterator[Any]:
     """One MLflow run for a stage, nested under the active (pipeline) run when there is one.
 
-    A new run is named `run_name` (default: the stage) and tagged with its origin (see
-    `origin_tags`); inside a Prefect flow run, a Prefect artifact links back to it. `run_id`
-    resumes an existing run (e.g. a DeepSpeed rank-0 process continuing the run its Prefect
-    task opened) and leaves its name and tags alone. The run ends FINISHED, FAILED on an
-    exception, KILLED on an interrupt, signal or Prefect cancellation (`end_status`).
+    A new run is named `run_name` (default: the stage) and tagged with its origin
+    (infra/provenance.origin_tags); inside a Prefect flow run, a Prefect artifact links back
+    to it. `run_id` resumes an existing run (e.g. a DeepSpeed rank-0 process continuing the
+    run its Prefect task opened) and leaves its name and tags alone. The run ends FINISHED,
+    FAILED on an exception, KILLED on an interrupt, signal or Prefect cancellation (`end_status`).
 
     `run_key` names what the run computes (infra/stage_cache.flow_key): an earlier attempt
     with that key that did not finish is continued (one loss curve per model, not one per
@@ -153,11 +117,11 @@ def stage_run(
         if run_id is None:
             if config is not None:
                 log_config(config)
-            _link_prefect_to_run(stage, run, flow_run)
+            link_prefect_to_run(stage, run, flow_run)
         yield run
     except BaseException as exc:
         _end_run(ws, run, end_status(exc), after=exc)
-        full = store_full_error(ws, run, exc)
+        full = store_full_error(ws, tracking_uri(ws), run, exc)
         if full is not None:
             raise full from exc
         raise
@@ -209,53 +173,6 @@ def end_status(exc: BaseException) -> str:
     return "KILLED" if isinstance(exc, (ExternalSignal, PrefectSignal, CancelledRun)) else "FAILED"
 
 
-class StoreFullError(OSError):
-    """MLflow's store is on a full disk: an OSError with errno ENOSPC whose message names the store."""
-
-
-def _store_location(ws: Workspace) -> str:
-    """The store's file (a SQLite tracking URI), else the tracking URI with any credentials hidden."""
-    uri = tracking_uri(ws)
-    if uri.startswith("sqlite:///"):
-        return uri.removeprefix("sqlite:///")
-    return redact("uri", uri)
-
-
-def _is_store_full(exc: BaseException, ws: Workspace, stop: BaseException | None = None) -> bool:
-    """Whether `exc` (or what caused it, up to `stop`) says MLflow's store ran out of space:
-    SQLite's "database or disk is full", or ENOSPC/EDQUOT on a file of the store or its artifacts."""
-    store_files = (ws.mlflow_db, ws.mlflow_artifacts)
-    seen: BaseException | None = exc
-    while seen is not None and seen is not stop:
-        if "database or disk is full" in str(seen):
-            return True
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT) and seen.filename:
-            path = Path(os.fsdecode(seen.filename)).resolve()
-            if any(path == f or f in path.parents for f in (Path(p).resolve() for p in store_files)):
-                return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def store_full_error(ws: Workspace, run: Any, exc: BaseException, status: str | None = None,
-                     after: BaseException | None = None) -> StoreFullError | None:
-    """A StoreFullError when `exc` is MLflow's store running out of space, else None.
-
-    `status`: the status `run` could not be given; `after`: the error the run's code raised first.
-    """
-    if isinstance(exc, StoreFullError) or not _is_store_full(exc, ws, stop=after):
-        return None
-    logging_failed = after is not None and _is_store_full(after, ws)
-    if status is None:
-        what = f"logging to run {run.info.run_id} failed"
-    else:
-        what = f"{'logging to run failed and ' if logging_failed else ''}run {run.info.run_id} could not be marked {status}"
-    first = f"; the run had failed with: {after}" if after is not None and not logging_failed else ""
-    return StoreFullError(errno.ENOSPC, f"MLflow's store at {_store_location(ws)} is on a full disk (No space left "
-                                        f"on device): {what}{first}. Make room there (or point MLFLOW_TRACKING_URI "
-                                        "at another store) and rerun")
-
-
 def _end_run(ws: Workspace, run: Any, status: str, after: BaseException | None = None) -> None:
     """End `run` with `status` if it is still the active run (a worker may have ended it already).
 
@@ -268,7 +185,7 @@ def _end_run(ws: Workspace, run: Any, status: str, after: BaseException | None =
         try:
             mlflow.end_run(status)
         except Exception as exc:
-            full = store_full_error(ws, run, exc, status=status, after=after)
+            full = store_full_error(ws, tracking_uri(ws), run, exc, status=status, after=after)
             if full is None:
                 raise
             raise full from exc
@@ -298,123 +215,6 @@ def _split_override(pair: str) -> tuple[str, str]:
     if not sep or not key.strip():
         raise ValueError(f"override {pair!r} is not key=value (e.g. data.near.threshold=0.7)")
     return key.strip(), value.strip()
-
-
-def git_state(root: Path | str | None = None) -> dict[str, str]:
-    """`{"commit": sha, "dirty": "true"/"false"}` of the checkout at `root` (default: this
-    repository); empty when it is not one or git is missing."""
-    root = REPO_ROOT if root is None else root
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if head.returncode != 0:
-            return {}
-        status = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    state = {"commit": head.stdout.strip()}
-    if status.returncode == 0:
-        state["dirty"] = "true" if status.stdout.strip() else "false"
-    return state
-
-
-def prefect_flow_run() -> dict[str, str]:
-    """The Prefect flow run this code runs in: `id`, `flow_name` and `url` (when a UI URL is
-    configured, `PREFECT_UI_URL` or derived from `PREFECT_API_URL`); empty outside a flow run."""
-    try:
-        from prefect.runtime import flow_run
-        from prefect.utilities.urls import url_for
-
-        run_id = flow_run.get_id()
-        if not run_id:
-            return {}
-        found = {"id": str(run_id)}
-        name = flow_run.get_flow_name()
-        if name:
-            found["flow_name"] = str(name)
-        url = url_for("flow-run", obj_id=run_id)
-        if url:
-            found["url"] = url
-        return found
-    except Exception as exc:  # the link is a convenience; never fail a stage over it
-        warnings.warn(f"could not read the Prefect flow run for MLflow tags: {exc}", stacklevel=2)
-        return {}
-
-
-def entry_point(flow_run: Mapping[str, str] | None = None) -> str:
-    """What started this run, for `mlflow.source.name`: the Prefect flow's name inside a flow
-    run, else the program (`llmforge`, or a script's path relative to the repository)."""
-    flow_name = (prefect_flow_run() if flow_run is None else flow_run).get("flow_name")
-    if flow_name:
-        return flow_name
-    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
-    if program.name == "__main__.py":  # `python -m package`: the package says more than __main__.py
-        program = program.parent
-    try:
-        return program.resolve().relative_to(REPO_ROOT).as_posix()
-    except ValueError:
-        return program.name
-
-
-def origin_tags(flow_run: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Tags that say where a new run came from: git commit and dirty flag (when a git
-    checkout), the entry point, and the Prefect flow run id and UI URL (inside one).
-
-    `flow_run` is what `prefect_flow_run()` returned, when the caller already asked."""
-    flow_run = prefect_flow_run() if flow_run is None else flow_run
-    tags = {"mlflow.source.name": entry_point(flow_run)}
-    git = git_state()
-    if "commit" in git:
-        tags["llmforge.git_commit"] = tags["mlflow.source.git.commit"] = git["commit"]
-    if "dirty" in git:
-        tags["llmforge.git_dirty"] = git["dirty"]
-    if "id" in flow_run:
-        tags["llmforge.prefect_flow_run_id"] = flow_run["id"]
-    if "url" in flow_run:
-        tags["llmforge.prefect_flow_run_url"] = flow_run["url"]
-    return tags
-
-
-def mlflow_run_url(experiment_id: str, run_id: str, uri: str | None = None) -> str | None:
-    """The MLflow UI address of a run when the tracking URI is an http(s) server, else None."""
-    import mlflow
-
-    uri = uri or mlflow.get_tracking_uri()
-    if not uri.lower().startswith(("http://", "https://")):
-        return None
-    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
-
-
-def _link_prefect_to_run(stage: str, run: Any, flow_run: Mapping[str, str]) -> None:
-    """Inside a Prefect flow run (`flow_run` not empty), attach an artifact that links to the MLflow run."""
-    if not flow_run:
-        return
-    import mlflow
-
-    exp_id, run_id = run.info.experiment_id, run.info.run_id
-    slug = re.sub(r"[^a-z0-9]+", "-", stage.lower()).strip("-") or "stage"
-    key = f"mlflow-{slug}-{run_id[:12]}"  # lowercase, digits and dashes, as Prefect requires
-    description = f"MLflow run of stage {stage}"
-    url = mlflow_run_url(exp_id, run_id)
-    try:
-        from prefect.artifacts import create_link_artifact, create_markdown_artifact
-
-        if url:
-            create_link_artifact(link=url, link_text=f"MLflow run {run_id}", key=key, description=description)
-        else:
-            store = redact("uri", mlflow.get_tracking_uri())
-            create_markdown_artifact(
-                key=key,
-                description=description,
-                markdown=(
-                    f"MLflow run `{run_id}` (stage {stage}) is in a local store. To open it, run\n\n"
-                    f"    mlflow ui --backend-store-uri {store}\n\n"
-                    f"and go to `http://127.0.0.1:5000/#/experiments/{exp_id}/runs/{run_id}`."
-                ),
-            )
-    except Exception as exc:  # the link is a convenience; never fail a stage over it
-        warnings.warn(f"could not create the Prefect artifact linking MLflow run {run_id}: {exc}", stacklevel=2)
 
 
 def active_run() -> Any:
@@ -496,79 +296,6 @@ def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in sorted(MlflowClient().get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
-CHAMPION = "champion"  # the registry alias that always names the newest registered version
-_SERVING_PACKAGES = ("mlflow", "transformers", "torch", "tokenizers", "safetensors")
-
-
-def register_model(
-    hf_dir: Path,
-    name: str,
-    tags: dict[str, str],
-    description: str,
-    artifact_path: str = "model",
-    *,
-    prompt_template: str,
-    input_example: str,
-    max_new_tokens: int = 64,
-    alias: str = CHAMPION,
-) -> str:
-    """Log the transformers folder `hf_dir` to the active run as an MLflow transformers model
-    (a text-generation pipeline), register it as a new version of `name` and point `alias` at it.
-
-    `prompt_template` (str.format with `prompt`) turns a plain question into the model's chat
-    prompt, so `mlflow.pyfunc.load_model("models:/<name>@<alias>").predict(["..."])` answers
-    without the caller knowing the template. The registered model is created on first use;
-    returns the new version number.
-    """
-    from importlib.metadata import version
-
-    import mlflow
-    import transformers
-    from huggingface_hub import ModelCard
-    from mlflow.exceptions import MlflowException
-    from mlflow.models import ModelSignature
-    from mlflow.tracking import MlflowClient
-    from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
-
-    run = active_run()
-    hf_dir = Path(hf_dir)
-    if not (hf_dir / "config.json").is_file() or not (hf_dir / "tokenizer.json").is_file():
-        raise FileNotFoundError(
-            f"{hf_dir} is not a transformers model folder with a tokenizer (config.json, tokenizer.json): "
-            "pass the folder models.export.export_hf_llama wrote with tokenizer_json"
-        )
-    pipe = transformers.pipeline("text-generation", model=str(hf_dir), tokenizer=str(hf_dir), device="cpu")
-    signature = ModelSignature(
-        inputs=Schema([ColSpec("string")]),
-        outputs=Schema([ColSpec("string")]),
-        params=ParamSchema([ParamSpec("max_new_tokens", "long", max_new_tokens), ParamSpec("do_sample", "boolean", False)]),
-    )
-    info = mlflow.transformers.log_model(
-        pipe,
-        name=artifact_path,
-        task="text-generation",
-        signature=signature,
-        input_example=[input_example],
-        prompt_template=prompt_template,
-        model_config={"max_new_tokens": max_new_tokens, "do_sample": False},
-        # A card of our own: MLflow would otherwise look the local folder up on the Hugging Face Hub.
-        model_card=ModelCard(f"---\nlicense: other\n---\n{description}\n"),
-        # Pinned here: MLflow's own default list asks for torchvision, which we do not install.
-        pip_requirements=[f"{pkg}=={version(pkg)}" for pkg in _SERVING_PACKAGES],
-    )
-    client = MlflowClient()
-    try:
-        client.create_registered_model(name, description=description)
-    except MlflowException as exc:
-        if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
-            raise
-    version = client.create_model_version(
-        name, source=info.model_uri, run_id=run.info.run_id, tags=tags, description=description
-    )
-    client.set_registered_model_alias(name, alias, version.version)
-    return str(version.version)
-
-
 def tag_active_run(key: str, value: str) -> None:
     """Tag the active MLflow run when there is one; stages also run outside any run (tests, notebooks)."""
     import mlflow
@@ -594,17 +321,6 @@ def workspace_runs(ws: Workspace) -> list[dict[str, Any]]:
         token = page.token
         if not token:
             return runs
-
-
-def registered_version_refs(ws: Workspace) -> list[dict[str, Any]]:
-    """Every registered model version of the workspace's store: name, version, run id, tags."""
-    from mlflow.tracking import MlflowClient
-
-    configure(ws)
-    return [
-        {"name": v.name, "version": v.version, "run_id": v.run_id, "tags": dict(v.tags or {})}
-        for v in MlflowClient().search_model_versions(max_results=10_000)
-    ]
 
 
 def where_to_see_run(ws: Workspace, run_id: str) -> str:

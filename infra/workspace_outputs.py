@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.paths import Workspace
-from infra.tracking import registered_version_refs, workspace_runs
+from infra.tracking import configure, workspace_runs
 
 OUT_TAG = "llmforge.out."
 
@@ -38,6 +38,17 @@ def output_folders(ws: Workspace) -> list[Path]:
 def run_outputs(run: dict[str, Any]) -> list[str]:
     """The output folders (relative to the workspace) a run's tags name."""
     return sorted(v for k, v in run["tags"].items() if k.startswith(OUT_TAG))
+
+
+def registered_version_refs(ws: Workspace) -> list[dict[str, Any]]:
+    """Every registered model version of the workspace's store: name, version, run id, tags."""
+    from mlflow.tracking import MlflowClient
+
+    configure(ws)
+    return [
+        {"name": v.name, "version": v.version, "run_id": v.run_id, "tags": dict(v.tags or {})}
+        for v in MlflowClient().search_model_versions(max_results=10_000)
+    ]
 
 
 def referenced(ws: Workspace, runs: list[dict[str, Any]]) -> set[str]:

@@ -18,15 +18,17 @@ Two levels:
 
 Answers are independent questions, so each accuracy comes with a Wilson 95% interval and
 each ECE with a bootstrap one (tasks/eval/intervals.py); consecutive models (base -> SFT ->
-GRPO) are compared by a paired interval on the same questions; the accuracy-coverage curve,
-AURC and the threshold reaching `target_accuracy` say what the confidence is worth for
-answering selectively (tasks/eval/selective.py). Token predictions are not independent (one
+GRPO) are compared by a paired interval on the same questions (tasks/eval/differences.py);
+the accuracy-coverage curve, AURC and the threshold reaching `target_accuracy` say what the
+confidence is worth for answering selectively (tasks/eval/selective.py). Token predictions are not independent (one
 text, overlapping contexts), so token metrics get no intervals.
+
+This module computes and writes numbers (eval.json); tasks/reports/eval.py renders them.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -37,7 +39,7 @@ from pydantic import BaseModel, Field
 
 from tasks.eval.choices import ChoiceRecord, choice_records
 from tasks.eval.config import EvalConfig
-from tasks.eval.intervals import PairedDifference, Proportion, bootstrap_ece_interval, paired_difference, proportion
+from tasks.eval.intervals import Proportion, bootstrap_ece_interval, proportion
 from tasks.eval.selective import SelectiveReport, selective_report
 from models.calibration import (
     CalibrationReport,
@@ -52,9 +54,6 @@ from models.llama import Transformer
 from infra.atomic import write_text_atomic
 
 EVAL_FILE = "eval.json"
-TOKEN_RELIABILITY_PNG = "reliability_tokens.png"
-ANSWER_RELIABILITY_PNG = "reliability_answers.png"
-CHOICE_RELIABILITY_PNG = "reliability_choices.png"
 
 
 class AnswerRecord(BaseModel):
@@ -335,10 +334,10 @@ def evaluate_checkpoint(
     out_dir: Path,
     name: str | None = None,
 ) -> EvalResult:
-    """Evaluate a saved model (safetensors + config.json) on the val split; write eval.json and reliability PNGs."""
+    """Evaluate a saved model (safetensors + config.json) on the val split; write eval.json (its reliability
+    diagrams are the report's: tasks/reports/eval.write_reliability_diagrams)."""
     from models.export import load_model
     from tasks.eval.arithmetic import make_problems
-    from tasks.reports.plots import reliability_diagram_png
     from tasks.tokenizer.tokenize_shards import load_token_split
     from tasks.tokenizer.train import load_tokenizer
 
@@ -352,25 +351,8 @@ def evaluate_checkpoint(
         )
     label = name or Path(model_dir).name
     result = evaluate_model(model, val, tokenizer, problems, cfg, few_shot=label in cfg.few_shot_models)
-    out_dir = Path(out_dir)
-    write_text_atomic(out_dir / EVAL_FILE, result.model_dump_json(indent=2))
-    reliability_diagram_png(
-        result.token_bins, out_dir / TOKEN_RELIABILITY_PNG, f"{label}: next-token", result.token_calibration.ece
-    )
-    prompt = "few-shot prompt" if result.answer_format == "few_shot" else "chat"
-    for report, bins, png, what in ((result.answer_calibration, result.answer_bins, ANSWER_RELIABILITY_PNG, "answers"),
-                                    (result.choice_calibration, result.choice_bins, CHOICE_RELIABILITY_PNG, "multiple choice")):
-        if report is not None and bins is not None:
-            value, lo, hi = bins_ece(report, bins)
-            reliability_diagram_png(bins, out_dir / png, f"{label}: {what} ({prompt})", value, (lo, hi))
+    write_text_atomic(Path(out_dir) / EVAL_FILE, result.model_dump_json(indent=2))
     return result
-
-
-def bins_ece(report: CalibrationReport, bins: ReliabilityBins) -> tuple[float, float | None, float | None]:
-    """The ECE of `report` binned as `bins` are (equal width or equal mass), with its interval."""
-    if bins.strategy == "quantile":
-        return report.ece_equal_mass, report.ece_equal_mass_lo, report.ece_equal_mass_hi
-    return report.ece, report.ece_lo, report.ece_hi
 
 
 def load_eval_result(out_dir: Path) -> EvalResult:
@@ -379,170 +361,6 @@ def load_eval_result(out_dir: Path) -> EvalResult:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; run evaluate_checkpoint for this model first")
     return EvalResult.model_validate_json(path.read_text(encoding="utf-8"))
-
-
-# ----------------------------------------------------------------------------- comparison
-
-_ROWS: tuple[tuple[str, str, str], ...] = (
-    # (label, metric key in EvalResult.metrics(), format); `<key>_lo`/`_hi`, where logged, print as [lo, hi]
-    ("val loss", "val_loss", ".4f"),
-    ("perplexity", "val_ppl", ".2f"),
-    ("next-token accuracy", "token.accuracy", ".4f"),
-    ("token ECE", "token.ece", ".4f"),
-    ("token ECE (equal mass)", "token.ece_equal_mass", ".4f"),
-    ("token MCE", "token.mce", ".4f"),
-    ("token Brier", "token.brier", ".4f"),
-    ("token NLL (top-1 conf.)", "token.nll", ".4f"),
-    ("fitted temperature", "token.temperature", ".3f"),
-    ("token ECE held-out, T=1", "token.ece_heldout", ".4f"),
-    ("token ECE held-out, fitted T", "token.ece_after_temperature", ".4f"),
-    ("answer accuracy [95% CI]", "answer.accuracy", ".3f"),
-    ("answer accuracy, operands in the training range", "answer_in_range.accuracy", ".3f"),
-    ("answer ECE", "answer.ece", ".4f"),
-    ("answer ECE (equal mass)", "answer.ece_equal_mass", ".4f"),
-    ("answer Brier", "answer.brier", ".4f"),
-    ("answer NLL", "answer.nll", ".4f"),
-    ("answer AURC", "answer.aurc", ".4f"),
-    ("multiple-choice accuracy", "choice.accuracy", ".3f"),
-    ("multiple-choice ECE (equal mass)", "choice.ece_equal_mass", ".4f"),
-    ("multiple-choice Brier", "choice.brier", ".4f"),
-    ("multiple-choice AURC", "choice.aurc", ".4f"),
-)
-_NOT_ANSWERED = "n/a (no answer)"
-
-
-def _cell(metrics: Mapping[str, float], key: str, fmt: str) -> str:
-    if key.startswith("answer") and metrics.get("answer.n_answered") == 0:
-        return _NOT_ANSWERED
-    if key not in metrics:
-        return "-"
-    text = format(metrics[key], fmt)
-    if f"{key}_lo" in metrics and f"{key}_hi" in metrics:
-        text += f" [{metrics[f'{key}_lo']:{fmt}}, {metrics[f'{key}_hi']:{fmt}}]"
-    return text
-
-
-def _questions(r: EvalResult) -> str:
-    if not r.answers:
-        return "-"
-    prompt = "few-shot" if r.answer_format == "few_shot" else "chat"
-    return f"{len(r.answers)} ({r.n_answered} answered, {prompt})"
-
-
-def comparison_table(results: Mapping[str, EvalResult]) -> str:
-    """Markdown table: one row per metric, one column per model (e.g. base, sft, grpo); '-' where not measured,
-    n/a where a model stated no answer."""
-    names = list(results)
-    metrics = {n: r.metrics() for n, r in results.items()}
-    lines = ["| metric | " + " | ".join(names) + " |", "|---" + "|---:" * len(names) + "|"]
-    for label, key, fmt in _ROWS:
-        lines.append(f"| {label} | " + " | ".join(_cell(metrics[n], key, fmt) for n in names) + " |")
-    lines.append("| questions (answered, prompt) | " + " | ".join(_questions(results[n]) for n in names) + " |")
-    return "\n".join(lines)
-
-
-# Paired differences are taken on all answers, on the answers within the training range, and on multiple choice.
-_LEVELS = ("answer", "answer_in_range", "choice")
-
-
-def _correct_by_question(result: EvalResult, level: str) -> dict[str, bool]:
-    if level == "choice":
-        return {c.question: c.correct for c in result.choices}
-    if result.answer_calibration is None:
-        return {}  # n/a: no answers to compare
-    return {a.question: a.correct for a in result.answers if level == "answer" or a.in_train_range}
-
-
-def stage_differences(results: Mapping[str, EvalResult]) -> dict[str, PairedDifference]:
-    """Each model against the one before it (base -> sft -> grpo), paired on the questions both were asked:
-    keys `<b>_vs_<a>.answer`, `.answer_in_range` and `.choice`; none where a side has n/a."""
-    names = list(results)
-    out: dict[str, PairedDifference] = {}
-    for a, b in zip(names, names[1:]):
-        for level in _LEVELS:
-            ca, cb = _correct_by_question(results[a], level), _correct_by_question(results[b], level)
-            common = [q for q in cb if q in ca]
-            if common:
-                out[f"{b}_vs_{a}.{level}"] = paired_difference([ca[q] for q in common], [cb[q] for q in common])
-    return out
-
-
-def difference_metrics(results: Mapping[str, EvalResult]) -> dict[str, float]:
-    """The paired differences as MLflow metrics: `grpo_vs_sft.answer.accuracy_diff` and its `_lo`, `_hi`."""
-    out: dict[str, float] = {}
-    for key, d in stage_differences(results).items():
-        out[f"{key}.accuracy_diff"] = d.difference
-        out[f"{key}.accuracy_diff_lo"] = d.lo
-        out[f"{key}.accuracy_diff_hi"] = d.hi
-    return out
-
-
-def differences_table(results: Mapping[str, EvalResult]) -> str:
-    """Markdown: each model's accuracy minus the previous one's, paired 95% interval, and whether it is significant."""
-    diffs = stage_differences(results)
-    names = list(results)
-    lines = ["| accuracy difference (paired, 95% CI) | answers | answers, operands in the training range "
-             "| multiple choice |", "|---|---|---|---|"]
-    for a, b in zip(names, names[1:]):
-        cells = [diffs[f"{b}_vs_{a}.{level}"].describe() if f"{b}_vs_{a}.{level}" in diffs else "n/a"
-                 for level in _LEVELS]
-        lines.append(f"| {b} − {a} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def selective_table(results: Mapping[str, EvalResult]) -> str:
-    """Markdown: AURC and the confidence threshold that reaches the target accuracy, per model and task."""
-    target = next((s.target_accuracy for r in results.values() for s in (r.answer_selective, r.choice_selective)
-                   if s is not None), None)
-    head = f"threshold for accuracy ≥ {target:.2f}" if target is not None else "threshold"
-    lines = [f"| model, task | AURC (E-AURC) | {head} | coverage | accuracy there [95% CI] |", "|---|---:|---:|---:|---|"]
-    for name, r in results.items():
-        for what, sel in (("answers", r.answer_selective), ("multiple choice", r.choice_selective)):
-            if sel is None:
-                if what == "answers" and r.answers:
-                    lines.append(f"| {name}, {what} | {_NOT_ANSWERED} | | | |")
-                continue
-            if sel.threshold_at_target is None:
-                reach = "not reached | 0 | -"
-            else:
-                reach = (f"{sel.threshold_at_target:.3g} | {sel.coverage_at_target:.1%} ({sel.answered_at_target}) | "
-                         f"{sel.accuracy_at_target:.3f} [{sel.accuracy_at_target_lo:.3f}, {sel.accuracy_at_target_hi:.3f}]")
-            lines.append(f"| {name}, {what} | {sel.aurc:.4f} ({sel.e_aurc:.4f}) | {reach} |")
-    return "\n".join(lines)
-
-
-def comparison_markdown(results: Mapping[str, EvalResult]) -> str:
-    """The three comparison tables: metrics, paired differences, selective prediction."""
-    return "\n\n".join([comparison_table(results), differences_table(results), selective_table(results)])
-
-
-def write_comparison(results: Mapping[str, EvalResult], out_dir: Path) -> tuple[Path, Path]:
-    """comparison.md and calibration_comparison.png (answer-level for the models that answered, else token-level)."""
-    from tasks.reports.plots import compare_models_png
-
-    out_dir = Path(out_dir)
-    md = write_text_atomic(out_dir / "comparison.md", comparison_markdown(results) + "\n")
-    answered = {n: r for n, r in results.items() if r.answer_calibration is not None}
-    if answered:
-        reports = {n: (r.answer_calibration, r.answer_bins) for n, r in answered.items()}
-        missing = [n for n in results if n not in answered]
-        title = "Calibration of answers" + (f" (n/a, no answers: {', '.join(missing)})" if missing else "")
-    else:
-        reports = {n: (r.token_calibration, r.token_bins) for n, r in results.items()}
-        title = "Calibration of next-token predictions"
-    png = compare_models_png(reports, out_dir / "calibration_comparison.png", title)
-    return md, png
-
-
-def write_accuracy_coverage(results: Mapping[str, EvalResult], out_dir: Path) -> Path | None:
-    """accuracy_coverage.png: each model's accuracy-coverage curves (answers, multiple choice); None without any."""
-    from tasks.reports.plots import accuracy_coverage_png
-
-    curves = {f"{n}, {what}": sel for n, r in results.items()
-              for what, sel in (("answers", r.answer_selective), ("multiple choice", r.choice_selective)) if sel is not None}
-    if not curves:
-        return None
-    return accuracy_coverage_png(curves, Path(out_dir) / "accuracy_coverage.png")
 
 
 evaluate_checkpoint_task = task(evaluate_checkpoint, name="evaluate")

@@ -26,18 +26,17 @@ from infra.paths import Workspace, point_latest
 from infra.tracking import active_run, log_artifact, log_metrics, metric_history
 from tasks.data.funnel import funnel_markdown, funnel_totals
 from tasks.data.manifest import load_manifest
-from tasks.eval.evaluate import (
-    EvalResult,
+from tasks.eval.differences import difference_metrics, stage_differences
+from tasks.eval.evaluate import EvalResult
+from tasks.eval.intervals import proportion, proportion_of
+from tasks.reports.data import publish_prefect_artifact
+from tasks.reports.eval import (
     comparison_table,
-    difference_metrics,
     differences_table,
     selective_table,
-    stage_differences,
     write_accuracy_coverage,
     write_comparison,
 )
-from tasks.eval.intervals import proportion, proportion_of
-from tasks.reports.data import publish_prefect_artifact
 from tasks.reports.plots import loss_curve_png
 from tasks.reports.register import lineage_tags, register_final_model
 

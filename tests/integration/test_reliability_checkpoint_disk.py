@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from infra.paths import Workspace
-from infra.tracking import StoreFullError, stage_run, tracking_uri
+from infra.store_errors import StoreFullError
+from infra.tracking import stage_run, tracking_uri
 from tasks.training.checkpoint import (
     CKPT_SUMS_FILE,
     checkpoint_tags,

@@ -12,13 +12,8 @@ from models.llama import model_config
 from tasks.eval.answers import greedy_answers
 from tasks.eval.arithmetic import ArithmeticProblem, few_shot_prompt, make_problems, parse_question
 from tasks.eval.choices import choice_records, options_for, sequence_logprobs
-from tasks.eval.evaluate import (
-    comparison_table,
-    difference_metrics,
-    differences_table,
-    selective_table,
-    stage_differences,
-)
+from tasks.eval.differences import difference_metrics, stage_differences
+from tasks.reports.eval import comparison_table, differences_table, selective_table
 from tasks.eval.rewards import integer_exact, parse_integer
 from tests.conftest import bpe_tokenizer_on, eval_result_with_answers, tiny_llama
 

@@ -15,16 +15,19 @@ from models.llama import Transformer
 from models.losses import next_token_loss
 from tasks.eval.arithmetic import make_problems
 from tasks.eval.evaluate import (
-    _ROWS,
     EVAL_FILE,
-    TOKEN_RELIABILITY_PNG,
     EvalConfig,
-    comparison_table,
     evaluate_checkpoint,
     evaluate_model,
     in_train_range,
     load_eval_result,
+)
+from tasks.reports.eval import (
+    _ROWS,
+    TOKEN_RELIABILITY_PNG,
+    comparison_table,
     write_comparison,
+    write_reliability_diagrams,
 )
 from tasks.tokenizer.tokenize_shards import TokenFile, TokenShards
 from tests.conftest import bpe_tokenizer_on, tiny_llama
@@ -187,7 +190,7 @@ def _write_val_split(out_dir: Path, tokens: np.ndarray, vocab: int) -> None:
     (out_dir / "index.json").write_text(index.model_dump_json())
 
 
-def test_evaluate_checkpoint_writes_json_and_figures(tmp_path: Path) -> None:
+def test_evaluate_checkpoint_writes_json_and_the_report_draws_its_figures(tmp_path: Path) -> None:
     tok = tiny_tokenizer()
     tok_path = tmp_path / "tokenizer" / "tokenizer.json"
     tok_path.parent.mkdir()
@@ -202,11 +205,15 @@ def test_evaluate_checkpoint_writes_json_and_figures(tmp_path: Path) -> None:
     saved = json.loads((out / EVAL_FILE).read_text())
     assert saved["n_tokens"] == 200 and len(saved["answers"]) == 5
     assert load_eval_result(out) == result
-    assert (out / TOKEN_RELIABILITY_PNG).stat().st_size > 5_000
+    assert sorted(p.name for p in out.iterdir()) == [EVAL_FILE]  # numbers only: the figures are the report's
     # "base" is in few_shot_models: asked with the completion prompt, not the chat template it never saw.
     assert saved["answer_format"] == "few_shot" and result.answer_format == "few_shot"
-    assert (out / "reliability_choices.png").stat().st_size > 5_000
-    assert (out / "reliability_answers.png").is_file() == (result.answer_calibration is not None)
+    figures = tmp_path / "report" / "base"
+    pngs = write_reliability_diagrams(result, "base", figures)
+    assert (figures / TOKEN_RELIABILITY_PNG).stat().st_size > 5_000
+    assert (figures / "reliability_choices.png").stat().st_size > 5_000
+    assert (figures / "reliability_answers.png").is_file() == (result.answer_calibration is not None)
+    assert sorted(pngs) == sorted(figures.glob("*.png"))
     # The same model evaluated in memory gives the same numbers as from its checkpoint.
     again = evaluate_model(tiny_llama(vocab=vocab), tokens, cfg=cfg.model_copy(update={"n_questions": 0}))
     assert again.val_loss == pytest.approx(result.val_loss, rel=1e-6)

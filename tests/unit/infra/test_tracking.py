@@ -1,6 +1,6 @@
-"""infra.tracking against a real SQLite MLflow store: redaction by whole key segments, run
-names and origin tags (git, entry point, Prefect flow run), the Prefect artifact linking
-back to the run, and the status a run ends with."""
+"""infra.tracking against a real SQLite MLflow store: every param of a preset logged as is, run
+names and origin tags (git, entry point, Prefect flow run, infra/provenance.py), the Prefect
+artifact linking back to the run, and the status a run ends with."""
 from __future__ import annotations
 
 import re
@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-import infra.tracking as tracking
+import infra.provenance as provenance
 from infra.paths import Workspace
-from infra.tracking import describe_overrides, end_status, git_state, redact, stage_run
+from infra.provenance import git_state, link_prefect_to_run
+from infra.tracking import describe_overrides, end_status, stage_run
 
 
 @pytest.fixture
@@ -28,34 +29,7 @@ def _run(run_id: str):
     return MlflowClient().get_run(run_id)
 
 
-# ----------------------------------------------------------------------------- redaction
-
-SECRET_KEYS = [
-    "hub.token", "token", "hf_token", "HF_TOKEN", "auth_token", "access_token", "hub.accessToken",
-    "api_key", "apiKey", "apikey", "openai.api_key", "db.password", "passwd", "secret", "secret_sauce",
-    "secret_key", "client_secret", "credential", "aws.credentials", "ssh.private_key",
-]
-PLAIN_KEYS = [
-    "tokenizer.vocab_size", "tokenizer.seed", "tokenize.batch_size",
-    "data.mix.tokenizer", "grpo.max_new_tokens", "eval.max_tokens", "eval.max_answer_tokens",
-    "eval.temperature_tokens", "tokenizer.bos_token", "model.pad_token_id", "train.tokens_per_step",
-    "keyboard_layout", "db.port",
-]
-
-
-@pytest.mark.parametrize("key", SECRET_KEYS)
-def test_secret_named_keys_are_redacted(key) -> None:
-    assert redact(key, "s3cr3t") == "***"
-
-
-@pytest.mark.parametrize("key", PLAIN_KEYS)
-def test_keys_that_only_contain_a_secret_word_are_kept(key) -> None:
-    assert redact(key, "512") == "512"
-
-
-def test_uri_userinfo_is_still_redacted() -> None:
-    assert redact("tracking.uri", "https://bob:pa55@mlflow.example/") == "https://***@mlflow.example/"
-
+# ----------------------------------------------------------------------------- redacted params
 
 def test_no_param_of_the_tiny_preset_is_hidden(ws) -> None:
     from flows.config import load_pipeline_config
@@ -85,7 +59,7 @@ def test_run_name_defaults_to_the_stage_and_can_be_given(ws) -> None:
 
 def test_a_new_run_carries_the_git_commit_and_entry_point(ws, monkeypatch) -> None:
     monkeypatch.setattr("sys.argv", ["/usr/local/bin/llmforge", "run"])
-    head = subprocess.run(["git", "-C", str(tracking.REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    head = subprocess.run(["git", "-C", str(provenance.REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
     with stage_run(ws, "data") as run:
         pass
     tags = _run(run.info.run_id).data.tags
@@ -100,7 +74,7 @@ def test_git_tags_are_absent_outside_a_git_checkout(ws, tmp_path, monkeypatch) -
     outside = tmp_path / "not-a-checkout"
     outside.mkdir()
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
-    monkeypatch.setattr(tracking, "REPO_ROOT", outside)
+    monkeypatch.setattr(provenance, "REPO_ROOT", outside)
     assert git_state(outside) == {}
     with stage_run(ws, "data") as run:
         pass
@@ -179,7 +153,7 @@ def test_with_an_mlflow_server_the_artifact_is_a_link_to_the_run(in_flow_run, mo
 
     monkeypatch.setattr(mlflow, "get_tracking_uri", lambda: "http://mlflow.example:5000/")
     run = SimpleNamespace(info=SimpleNamespace(experiment_id="3", run_id="abc123def456789"))
-    tracking._link_prefect_to_run("Eval base", run, {"id": FLOW_RUN_ID})
+    link_prefect_to_run("Eval base", run, {"id": FLOW_RUN_ID})
     [(kind, kw)] = in_flow_run
     assert kind == "link" and kw["link"] == "http://mlflow.example:5000/#/experiments/3/runs/abc123def456789"
     assert kw["key"] == "mlflow-eval-base-abc123def456"

@@ -11,7 +11,8 @@ import pytest
 from infra.paths import Workspace
 from infra.tracking import stage_run
 from tasks.data.manifest import Manifest, write_manifest
-from tasks.eval.evaluate import EVAL_FILE, stage_differences
+from tasks.eval.differences import stage_differences
+from tasks.eval.evaluate import EVAL_FILE
 from tasks.reports.card import write_final_report
 from tasks.reports.eval import log_comparison
 from tests.conftest import eval_result_with_answers
@@ -84,6 +85,8 @@ def test_eval_run_logs_intervals_differences_and_figures(tmp_path: Path, monkeyp
     assert markdown in (tmp_path / "out" / "comparison.md").read_text()
     artifacts = {f.path for f in mlflow.MlflowClient().list_artifacts(run.info.run_id, "eval")}
     assert {"eval/comparison.md", "eval/calibration_comparison.png", "eval/accuracy_coverage.png"} <= artifacts
+    per_model = {f.path for f in mlflow.MlflowClient().list_artifacts(run.info.run_id, "eval/sft")}
+    assert per_model == {"eval/sft/eval.json", "eval/sft/reliability_tokens.png", "eval/sft/reliability_answers.png"}
 
 
 def test_paired_difference_is_by_question() -> None:

@@ -9,7 +9,8 @@ import numpy as np
 
 from models.calibration import calibration_report, reliability_bins
 from tasks.eval.answers import AnswerScore
-from tasks.eval.evaluate import EvalResult, comparison_table
+from tasks.eval.evaluate import EvalResult
+from tasks.reports.eval import comparison_table
 from tasks.training.grpo.loop import eval_metrics
 from tasks.training.grpo.worker import heldout_metrics
 

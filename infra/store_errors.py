@@ -1,0 +1,63 @@
+"""MLflow's own store on a full disk, told apart from any other failure and named.
+
+When logging to a run or ending it fails because the store (its SQLite file or its
+artifacts) has no space left, the run's code gets a `StoreFullError`: an OSError with errno
+ENOSPC that names the store and says what to do, instead of SQLite's bare "database or disk
+is full" or an error about a file it never wrote.
+"""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+from infra.paths import Workspace
+from infra.redaction import redact
+
+
+class StoreFullError(OSError):
+    """MLflow's store is on a full disk: an OSError with errno ENOSPC whose message names the store."""
+
+
+def _store_location(uri: str) -> str:
+    """The store's file (a SQLite tracking URI), else the tracking URI with any credentials hidden."""
+    if uri.startswith("sqlite:///"):
+        return uri.removeprefix("sqlite:///")
+    return redact("uri", uri)
+
+
+def _is_store_full(exc: BaseException, ws: Workspace, stop: BaseException | None = None) -> bool:
+    """Whether `exc` (or what caused it, up to `stop`) says MLflow's store ran out of space:
+    SQLite's "database or disk is full", or ENOSPC/EDQUOT on a file of the store or its artifacts."""
+    store_files = (ws.mlflow_db, ws.mlflow_artifacts)
+    seen: BaseException | None = exc
+    while seen is not None and seen is not stop:
+        if "database or disk is full" in str(seen):
+            return True
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT) and seen.filename:
+            path = Path(os.fsdecode(seen.filename)).resolve()
+            if any(path == f or f in path.parents for f in (Path(p).resolve() for p in store_files)):
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def store_full_error(ws: Workspace, store_uri: str, run: Any, exc: BaseException, status: str | None = None,
+                     after: BaseException | None = None) -> StoreFullError | None:
+    """A StoreFullError when `exc` is MLflow's store running out of space, else None.
+
+    `store_uri`: the tracking URI of the store (infra.tracking.tracking_uri), named in the message;
+    `status`: the status `run` could not be given; `after`: the error the run's code raised first.
+    """
+    if isinstance(exc, StoreFullError) or not _is_store_full(exc, ws, stop=after):
+        return None
+    logging_failed = after is not None and _is_store_full(after, ws)
+    if status is None:
+        what = f"logging to run {run.info.run_id} failed"
+    else:
+        what = f"{'logging to run failed and ' if logging_failed else ''}run {run.info.run_id} could not be marked {status}"
+    first = f"; the run had failed with: {after}" if after is not None and not logging_failed else ""
+    return StoreFullError(errno.ENOSPC, f"MLflow's store at {_store_location(store_uri)} is on a full disk (No space left "
+                                        f"on device): {what}{first}. Make room there (or point MLFLOW_TRACKING_URI "
+                                        "at another store) and rerun")
