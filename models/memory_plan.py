@@ -26,11 +26,12 @@ this model's layer as models/llama.py writes it, counting what autograd saves:
     each RMSNorm: its fp32 input (4 sbh) and the normalised e sbh      -> 2 * (4 + e) sbh, whole
     the norm outputs the Q/K/V and gate/up matmuls save               -> 2 e sbh, whole
     Q, and K, V at k/a of Q's size (GQA), saved by attention          -> e (1 + 2k/a) sbh / tp
-    fused attention (SDPA flash / memory-efficient): its output e sbh and fp32 log-sum-exp 4 abs;
-    no s^2 score matrix, no dropout masks                              -> (e sbh + 4 abs) / tp
-    the output projection's input (a reshaped copy)                    -> e sbh / tp
+    fused attention (SDPA flash / memory-efficient): its output e sbh, also the output
+    projection's input (flash writes it [b, s, a, d]: the reshape is a view), and its fp32
+    log-sum-exp 4 abs; no s^2 score matrix, no dropout masks            -> (e sbh + 4 abs) / tp
     SwiGLU: gate, silu(gate), up, and their product, the down input    -> 4 e sbf / tp
-    per layer: sbh (8 + 4e) + [sbh e (3 + 2k/a + 4f/h) + 4abs] / tp
+    per layer: sbh (8 + 4e) + [sbh e (2 + 2k/a + 4f/h) + 4abs] / tp
+    (left out: RMSNorm's fp32 1/rms, 8 sb, and RoPE's cos and sin, 2 s d e: under 1% here)
 The head on the last stage: final norm and head input (4 + 2e) sbh, the logits e sbV / tp, the
 fp32 log-softmax the loss saves and its fp32 gradient in backward 8 sbV / tp (models/losses.py).
 Full activation checkpointing keeps each layer's input (e sbh) and recomputes one layer at a time.
@@ -230,7 +231,7 @@ def layer_activation_bytes(cfg, seq_len: int, micro_batch: int, tp: int, e: int)
     """What autograd keeps of one block for one micro-batch (the formula in the module docstring)."""
     sbh = seq_len * micro_batch * cfg.dim
     whole = sbh * (8 + 4 * e)
-    split = (sbh * e * (3 + 2 * cfg.n_kv_heads / cfg.n_heads + 4 * cfg.ffn_hidden / cfg.dim)
+    split = (sbh * e * (2 + 2 * cfg.n_kv_heads / cfg.n_heads + 4 * cfg.ffn_hidden / cfg.dim)
              + 4 * cfg.n_heads * seq_len * micro_batch)
     return int(whole + split / tp)
 

@@ -207,3 +207,35 @@ def test_cli_errors_are_one_line_and_exit_2(args, says, capsys):
 def test_the_module_imports_no_torch():
     code = "import sys, models.memory_plan; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def _saved_activation_bytes(cfg: ModelConfig, dtype: torch.dtype, batch: int, seq_len: int) -> int:
+    """Bytes of the tensors autograd saves for backward in one forward + loss (weights left out)."""
+    from models.losses import next_token_loss
+
+    torch.manual_seed(0)
+    model = Transformer(cfg).to(dtype)
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in weights:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    idx = torch.randint(0, cfg.vocab_size, (batch, seq_len))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        next_token_loss(model(idx), idx)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("dtype, e", [(torch.float32, 4), (torch.bfloat16, 2)])
+def test_layer_activations_match_what_autograd_saves(dtype, e):
+    """One block's formula against the tensors autograd really keeps (the difference of 4 and 2 layers)."""
+    from models.memory_plan import layer_activation_bytes
+
+    cfg = CONFIGS["demo"]
+    batch, seq_len = 2, 128
+    two, four = (_saved_activation_bytes(cfg.model_copy(update={"n_layers": n}), dtype, batch, seq_len) for n in (2, 4))
+    assert layer_activation_bytes(cfg, seq_len, batch, tp=1, e=e) == pytest.approx((four - two) / 2, rel=0.05)
