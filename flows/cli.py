@@ -116,10 +116,6 @@ def _gc(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gb(n: int) -> str:
-    return f"{n / 2**30:.1f}"
-
-
 def _plan(args: argparse.Namespace) -> int:
     import json
 
@@ -135,11 +131,18 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"n_params": result.n_params, "layouts": [p.as_dict() for p in result.layouts]}, indent=1))
         return 0
-    print(f"{args.model}: {result.n_params / 1e9:.2f}B params, seq len {result.seq_len}, micro-batch "
+    # GB of 2**30 bytes, or MB of 2**20 for a model too small to show in GB
+    unit, name = (GiB, "GB") if max(p.total_bytes for p in result.layouts) >= GiB else (2**20, "MB")
+
+    def size(n: int) -> str:
+        return f"{n / unit:.1f}"
+
+    n = result.n_params
+    print(f"{args.model}: {f'{n / 1e9:.2f}B' if n >= 1e9 else f'{n / 1e6:.1f}M'} params, seq len {result.seq_len}, micro-batch "
           f"{result.micro_batch}, {result.precision}, {args.devices} devices of {args.device_mem:g} GB "
-          "(GB = 2**30 bytes, per device; ckpt = full activation checkpointing)")
+          f"({name} per device, of 2**{30 if unit == GiB else 20} bytes; ckpt = full activation checkpointing)")
     cols = ("dp", "tp", "pp", "zero", "params", "grads", "optim", "act", "act ckpt", "comm", "total", "total ckpt", "fits")
-    rows = [(p.dp, p.tp, p.pp, p.zero, *map(_gb, (p.params_bytes, p.grads_bytes, p.optimizer_bytes, p.activations_bytes,
+    rows = [(p.dp, p.tp, p.pp, p.zero, *map(size, (p.params_bytes, p.grads_bytes, p.optimizer_bytes, p.activations_bytes,
              p.activations_checkpointed_bytes, p.comm_bytes, p.total_bytes, p.total_checkpointed_bytes)),
              "yes" if p.fits else "ckpt" if p.fits_checkpointed else "no") for p in result.layouts]
     print("| " + " | ".join(cols) + " |")
@@ -153,7 +156,7 @@ def _plan(args: argparse.Namespace) -> int:
     else:
         print(f"fastest that fits: dp {best.dp} x tp {best.tp} x pp {best.pp}, ZeRO-{best.zero}"
               f"{'' if best.fits else ' with full activation checkpointing'}, "
-              f"{_gb(best.total_bytes if best.fits else best.total_checkpointed_bytes)} GB per device")
+              f"{size(best.total_bytes if best.fits else best.total_checkpointed_bytes)} {name} per device")
     return 0
 
 
