@@ -46,6 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
                                    "registered model version refers to. A dry run unless --apply is given.")
     _workdir(p)
     p.add_argument("--apply", action="store_true", help="really remove them (default: only list them)")
+    p = sub.add_parser("plan", help="per-device memory of every dp x tp x pp x ZeRO layout of N devices",
+                       description="Estimate per-device bytes (weights, gradients, optimizer state, activations with and "
+                                   "without checkpointing, communication buffers) of every layout DeepSpeed can run on N "
+                                   "devices, and name the fastest that fits (models/memory_plan.py says how).")
+    p.add_argument("--model", required=True, help="model preset (models/llama.py PRESETS) or a Hugging Face config.json")
+    p.add_argument("--devices", type=int, required=True, help="number of devices (GPUs) in the cluster")
+    p.add_argument("--device-mem", type=float, default=80.0, help="memory per device in GB of 2**30 bytes (default: 80)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's max positions)")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per device per micro-batch (default: 1)")
+    p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16", help="weights and activations (default: bf16)")
+    p.add_argument("--vocab-size", type=int, help="override the vocabulary (a preset's default: the one its size is quoted at)")
+    p.add_argument("--devices-per-node", type=int, default=8, help="devices per node: tp beyond it ranks last (default: 8)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
 
 
@@ -103,6 +116,50 @@ def _gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    from infra.config import ConfigError
+    from models.memory_plan import GiB, load_model, plan
+
+    try:
+        cfg = load_model(args.model, args.vocab_size)
+        result = plan(cfg, args.devices, seq_len=args.seq_len, micro_batch=args.micro_batch, precision=args.precision,
+                      device_mem_bytes=int(args.device_mem * GiB), devices_per_node=args.devices_per_node)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if args.json:
+        print(json.dumps({"n_params": result.n_params, "layouts": [p.as_dict() for p in result.layouts]}, indent=1))
+        return 0
+    # GB of 2**30 bytes, or MB of 2**20 for a model too small to show in GB
+    unit, name = (GiB, "GB") if max(p.total_bytes for p in result.layouts) >= GiB else (2**20, "MB")
+
+    def size(n: int) -> str:
+        return f"{n / unit:.1f}"
+
+    n = result.n_params
+    print(f"{args.model}: {f'{n / 1e9:.2f}B' if n >= 1e9 else f'{n / 1e6:.1f}M'} params, seq len {result.seq_len}, micro-batch "
+          f"{result.micro_batch}, {result.precision}, {args.devices} devices of {args.device_mem:g} GB "
+          f"({name} per device, of 2**{30 if unit == GiB else 20} bytes; ckpt = full activation checkpointing)")
+    cols = ("dp", "tp", "pp", "zero", "params", "grads", "optim", "act", "act ckpt", "comm", "total", "total ckpt", "fits")
+    rows = [(p.dp, p.tp, p.pp, p.zero, *map(size, (p.params_bytes, p.grads_bytes, p.optimizer_bytes, p.activations_bytes,
+             p.activations_checkpointed_bytes, p.comm_bytes, p.total_bytes, p.total_checkpointed_bytes)),
+             "yes" if p.fits else "ckpt" if p.fits_checkpointed else "no") for p in result.layouts]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "|".join("---:" for _ in cols) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(v) for v in row) + " |")
+    best = result.fastest
+    if best is None:
+        print(f"no layout fits {args.devices} devices of {args.device_mem:g} GB, even with activation checkpointing; "
+              "add devices, lower --seq-len or --micro-batch")
+    else:
+        print(f"fastest that fits: dp {best.dp} x tp {best.tp} x pp {best.pp}, ZeRO-{best.zero}"
+              f"{'' if best.fits else ' with full activation checkpointing'}, "
+              f"{size(best.total_bytes if best.fits else best.total_checkpointed_bytes)} {name} per device")
+    return 0
+
+
 # Prefect defaults for a local run; the user's own settings win. The ephemeral API's
 # start-up can take a while on a small, busy machine, and telemetry is not ours to send.
 PREFECT_DEFAULTS = {
@@ -136,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             return _runs(args)
         if args.command == "gc":
             return _gc(args)
+        if args.command == "plan":
+            return _plan(args)
         overrides = _parse_overrides(args.overrides)
         if getattr(args, "catalog", None):
             overrides["data.catalog"] = args.catalog
