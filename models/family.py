@@ -78,7 +78,8 @@ class IsoFlopRun(BaseModel):
     tokens_per_param: float
 
 
-def plan_isoflop_runs(compute: float, target_sizes: Sequence[float], members: Sequence[FamilyMember]) -> list[IsoFlopRun]:
+def plan_isoflop_runs(compute: float, target_sizes: Sequence[float],
+                      members: Sequence[FamilyMember]) -> list[IsoFlopRun]:
     """For each target N the member nearest in log N, trained for D = C / (its FLOPs per token) tokens."""
     if not compute > 0:
         raise ValueError(f"compute={compute} must be positive (training FLOPs of the budget)")

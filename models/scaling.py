@@ -3,10 +3,8 @@
     fit_isoflop_profiles(compute, n_params, loss, flops_per_token=six_n)   approach 2 -> IsoFlopFit
     fit_loss_law(n_params, tokens, loss)                                    approach 3 -> LossLaw
     law.optimum(compute)                                                    N*, D* under C = 6 N D
-    bootstrap(compute, n_params, tokens, loss, flops_per_token=six_n)      -> ScalingBootstrap:
-        .intervals(compute)                 95% intervals of a, b, alpha, beta, E, tokens/param
-        .predict(n_params, tokens)          the loss of one run, with its interval
-        .predict_at_compute(compute)        the same at the compute-optimal N*, D* of a budget
+
+Their intervals and the loss predictions are in models/scaling_bootstrap.py.
 
 Approach 2 (IsoFLOP profiles): at each compute budget C the runs trade size N against tokens
 D; the loss against log N is close to a parabola whose minimum is N_opt(C). Its partner is
@@ -26,15 +24,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 from pydantic import BaseModel
 from scipy.optimize import minimize
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 HUBER_DELTA = 1e-3  # Hoffmann et al. 2022, section 3.3
-LEVEL = 0.95
 
 FlopsPerToken = Callable[[float], float]
 
@@ -73,6 +70,10 @@ class IsoFlopMinimum(BaseModel):
     tokens: float  # D_opt(C) = C / flops_per_token(N_opt)
     loss: float  # the parabola at its vertex
     curvature: float  # coefficient of (ln N)^2; > 0 for a minimum
+
+    def parabola(self, n_params):
+        """The fitted parabola at N: loss + curvature * ln(N / N_opt)^2."""
+        return self.loss + self.curvature * np.log(np.asarray(n_params) / self.n_params) ** 2
 
 
 class IsoFlopFit(BaseModel):
@@ -191,9 +192,9 @@ _STARTS = 4  # L-BFGS runs from the best grid points only: all 4500 would take m
 def _huber_objective(theta: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray):
     """Mean Huber loss / delta of the log residuals, and its gradient; theta is [..., 5] (a, b, e, alpha, beta).
 
-    Dividing by delta leaves the minimiser unchanged but keeps the objective near 1 rather than
-    1e-7, where L-BFGS's relative stopping rule would end the search early (Besiroglu et al. 2024
-    trace Hoffmann et al.'s own estimates to that).
+    Dividing by delta leaves the minimiser unchanged but keeps the objective of order |r| / delta
+    instead of |r|, far below L-BFGS's stopping tolerances (Besiroglu et al. 2024 trace Hoffmann
+    et al.'s own estimates to a search that stopped early for that reason).
     """
     a, b, e, alpha, beta = (theta[..., i, None] for i in range(5))
     t1, t2 = a - alpha * log_n, b - beta * log_d
@@ -209,10 +210,10 @@ def _huber_objective(theta: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, lo
     return value, grad
 
 
-def _one_blas_thread():
-    """L-BFGS-B's tiny LAPACK calls run several times slower when OpenBLAS spreads them over
-    threads (measured on a 2-core machine); a bootstrap makes tens of thousands of them."""
-    return threadpool_limits(limits=1, user_api="blas")
+# OpenBLAS hands even L-BFGS-B's 5x5 LAPACK calls to its threads, and on a busy machine the
+# hand-off costs far more than the work; a bootstrap makes tens of thousands of them. One
+# controller, made once: finding the BLAS libraries again on every fit costs more than the fit.
+_BLAS = ThreadpoolController()
 
 
 def _lbfgs(start: np.ndarray, data) -> tuple[float, np.ndarray]:
@@ -260,133 +261,17 @@ def _loss_law_inputs(n_params, tokens, loss) -> tuple[np.ndarray, np.ndarray, np
     return n, d, y
 
 
-def fit_loss_law(n_params, tokens, loss) -> LossLaw:
-    """Chinchilla approach 3: Huber (delta 1e-3) on log residuals, L-BFGS from Hoffmann et al.'s grid of starts."""
-    n, d, y = _loss_law_inputs(n_params, tokens, loss)
-    values, _ = _huber_objective(_GRID, np.log(n), np.log(d), np.log(y))
-    starts = _GRID[np.argsort(values)[:_STARTS]]
-    with _one_blas_thread():
-        return _law(_fit_theta(n, d, y, starts))
+def fit_loss_law(n_params, tokens, loss, start: LossLaw | None = None) -> LossLaw:
+    """Chinchilla approach 3: Huber (delta 1e-3) on log residuals, L-BFGS from Hoffmann et al.'s grid of starts.
 
-
-# ----------------------------------------------------------------------------- bootstrap
-
-
-class Interval(BaseModel):
-    """A point estimate and its percentile-bootstrap interval."""
-
-    estimate: float
-    low: float
-    high: float
-
-
-class ScalingIntervals(BaseModel):
-    """Intervals of the fitted exponents, E, and the optimal tokens per parameter at one budget."""
-
-    level: float
-    compute: float  # where tokens_per_param is read: the law's optimum depends on C unless alpha = beta
-    a: Interval  # approach 2: N_opt ~ C^a
-    b: Interval  # approach 2: D_opt ~ C^b
-    alpha: Interval
-    beta: Interval
-    E: Interval
-    tokens_per_param: Interval  # approach 3's D_opt / N_opt at `compute`
-
-
-class LossPrediction(BaseModel):
-    """The fitted law's loss at one (N, D), with the bootstrap interval of the law there."""
-
-    n_params: float
-    tokens: float
-    compute: float  # 6 N D
-    loss: float
-    low: float
-    high: float
-    level: float
-
-
-class ScalingBootstrap(BaseModel):
-    """Both fits on all runs, and on each resample of the runs; read through its methods."""
-
-    level: float
-    seed: int
-    resamples: int
-    isoflop: IsoFlopFit
-    law: LossLaw
-    isoflop_exponents: list[tuple[float, float]]  # (a, b) of each resample whose parabolas all had a minimum
-    laws: list[LossLaw]
-
-    def _interval(self, estimate: float, samples) -> Interval:
-        tail = 100 * (1 - self.level) / 2
-        low, high = np.percentile(np.asarray(samples, dtype=float), [tail, 100 - tail])
-        return Interval(estimate=estimate, low=float(low), high=float(high))
-
-    def intervals(self, compute: float) -> ScalingIntervals:
-        ab = np.array(self.isoflop_exponents)
-        tpp = [law.optimum(compute).tokens_per_param for law in self.laws]
-        return ScalingIntervals(
-            level=self.level, compute=compute,
-            a=self._interval(self.isoflop.a, ab[:, 0]), b=self._interval(self.isoflop.b, ab[:, 1]),
-            **{k: self._interval(getattr(self.law, k), [getattr(law, k) for law in self.laws])
-               for k in ("alpha", "beta", "E")},
-            tokens_per_param=self._interval(self.law.optimum(compute).tokens_per_param, tpp),
-        )
-
-    def predict(self, n_params: float, tokens: float) -> LossPrediction:
-        """The law's loss at (N, D). The interval covers the fit's uncertainty, not one run's seed noise."""
-        _positive("n_params", [n_params], "parameters of the run to predict")
-        _positive("tokens", [tokens], "training tokens of the run to predict")
-        iv = self._interval(float(self.law.loss(n_params, tokens)), [law.loss(n_params, tokens) for law in self.laws])
-        return LossPrediction(n_params=n_params, tokens=tokens, compute=6.0 * n_params * tokens, loss=iv.estimate,
-                              low=iv.low, high=iv.high, level=self.level)
-
-    def predict_at_compute(self, compute: float) -> LossPrediction:
-        """The loss at the fitted law's compute-optimal (N*, D*) for C = 6 N D.
-
-        N* and D* are the point fit's and stay fixed across resamples: the interval is for the
-        run one would actually train, not for a moving optimum.
-        """
-        best = self.law.optimum(compute)
-        return self.predict(best.n_params, best.tokens)
-
-
-def bootstrap(compute, n_params, tokens, loss, *, flops_per_token: FlopsPerToken, resamples: int = 200,
-              seed: int = 0, level: float = LEVEL) -> ScalingBootstrap:
-    """Fit both approaches, then refit each on `resamples` resamples of the runs (seeded).
-
-    Runs are resampled with replacement within each budget: the budgets are the sweep's design
-    and the runs' losses its noisy measurements, so every resample keeps every budget. A
-    resample whose parabola has no bracketed minimum (too few distinct sizes drawn) is left out
-    of a and b; if more than half are, the sweep is too thin for intervals and this raises.
-    Approach 3 refits start from the all-runs fit, where the grid search already found the basin.
+    With `start` (a law fitted to similar runs, as in a bootstrap) one L-BFGS run from there
+    replaces the grid.
     """
-    if resamples < 10:
-        raise ValueError(f"resamples={resamples} is too few for a {level:.0%} interval; use 200 or more")
-    if not 0 < level < 1:
-        raise ValueError(f"level={level} must be in (0, 1), e.g. 0.95")
-    c = _positive("compute", compute, "training FLOPs of the run")
     n, d, y = _loss_law_inputs(n_params, tokens, loss)
-    _same_length(compute=c, n_params=n)
-    isoflop = fit_isoflop_profiles(c, n, y, flops_per_token=flops_per_token)
-    law = fit_loss_law(n, d, y)
-    start = _theta(law)[None, :]
-
-    rng = np.random.default_rng(seed)
-    groups = [np.flatnonzero(c == b) for b in np.unique(c)]
-    exponents, laws = [], []
-    with _one_blas_thread():
-        for _ in range(resamples):
-            idx = np.concatenate([rng.choice(g, size=len(g), replace=True) for g in groups])
-            try:
-                fit = fit_isoflop_profiles(c[idx], n[idx], y[idx], flops_per_token=flops_per_token)
-                exponents.append((fit.a, fit.b))
-            except ValueError:
-                pass
-            laws.append(_law(_fit_theta(n[idx], d[idx], y[idx], start)))
-    if len(exponents) < resamples / 2:
-        raise ValueError(
-            f"only {len(exponents)} of {resamples} resamples had a bracketed minimum at every budget: "
-            "the sweep is too thin or noisy for intervals of a and b; add sizes per budget"
-        )
-    return ScalingBootstrap(level=level, seed=seed, resamples=resamples, isoflop=isoflop, law=law,
-                            isoflop_exponents=exponents, laws=laws)
+    if start is None:
+        values, _ = _huber_objective(_GRID, np.log(n), np.log(d), np.log(y))
+        starts = _GRID[np.argsort(values)[:_STARTS]]
+    else:
+        starts = _theta(start)[None, :]
+    with _BLAS.limit(limits=1, user_api="blas"):
+        return _law(_fit_theta(n, d, y, starts))

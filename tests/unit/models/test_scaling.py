@@ -10,14 +10,8 @@ import pytest
 from models.family import family_config, family_members, flops_per_token_of, plan_isoflop_runs
 from models.flops import flops_per_token, num_params
 from models.llama import model_config
-from models.scaling import (
-    LossLaw,
-    ScalingBootstrap,
-    bootstrap,
-    fit_isoflop_profiles,
-    fit_loss_law,
-    six_n,
-)
+from models.scaling import LossLaw, fit_isoflop_profiles, fit_loss_law, six_n
+from models.scaling_bootstrap import ScalingBootstrap, bootstrap
 
 # A law at this project's scale (N ~ 1e5..1e8, loss in nats); alpha != beta so the optimal
 # tokens per parameter moves with C, as it does in practice.
@@ -25,17 +19,17 @@ TRUTH = LossLaw(E=1.8, A=400.0, B=1200.0, alpha=0.34, beta=0.30)
 BUDGETS = [1e15, 4e15, 1.6e16, 6.4e16]
 
 
-def sweep(sizes_per_budget: int = 7, noise: float = 0.0, seed: int = 0, law: LossLaw = TRUTH):
+def sweep(sizes_per_budget: int = 7, noise: float = 0.0, seed: int = 0, budgets=BUDGETS):
     """An IsoFLOP sweep under C = 6 N D: sizes spread over e^-1.5..e^1.5 around each budget's true optimum."""
     c, n = [], []
-    for budget in BUDGETS:
-        n_opt = law.optimum(budget).n_params
+    for budget in budgets:
+        n_opt = TRUTH.optimum(budget).n_params
         for f in np.exp(np.linspace(-1.5, 1.5, sizes_per_budget)):
             c.append(budget)
             n.append(n_opt * f)
     c, n = np.array(c), np.array(n)
     d = c / (6 * n)
-    loss = law.loss(n, d) * np.exp(np.random.default_rng(seed).normal(0.0, noise, len(c)))
+    loss = TRUTH.loss(n, d) * np.exp(np.random.default_rng(seed).normal(0.0, noise, len(c)))
     return c, n, d, loss
 
 
@@ -126,8 +120,8 @@ def test_chinchilla_optimum_from_the_replicated_constants():
 @pytest.fixture(scope="module")
 def noisy_bootstrap() -> ScalingBootstrap:
     c, n, d, loss = sweep(noise=0.002, seed=2)
-    # 50 resamples keep the test fast; the default 200 is what a sweep's report uses.
-    return bootstrap(c, n, d, loss, flops_per_token=six_n, resamples=50, seed=0)
+    # 40 resamples keep the test fast; the default 200 is what a sweep's report uses.
+    return bootstrap(c, n, d, loss, flops_per_token=six_n, resamples=40, seed=0)
 
 
 def test_bootstrap_intervals_contain_the_truth(noisy_bootstrap):
@@ -149,6 +143,16 @@ def test_prediction_at_a_larger_budget_covers_the_true_loss(noisy_bootstrap):
     assert pred.low <= TRUTH.loss(pred.n_params, pred.tokens) <= pred.high
     assert (pred.high - pred.low) / 2 < 0.02 * pred.loss
     assert pred.n_params == pytest.approx(TRUTH.optimum(compute).n_params, rel=0.25)
+
+
+def test_bootstrap_of_a_small_sweep_keeps_every_size():
+    # The scaling flow's default: 3 budgets x 4 sizes. Resampling runs within a budget would
+    # often lose a size; approach 2's residual bootstrap does not, so most resamples count.
+    c, n, d, loss = sweep(sizes_per_budget=4, noise=0.002, seed=3, budgets=BUDGETS[:3])
+    sb = bootstrap(c, n, d, loss, flops_per_token=six_n, resamples=10, seed=0)
+    assert len(sb.isoflop_exponents) >= 8 and len(sb.laws) == 10
+    iv = sb.intervals(4 * BUDGETS[2])
+    assert iv.a.low < iv.a.high and iv.alpha.low < iv.alpha.high
 
 
 def test_bootstrap_round_trips_through_json(noisy_bootstrap):
@@ -188,6 +192,12 @@ def test_isoflop_profiles_refuse_a_minimum_outside_the_sizes():
     loss[at] = 5.0 + 0.1 * (np.log(n[at]) - np.log(n[at]).max() - 1.0) ** 2
     with pytest.raises(ValueError, match=r"budget C=1e\+15: .*outside its sizes"):
         fit_isoflop_profiles(c, n, loss, flops_per_token=six_n)
+
+
+def test_bootstrap_needs_a_residual_for_a_and_b():
+    c, n, d, loss = sweep(sizes_per_budget=3)
+    with pytest.raises(ValueError, match="every budget has exactly 3 runs"):
+        bootstrap(c, n, d, loss, flops_per_token=six_n, resamples=10)
 
 
 def test_non_positive_values_are_named():
