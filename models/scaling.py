@@ -173,6 +173,11 @@ class LossLaw(BaseModel):
         """
         if not compute > 0:
             raise ValueError(f"compute={compute} must be positive (training FLOPs of the budget)")
+        if not (self.alpha > 0 and self.beta > 0 and self.A > 0 and self.B > 0):
+            raise ValueError(
+                f"a law with alpha={self.alpha:.3g}, beta={self.beta:.3g}, A={self.A:.3g}, B={self.B:.3g} does not fall "
+                "with both N and D, so it has no compute-optimal point: check the runs it was fitted to"
+            )
         s = self.alpha + self.beta
         g = (self.alpha * self.A / (self.beta * self.B)) ** (1.0 / s)
         n = g * (compute / 6.0) ** (self.beta / s)

@@ -124,6 +124,15 @@ def noisy_bootstrap() -> ScalingBootstrap:
     return bootstrap(c, n, d, loss, flops_per_token=six_n, resamples=40, seed=0)
 
 
+def test_loss_law_with_noise_stays_close(noisy_bootstrap):
+    law = noisy_bootstrap.law  # fit_loss_law on all the noisy runs
+    assert law.alpha == pytest.approx(TRUTH.alpha, abs=0.02)
+    assert law.beta == pytest.approx(TRUTH.beta, abs=0.02)
+    assert law.E == pytest.approx(TRUTH.E, rel=0.1)
+    compute = 4 * BUDGETS[-1]
+    assert law.optimum(compute).n_params == pytest.approx(TRUTH.optimum(compute).n_params, rel=0.25)
+
+
 def test_bootstrap_intervals_contain_the_truth(noisy_bootstrap):
     compute = 4 * BUDGETS[-1]
     iv = noisy_bootstrap.intervals(compute)
@@ -220,6 +229,8 @@ def test_bad_shapes_and_counts():
         bootstrap(c, n, d, loss, flops_per_token=six_n, resamples=5)
     with pytest.raises(ValueError, match="compute=0"):
         TRUTH.optimum(0)
+    with pytest.raises(ValueError, match="no compute-optimal point"):
+        TRUTH.model_copy(update={"beta": -0.1}).optimum(1e18)
 
 
 # ----------------------------------------------------------------------------- model family
