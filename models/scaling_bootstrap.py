@@ -6,8 +6,9 @@
     sb.predict_at_compute(compute)     the same at the fitted compute-optimal N*, D* of a budget
 
 Each resample refits both of Chinchilla's approaches (models/scaling.py); an interval is the
-percentile interval of the resampled values. The intervals are the fit's uncertainty: a new
-run's loss also carries its own seed noise, which they leave out.
+percentile interval of the resampled values. The intervals are the fit's uncertainty; a
+prediction for a run yet to be trained can add the runs' own scatter about the law
+(`new_run=True`), which a single measured run also carries.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class LossPrediction(BaseModel):
     low: float
     high: float
     level: float
+    new_run: bool  # the interval includes the runs' scatter about the law
 
 
 class ScalingBootstrap(BaseModel):
@@ -64,6 +66,7 @@ class ScalingBootstrap(BaseModel):
     law: LossLaw
     isoflop_exponents: list[tuple[float, float]]  # (a, b) of each resample whose parabolas all had a minimum
     laws: list[LossLaw]  # approach 3 on each resample
+    log_residuals: list[float]  # ln(loss / law) of each run, scaled by sqrt(n / (n - 5)) for the 5 fitted parameters
 
     def _interval(self, estimate: float, samples) -> Interval:
         tail = 100 * (1 - self.level) / 2
@@ -81,23 +84,30 @@ class ScalingBootstrap(BaseModel):
             tokens_per_param=self._interval(self.law.optimum(compute).tokens_per_param, tokens_per_param),
         )
 
-    def predict(self, n_params: float, tokens: float) -> LossPrediction:
-        """The law's loss at (N, D), and the interval of the resampled laws there."""
+    def predict(self, n_params: float, tokens: float, new_run: bool = False) -> LossPrediction:
+        """The law's loss at (N, D), and the interval of the resampled laws there.
+
+        With new_run, every resampled law is paired with every run's residual, so the interval
+        is for one run's measured loss rather than for the law.
+        """
         if not (n_params > 0 and tokens > 0):
             raise ValueError(f"predict needs a positive size and token count; got n_params={n_params}, tokens={tokens}")
         point = float(self.law.loss(n_params, tokens))
-        iv = self._interval(point, [law.loss(n_params, tokens) for law in self.laws])
+        samples = np.array([law.loss(n_params, tokens) for law in self.laws])
+        if new_run:
+            samples = np.outer(samples, np.exp(self.log_residuals)).ravel()
+        iv = self._interval(point, samples)
         return LossPrediction(n_params=n_params, tokens=tokens, compute=6.0 * n_params * tokens, loss=point,
-                              low=iv.low, high=iv.high, level=self.level)
+                              low=iv.low, high=iv.high, level=self.level, new_run=new_run)
 
-    def predict_at_compute(self, compute: float) -> LossPrediction:
+    def predict_at_compute(self, compute: float, new_run: bool = False) -> LossPrediction:
         """The loss at the fitted law's compute-optimal (N*, D*) for C = 6 N D.
 
         N* and D* are the all-runs fit's and stay fixed across resamples: the interval is for
         the run one would actually train, not for an optimum that moves with each resample.
         """
         best = self.law.optimum(compute)
-        return self.predict(best.n_params, best.tokens)
+        return self.predict(best.n_params, best.tokens, new_run)
 
 
 def _parabola_residuals(fit: IsoFlopFit, c: np.ndarray, n: np.ndarray, y: np.ndarray):
@@ -162,5 +172,6 @@ def bootstrap(compute, n_params, tokens, loss, *, flops_per_token: FlopsPerToken
             f"only {len(exponents)} of {resamples} resamples had a bracketed minimum at every budget: the "
             "sweep is too noisy for intervals of a and b; add sizes per budget or seeds per size"
         )
+    log_residuals = (np.log(y) - np.log(law.loss(n, d))) * math.sqrt(len(y) / max(len(y) - 5, 1))
     return ScalingBootstrap(level=level, seed=seed, resamples=resamples, isoflop=isoflop, law=law,
-                            isoflop_exponents=exponents, laws=laws)
+                            isoflop_exponents=exponents, laws=laws, log_residuals=log_residuals.tolist())

@@ -152,6 +152,9 @@ def test_prediction_at_a_larger_budget_covers_the_true_loss(noisy_bootstrap):
     assert pred.low <= TRUTH.loss(pred.n_params, pred.tokens) <= pred.high
     assert (pred.high - pred.low) / 2 < 0.02 * pred.loss
     assert pred.n_params == pytest.approx(TRUTH.optimum(compute).n_params, rel=0.25)
+    # One run's loss scatters about the law: its interval holds the law's and is wider.
+    run = noisy_bootstrap.predict_at_compute(compute, new_run=True)
+    assert run.loss == pred.loss and run.low < pred.low and run.high > pred.high
 
 
 def test_bootstrap_of_a_small_sweep_keeps_every_size():
