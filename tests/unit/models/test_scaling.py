@@ -90,12 +90,12 @@ GOPHER_COMPUTE = 5.76e23  # FLOPs of Gopher, and of Chinchilla: 70B parameters o
 
 
 def test_chinchilla_published_constants():
-    # Hoffmann et al. sized Chinchilla (70B, 1.4T) from approaches 1 and 2. The approach-3
-    # constants printed in the paper (E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28) are
-    # rounded, and Besiroglu et al. 2024 (arXiv:2404.10102) show the rounding moves the optimum
-    # a long way: at Gopher's compute their closed form gives about 32B parameters on 3.0T tokens,
-    # ~93 tokens per parameter, not 70B / 1.4T. This pins what the formula gives, from the
-    # hand-computed G = (0.34 * 406.4 / (0.28 * 410.7))^(1/0.62) = 1.3447.
+    # Hoffmann et al. sized Chinchilla (70B, 1.4T) from approaches 1 and 2. With the approach-3
+    # constants printed in the paper (E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28) the closed
+    # form gives about 32B parameters on 3.0T tokens at Gopher's compute, ~93 tokens per
+    # parameter, not 70B / 1.4T; Besiroglu et al. 2024 (arXiv:2404.10102) trace such gaps to the
+    # rounding of the printed constants and to a fit that stopped early. This pins what the
+    # formula gives, from the hand-computed G = (0.34 * 406.4 / (0.28 * 410.7))^(1/0.62) = 1.3447.
     law = LossLaw(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)
     best = law.optimum(GOPHER_COMPUTE)
     assert best.n_params == pytest.approx(3.219e10, rel=1e-3)
