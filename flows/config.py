@@ -143,12 +143,12 @@ def load_pipeline_config(preset: str, overrides: dict[str, Any] | None = None,
 
 
 def renamed_key(dotted: str) -> str | None:
-    """Where a key of the configs before they were composed went (`sft.optim.lr` -> `sft.optim.lr`), or None."""
+    """Where a key of the configs before they were composed went (`sft.lr` -> `sft.optim.lr`), or None."""
     for old, new in RENAMED.items():
         if dotted == old or dotted.startswith(old + "."):
             return new + dotted[len(old):]
-    if dotted == "pretrain" or dotted.startswith("pretrain."):
-        return "pretrain" + dotted[len("pretrain"):]
+    if dotted == "pretrain.train" or dotted.startswith("pretrain.train."):
+        return "pretrain" + dotted[len("pretrain.train"):]
     return None
 
 

@@ -255,10 +255,10 @@ def nested(flat: dict) -> dict:
 
 
 RENAMED: dict[str, str] = {
-    "tokenizer": "tokenizer",
-    "tokenize": "tokenize",
-    **{f"pretrain.{old}": f"pretrain.{new}" for old, new in LOOP_KEYS.items()},
-    **{f"pretrain.{key}": f"pretrain.{key}" for key in ("model", "model_overrides", "seed", "max_bad_steps",
+    "pretrain.tokenizer": "tokenizer",
+    "pretrain.tokenize": "tokenize",
+    **{f"pretrain.train.{old}": f"pretrain.{new}" for old, new in LOOP_KEYS.items()},
+    **{f"pretrain.train.{key}": f"pretrain.{key}" for key in ("model", "model_overrides", "seed", "max_bad_steps",
                                                               "export_hf")},
     **{f"sft.{old}": f"sft.{new}" for old, new in LOOP_KEYS.items()},
     **{f"grpo.{old}": f"grpo.{new}" for old, new in LOOP_KEYS.items() if old != "max_steps"},

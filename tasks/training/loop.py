@@ -1,14 +1,18 @@
-"""The generic DeepSpeed training loop shared by pretraining and SFT.
+"""The one training loop: pretraining, SFT and GRPO all step, log, validate and checkpoint here.
 
-    engine = build_engine(model, our AdamW groups, our LambdaLR, JSON for the ZeRO stage)
-    for step in range(resumed_step, max_steps):
-        for each micro-batch: loss = loss_fn(engine, train_batches(micro, rank, world)); backward; step
-        one all-reduce: mean loss (and its named parts) + "was any loss non-finite?"  -> skipped/failed steps agree
+    engine = build_engine(model, our AdamW groups, our LambdaLR, the stage's ds_config.json)
+    resume from ckpt_dir's latest checkpoint (engine, RNG states, the loop's counters, the stage's own state)
+    for step in range(resumed_step, cfg.steps):
+        stats = steps.step(engine, step, rank, world)      # LossSteps: grad_accum micro-batches of loss_fn;
+                                                           # GRPO: rollouts, rewards, clipped updates
+        non-finite policy: a skipped step is counted; max_bad_steps in a row fail with the last good checkpoint
         log / validate / checkpoint on their schedules
 
-Data order is a pure function of (micro-batch index, rank, world), so resuming needs only the
-step count; the checkpoint also carries each rank's RNG states so anything random in the
-model (dropout) or the loss continues exactly as in an uninterrupted run.
+A stage supplies a `Steps` object: its step, its validation, the state a checkpoint carries
+for it. `train` is the pretraining/SFT form (batches and a loss). Data order is a pure
+function of (micro-batch index, rank, world), so resuming needs only the step count; the
+checkpoint also carries each rank's RNG states so anything random continues exactly as in
+an uninterrupted run.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -43,24 +47,6 @@ LossFn = Callable[[torch.nn.Module, Batch], torch.Tensor | tuple[torch.Tensor, L
 Echo = Callable[[str], Any]
 
 
-def epoch_orders(n: int, seed: int) -> Callable[[int], np.ndarray]:
-    """epoch -> the order in which that epoch visits n samples, drawn from (seed, epoch).
-
-    At most two epochs are kept: a batch can straddle one boundary.
-    """
-    orders: dict[int, np.ndarray] = {}
-
-    def order(epoch: int) -> np.ndarray:
-        if epoch not in orders:
-            if len(orders) >= 2:
-                orders.pop(min(orders))
-            orders[epoch] = np.random.default_rng([seed, epoch]).permutation(n)
-        return orders[epoch]
-
-    return order
-
-
-
 class NonFiniteLossError(RuntimeError):
     """Training produced max_bad_steps non-finite losses in a row."""
 
@@ -81,6 +67,7 @@ class TrainResult:
     checkpoint: Path | None
     history: list[dict[str, float]] = field(default_factory=list)
     final_val_parts: dict[str, float] = field(default_factory=dict)  # the loss_fn's parts at the last validation
+    engine: Any = field(default=None, repr=False)  # the trained engine (its .module is the model)
 
 
 @dataclass
@@ -129,7 +116,7 @@ class _Progress:
 
 
 @dataclass
-class _StepStats:
+class StepStats:
     """One optimizer step, agreed on by every rank."""
 
     lr: float  # the lr this step used
@@ -140,95 +127,29 @@ class _StepStats:
     parts: dict[str, float] = field(default_factory=dict)  # the loss's named parts, averaged like it; {} when skipped
 
 
-def _to_device(batch: Batch, device: torch.device) -> Batch:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(v, device) for v in batch)
-    return batch
+class Steps(Protocol):
+    """What a stage gives the loop: its optimizer step, its validation, and its own checkpoint state.
+
+    An `echoed` attribute (names of the step's parts) limits what the progress line shows; without one
+    it shows every part (the loss's parts, e.g. SFT's sft_loss and replay_loss).
+    """
+
+    def step(self, engine, step: int, rank: int, world: int) -> StepStats: ...
+
+    def validate(self, engine, rank: int, world: int) -> dict[str, float] | None:
+        """Validation metrics (`val_loss` among them when there is one); None: nothing to validate."""
+
+    def start(self, engine) -> dict[str, float] | None:
+        """Before the first step of a fresh run: metrics logged at step 0 (GRPO scores the starting policy)."""
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint carries for the stage besides the engine, the RNG and the loop's counters."""
+
+    def load_state(self, state: dict[str, Any]) -> None: ...
 
 
-def split_loss(out: torch.Tensor | tuple[torch.Tensor, LossParts]) -> tuple[torch.Tensor, LossParts]:
-    """(loss, parts) of what a LossFn returned; a bare loss has no parts."""
-    if isinstance(out, tuple):
-        loss, parts = out
-        return loss, parts
-    return out, {}
-
-
-def _sum_parts(sums: dict[str, torch.Tensor], parts: LossParts) -> None:
-    for name, value in parts.items():
-        value = torch.nan_to_num(value.detach().double(), nan=0.0, posinf=0.0, neginf=0.0)
-        sums[name] = sums[name] + value if name in sums else value
-
-
-def validation_losses(engine, eval_batches: BatchFn, loss_fn: LossFn, n_batches: int, rank: int,
-                      world: int) -> tuple[float, dict[str, float]]:
-    """Mean loss (and its parts) over n_batches per rank, averaged over ranks; the model is left in train mode."""
-    import torch.distributed as dist
-
-    engine.eval()
-    total = torch.zeros((), dtype=torch.float64, device=engine.device)
-    part_sums: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for i in range(n_batches):
-            loss, parts = split_loss(loss_fn(engine, _to_device(eval_batches(i, rank, world), engine.device)))
-            total += loss.double()
-            _sum_parts(part_sums, parts)
-    engine.train()
-    names = sorted(part_sums)
-    stats = torch.stack([total, *(part_sums[n].to(total.device) for n in names)])
-    if world > 1:
-        dist.all_reduce(stats)
-    means = (stats / (n_batches * world)).tolist()
-    return means[0], dict(zip(names, means[1:]))
-
-
-# ----------------------------------------------------------------------------- one step and its reports
-
-
-def _optimizer_step(engine, cfg: TrainingConfig, train_batches: BatchFn, loss_fn: LossFn,
-                    batch_tokens: Callable[[Batch], int] | None, step: int, rank: int, world: int) -> _StepStats:
-    """grad_accum micro-batches through forward, backward and the engine step; one all-reduce of the stats."""
-    import torch.distributed as dist
-
-    device = engine.device
-    t0 = time.perf_counter()
-    lr = float(engine.get_lr()[0])
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    nonfinite = torch.zeros((), dtype=torch.float64, device=device)
-    fed = torch.zeros((), dtype=torch.float64, device=device)
-    part_sums: dict[str, torch.Tensor] = {}
-    for k in range(cfg.batch.grad_accum):
-        batch = _to_device(train_batches(step * cfg.batch.grad_accum + k, rank, world), device)
-        fed += batch_tokens(batch) if batch_tokens else cfg.batch.micro_batch_size * cfg.batch.seq_len
-        loss, parts = split_loss(loss_fn(engine, batch))
-        _sum_parts(part_sums, parts)
-        if not loss.requires_grad:
-            raise TypeError("loss_fn must return a scalar tensor attached to the model's graph (requires_grad)")
-        detached = loss.detach().double()
-        loss_sum += torch.nan_to_num(detached, nan=0.0, posinf=0.0, neginf=0.0)
-        nonfinite += (~torch.isfinite(detached)).double()
-        # A non-finite loss still goes through backward: its NaN gradients make DeepSpeed's
-        # overflow check (or GuardedAdamW) skip the update on every rank, with no special path.
-        engine.backward(loss)
-        engine.step()
-    names = sorted(part_sums)
-    stats = torch.stack([loss_sum, nonfinite, fed, *(part_sums[n].to(device) for n in names)])
-    if world > 1:
-        dist.all_reduce(stats)
-    n_nonfinite = int(stats[1].item())
-    tokens = int(stats[2].item())  # summed over ranks by the same all_reduce
-    bad = n_nonfinite > 0 or not engine.was_step_applied()
-    loss_mean = None if bad else float(stats[0].item()) / (cfg.batch.grad_accum * world)
-    parts = {} if bad else {n: v / (cfg.batch.grad_accum * world) for n, v in zip(names, stats[3:].tolist())}
-    return _StepStats(lr, loss_mean, n_nonfinite, tokens, time.perf_counter() - t0, parts)
-
-
-def _count_bad_step(progress: _Progress, stats: _StepStats, cfg: TrainingConfig, rank: int, log: MetricsSink,
-                    echo: Echo | None, ckpt_dir: Path) -> None:
+def _count_bad_step(progress: _Progress, stats: StepStats, cfg: TrainingConfig, rank: int, log: MetricsSink,
+                    echo: Echo | None, ckpt_dir: Path | None) -> None:
     """Count a skipped step; fail after cfg.max_bad_steps of them in a row."""
     progress.skipped += 1
     progress.bad_run += 1
@@ -241,13 +162,13 @@ def _count_bad_step(progress: _Progress, stats: _StepStats, cfg: TrainingConfig,
     if progress.bad_run >= cfg.max_bad_steps:
         raise NonFiniteLossError(
             f"{progress.bad_run} consecutive steps (up to step {done}) had a non-finite loss or gradient; "
-            "lower lr, raise warmup_steps or check the data; the last good checkpoint is in "
+            "lower optim.lr, raise optim.warmup_steps or check the data; the last good checkpoint is in "
             f"{ckpt_dir}"
         )
 
 
-def _log_window(engine, progress: _Progress, clock: Throughput, stats: _StepStats, cfg: TrainingConfig, world: int,
-                log: MetricsSink, echo: Echo | None) -> None:
+def _log_window(engine, progress: _Progress, clock: Throughput, stats: StepStats, cfg: TrainingConfig, world: int,
+                log: MetricsSink, echo: Echo | None, echoed: tuple[str, ...] | None) -> None:
     """Rank 0: mean loss (and its parts), lr, throughput, grad norm and MFU of the steps since the last log."""
     done = progress.step
     window = clock.window_metrics(world)
@@ -262,26 +183,28 @@ def _log_window(engine, progress: _Progress, clock: Throughput, stats: _StepStat
     log.log_metrics(metrics, done)
     progress.history.append({"step": float(done), **metrics})
     if echo:
+        shown = {name: value for name, value in parts.items() if echoed is None or name in echoed}
         echo(f"step {done}/{cfg.steps} loss {metrics['loss']:.4f}"
-             + "".join(f" {name} {value:.4f}" for name, value in parts.items()) + f" lr {stats.lr:.2e} "
+             + "".join(f" {name} {value:.4f}" for name, value in shown.items()) + f" lr {stats.lr:.2e} "
              f"{metrics['tokens_per_s']:,.0f} tok/s" + (f" mfu {metrics['mfu']:.1%}" if "mfu" in metrics else "")
              + f" ({progress.clock.text(done)})")
 
 
-def _validate(engine, progress: _Progress, eval_batches: BatchFn, loss_fn: LossFn, cfg: TrainingConfig, rank: int,
-              world: int, log: MetricsSink, echo: Echo | None) -> None:
-    """Validation loss (and its parts, as val_<name>) on every rank; rank 0 logs it with its perplexity."""
+def _validate(engine, progress: _Progress, steps: Steps, rank: int, world: int, log: MetricsSink,
+              echo: Echo | None) -> None:
+    """The stage's validation on every rank; rank 0 logs it at the current step."""
     done = progress.step
-    progress.last_val, progress.last_val_parts = validation_losses(engine, eval_batches, loss_fn, cfg.log.eval_batches,
-                                                                   rank, world)
+    metrics = steps.validate(engine, rank, world)
+    if metrics is None:
+        return
+    progress.last_val = metrics.get("val_loss")
+    progress.last_val_parts = {k[4:]: v for k, v in metrics.items() if k.startswith("val_") and k not in
+                               ("val_loss", "val_ppl")}
     if rank == 0:
-        parts = {f"val_{name}": value for name, value in progress.last_val_parts.items()}
-        val_metrics = {"val_loss": progress.last_val, "val_ppl": perplexity(progress.last_val), **parts}
-        log.log_metrics(val_metrics, done)
-        progress.history.append({"step": float(done), **val_metrics})
+        log.log_metrics(metrics, done)
+        progress.history.append({"step": float(done), **metrics})
         if echo:
-            echo(f"step {done}: val_loss {progress.last_val:.4f} val_ppl {val_metrics['val_ppl']:.2f}"
-                 + "".join(f" {name} {value:.4f}" for name, value in parts.items()))
+            echo(f"step {done}: " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 
 
 def _on_schedule(done: int, every: int, last: int) -> bool:
@@ -289,10 +212,10 @@ def _on_schedule(done: int, every: int, last: int) -> bool:
     return done == last or bool(every and done % every == 0)
 
 
-def _throughput(model: torch.nn.Module, cfg: TrainingConfig, device, rank: int,
+def _throughput(model: torch.nn.Module, cfg: TrainingConfig, seq_len: int, device, rank: int,
                 flops_per_token: float | None) -> Throughput:
     """FLOPs per token and (rank 0, when not configured) the measured peak FLOP/s that MFU divides by."""
-    fpt = flops_per_token if flops_per_token is not None else model_flops_per_token(model, cfg.batch.seq_len)
+    fpt = flops_per_token if flops_per_token is not None else model_flops_per_token(model, seq_len)
     peak = cfg.log.peak_flops
     if peak is None and rank == 0 and fpt is not None:
         peak = measure_peak_flops(device, torch.bfloat16 if resolve_precision(cfg.launch.precision) == "bf16" else torch.float32)
@@ -302,48 +225,66 @@ def _throughput(model: torch.nn.Module, cfg: TrainingConfig, device, rank: int,
 # ----------------------------------------------------------------------------- the loop
 
 
-def train(
+def train(model: torch.nn.Module, cfg: TrainingConfig, train_batches: BatchFn, eval_batches: BatchFn | None,
+          loss_fn: LossFn, ckpt_dir: Path | None, log: MetricsSink, *, batch_tokens: Callable[[Batch], int] | None = None,
+          **kw: Any) -> TrainResult:
+    """Pretraining's and SFT's form of `fit`: `train_batches(i, rank, world)` returns micro-batch i
+    (= step * grad_accum + k) of this rank, a pure function of its arguments (and the seed it was built
+    with) for resumes to be exact; `loss_fn(engine, batch)` returns a scalar loss, or (loss, named parts)
+    whose means are logged beside the loss (as val_<name> on validation). `batch_tokens(batch)` counts the
+    tokens a micro-batch really feeds the model (SFT pads per batch); without it every micro-batch counts
+    micro_batch_size * seq_len."""
+    from tasks.training.loss_steps import LossSteps
+
+    steps = LossSteps(cfg, train_batches, eval_batches, loss_fn, batch_tokens)
+    b = cfg.batch
+    return fit(model, cfg, steps, ckpt_dir, log, micro_batch_size=b.micro_batch_size, grad_accum=b.grad_accum,
+               seq_len=b.seq_len, **kw)
+
+
+def fit(
     model: torch.nn.Module,
     cfg: TrainingConfig,
-    train_batches: BatchFn,
-    eval_batches: BatchFn | None,
-    loss_fn: LossFn,
-    ckpt_dir: Path,
+    steps: Steps,
+    ckpt_dir: Path | None,
     log: MetricsSink,
     *,
+    micro_batch_size: int,
+    grad_accum: int,
+    seq_len: int,
     flops_per_token: float | None = None,
-    batch_tokens: Callable[[Batch], int] | None = None,
     echo: Echo | None = None,
     ds_config: dict[str, Any] | None = None,
 ) -> TrainResult:
-    """Train `model` with DeepSpeed until cfg.steps, resuming from ckpt_dir's latest checkpoint if any.
-
-    `train_batches(i, rank, world)` returns micro-batch i (= step * grad_accum + k) of this rank;
-    it must be a pure function of its arguments (and the seed it was built with) for resumes
-    to be exact. `loss_fn(engine, batch)` returns a scalar loss, or (loss, named parts) whose
-    means are logged beside the loss (as val_<name> on validation). Rank 0 sends metrics to
-    `log` and, when given, one line per log step to `echo`. `batch_tokens(batch)` counts the tokens a
-    micro-batch really feeds the model, for tokens/s and MFU when batches are padded per batch
-    and shorter than seq_len (SFT); without it every micro-batch counts micro_batch_size * seq_len.
-    """
+    """Train `model` with DeepSpeed until cfg.steps, resuming from ckpt_dir's latest checkpoint if any
+    (no checkpoints when ckpt_dir is None). Rank 0 sends metrics to `log` and, when given, one line per
+    log step to `echo`; the engine is built for micro-batches of `micro_batch_size` sequences of up to
+    `seq_len` tokens, `grad_accum` to a step."""
     rank, world = init_distributed()
-    ckpt_dir = Path(ckpt_dir)
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    if ckpt_dir is not None:
+        ckpt_dir = Path(ckpt_dir)
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
     seed_all(cfg.seed + rank)
-    engine = build_engine(model, cfg.optim, cfg.launch, cfg.batch.micro_batch_size, cfg.batch.grad_accum, cfg.steps,
-                          ds_config)
-    progress = _Progress.resumed(load_latest(engine, ckpt_dir, rank, world, echo), cfg.batch.tokens_per_step(world))
+    engine = build_engine(model, cfg.optim, cfg.launch, micro_batch_size, grad_accum, cfg.steps, ds_config)
+    client = load_latest(engine, ckpt_dir, rank, world, echo) if ckpt_dir is not None else {}
+    progress = _Progress.resumed(client, micro_batch_size * seq_len * grad_accum * world)
+    steps.load_state(client.get("stage") or {}) if client else None
     start = progress.step
     progress.clock = StepClock(start, cfg.steps)
     if start and echo:
         echo(f"resuming from step {start} ({ckpt_dir / tag_of(start)}): training steps {start + 1}-{cfg.steps}")
     # After the resume: measuring the peak draws random matrices, as it always has at this point.
-    clock = _throughput(model, cfg, engine.device, rank, flops_per_token)
-    checkpoint: Path | None = ckpt_dir / tag_of(start) if start else None
+    clock = _throughput(model, cfg, seq_len, engine.device, rank, flops_per_token)
+    checkpoint: Path | None = ckpt_dir / tag_of(start) if start and ckpt_dir is not None else None
 
     engine.train()
+    if not start:
+        started = steps.start(engine)
+        if started and rank == 0:
+            log.log_metrics(started, 0)
+            progress.history.append({"step": 0.0, **started})
     for step in range(start, cfg.steps):
-        stats = _optimizer_step(engine, cfg, train_batches, loss_fn, batch_tokens, step, rank, world)
+        stats = steps.step(engine, step, rank, world)
         progress.step = done = step + 1
         progress.tokens_seen += stats.tokens
         clock.add(stats.seconds, stats.tokens, stats.loss, stats.parts)
@@ -354,13 +295,13 @@ def train(
             progress.last_loss = stats.loss
         if _on_schedule(done, cfg.log.every, cfg.steps):
             if rank == 0 and clock.window_losses:
-                _log_window(engine, progress, clock, stats, cfg, world, log, echo)
+                _log_window(engine, progress, clock, stats, cfg, world, log, echo, getattr(steps, "echoed", None))
             clock.reset_window()
-        if _on_schedule(done, cfg.log.eval_every, cfg.steps) and eval_batches is not None and cfg.log.eval_batches > 0:
-            _validate(engine, progress, eval_batches, loss_fn, cfg, rank, world, log, echo)
-        if _on_schedule(done, cfg.checkpoint.every, cfg.steps):
-            checkpoint = save_checkpoint(engine, ckpt_dir, done, progress.client_state(world), rank, world,
-                                         cfg.checkpoint.keep)
+        if _on_schedule(done, cfg.log.eval_every, cfg.steps):
+            _validate(engine, progress, steps, rank, world, log, echo)
+        if ckpt_dir is not None and _on_schedule(done, cfg.checkpoint.every, cfg.steps):
+            state = {**progress.client_state(world), "stage": steps.state()}
+            checkpoint = save_checkpoint(engine, ckpt_dir, done, state, rank, world, cfg.checkpoint.keep)
 
     return TrainResult(
         steps=max(start, cfg.steps),
@@ -375,4 +316,5 @@ def train(
         checkpoint=checkpoint,
         history=progress.history,
         final_val_parts=progress.last_val_parts,
+        engine=engine,
     )

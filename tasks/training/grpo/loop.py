@@ -1,7 +1,7 @@
-"""In-process GRPO: sample groups, score them, update the policy with the clipped objective.
+"""GRPO: sample groups, score them, update the policy with the clipped objective, as the one loop's step.
 
-    engine = deepspeed.initialize(policy, AdamW)              # one rank, in this process
-    for step in range(cfg.steps):
+    fit(policy, cfg, GrpoSteps(...))                          # tasks/training/loop.py: resume, log, checkpoint
+      GrpoSteps.step(engine, step):
         problems = next prompts_per_step problems             # a seeded shuffle, cycled
         rollouts = G completions per prompt                    # KV-cache sampling; old log-probs kept
         rewards = sum(w * reward_fn(completion, problem))      # tasks/eval/rewards.py registry
@@ -10,17 +10,17 @@
         for _ in range(cfg.updates_per_batch):                 # reuse the batch; ratios move off 1
             loss = grpo_loss(policy_logp, old_logp, ref_logp, advantages, completion mask)
             engine.backward(loss); engine.step()
-        log(reward_mean, reward_std, accuracy, kl, clip_fraction, completion_len, entropy, ...)
-        every cfg.checkpoint.every steps: checkpoint (tasks/training/checkpoint.py) -> a rerun resumes there
+      GrpoSteps.validate: greedy held-out score (before the first step too)
 
 Prompts use the chat template (models/chat_template.py) and generation stops at <|end|>.
 Old log-probs are the ones the sampler computed, of the tempered policy it drew from
 (logits / temperature); the update and the reference divide their logits by the same
 temperature (as TRL does), so the first update's importance ratio is exactly 1 at any temperature.
 
-A checkpoint holds the policy and optimizer (DeepSpeed), the RNG states, the problem cycle's
-position, the metrics, samples and held-out score so far, and the reference model's sha256,
-so a resumed run ends exactly where an uninterrupted one does, and never against another reference.
+A checkpoint holds the policy and optimizer (DeepSpeed), the RNG states, the loop's counters and
+metrics, and GrpoSteps.state(): the problem cycle's position, the samples and held-out score so far
+and the reference model's sha256, so a resumed run ends exactly where an uninterrupted one does,
+and never against another reference.
 """
 from __future__ import annotations
 
@@ -41,8 +41,7 @@ from models.losses import IGNORE_INDEX, token_logprobs
 from models.sampling import tempered
 from tasks.eval.answers import AnswerScore, greedy_answers, score_answers
 from tasks.eval.rewards import combined_reward, get_reward
-from tasks.training.checkpoint import load_latest, save_checkpoint
-from tasks.training.engine import build_engine, init_distributed
+from tasks.training.loop import StepStats, fit
 
 
 class Problem(Protocol):
@@ -354,58 +353,108 @@ def module_sha256(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-@dataclass
-class _Checkpoints:
-    """Where a run's checkpoints go and what every one of them must match: the reference model."""
-
-    ckpt_dir: Path
-    reference_sha256: str
-    rank: int
-    world: int
-
-    def resume(self, engine, result: GrpoResult, cycle: _ProblemCycle, generator: torch.Generator,
-               echo: Callable[[str], Any] | None) -> int:
-        """Load the latest checkpoint into the engine, `result`, `cycle` and `generator`; the step to continue from."""
-        client = load_latest(engine, self.ckpt_dir, self.rank, self.world, echo)
-        if not client:
-            return 0
-        if client["reference_sha256"] != self.reference_sha256:
-            raise ValueError(
-                f"{self.ckpt_dir} holds GRPO checkpoints trained against a reference model with sha256 "
-                f"{client['reference_sha256'][:12]}…, but this run's reference has {self.reference_sha256[:12]}…; "
-                f"resume with the model the run started from, or delete {self.ckpt_dir} to start over"
-            )
-        cycle.restore(client["cycle"])
-        generator.set_state(client["generator"])
-        result.history = list(client["history"])
-        result.samples = list(client["samples"])
-        before = client.get("eval_before")
-        result.eval_before = AnswerScore(**before) if before is not None else None
-        result.seconds = float(client["seconds"])
-        step = int(client["step"])
-        if echo:
-            echo(f"resuming GRPO from step {step} ({self.ckpt_dir}): steps {step + 1} onwards")
-        return step
-
-    def save(self, engine, step: int, result: GrpoResult, cycle: _ProblemCycle, generator: torch.Generator,
-             seconds: float, keep: int) -> None:
-        state = {
-            "step": step, "world_size": self.world, "reference_sha256": self.reference_sha256,
-            "cycle": cycle.state(),
-            # Reseeded from (seed, step) before every step today; kept so a resume stays exact if that changes.
-            "generator": generator.get_state(),
-            "history": result.history, "samples": result.samples, "seconds": seconds,
-            "eval_before": asdict(result.eval_before) if result.eval_before is not None else None,
-        }
-        save_checkpoint(engine, self.ckpt_dir, step, state, self.rank, self.world, keep)
-
-
 def _keep_samples(result: GrpoResult, rollouts: Sequence[Rollout], step: int, n_groups: int, cfg: GrpoConfig) -> None:
     """The first completion of the first cfg.samples_per_step groups, every cfg.samples_every steps and at the end."""
     if step % cfg.samples_every == 0 or step == cfg.steps - 1:
         for g in range(min(cfg.samples_per_step, n_groups)):
             r = rollouts[g * cfg.group_size]
             result.samples.append({"step": step, "question": r.problem.question, "completion": r.text, "reward": r.reward})
+
+
+class GrpoSteps:
+    """GRPO as the one loop's step (tasks/training/loop.fit): each step samples groups of completions,
+    scores them and makes cfg.updates_per_batch clipped updates; validation is the greedy held-out score.
+
+    Its checkpoint state: the problem cycle, the sampler's generator, the samples, the held-out score
+    before training, the seconds so far and the reference model's sha256 (a resume refuses another
+    reference), so a resumed run ends exactly where an uninterrupted one does.
+    """
+
+    echoed = ("reward_mean", "accuracy", "kl", "completion_len")
+
+    def __init__(self, reference: torch.nn.Module, tokenizer: Any, problems: Sequence[Problem], cfg: GrpoConfig,
+                 eval_problems: Sequence[Problem] | None = None) -> None:
+        self.reference, self.tokenizer, self.cfg = reference, tokenizer, cfg
+        self.scorer = _Scorer(combined_reward(cfg.rewards), get_reward(cfg.accuracy_reward))
+        self.cycle = _ProblemCycle(problems, cfg.seed)
+        self.evals = list(eval_problems or [])[: cfg.eval_prompts]
+        self.result = GrpoResult(policy=None)
+        self.reference_sha256 = module_sha256(reference)
+        self.generator: torch.Generator | None = None
+        self._generator_state: torch.Tensor | None = None
+        self._started, self._seconds_before = time.perf_counter(), 0.0
+
+    def _on(self, engine) -> torch.Generator:
+        """The sampler's generator on the engine's device (the reference moved there too)."""
+        if self.generator is None:
+            self.reference.to(engine.device)
+            self.generator = torch.Generator(device=engine.device)
+            if self._generator_state is not None:
+                self.generator.set_state(self._generator_state)
+        return self.generator
+
+    def step(self, engine, step: int, rank: int, world: int) -> StepStats:
+        lr = float(engine.get_lr()[0])
+        picked = self.cycle.take(self.cfg.prompts_per_step)
+        metrics, rollouts = grpo_step(engine, self.reference, self.tokenizer, picked, self.cfg, self.scorer,
+                                      self._on(engine), step)
+        _keep_samples(self.result, rollouts, step, len(picked), self.cfg)
+        loss = metrics.pop("loss")
+        bad = not math.isfinite(loss) or not engine.was_step_applied()
+        tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
+        return StepStats(lr, None if bad else loss, int(not math.isfinite(loss)), tokens, metrics["step_seconds"],
+                         {} if bad else metrics)
+
+    def start(self, engine) -> dict[str, float] | None:
+        self._on(engine)
+        if not self.evals:
+            return None
+        self.result.eval_before = heldout_score(engine.module, self.tokenizer, self.evals, self.cfg)
+        return eval_metrics(self.result.eval_before)
+
+    def validate(self, engine, rank: int, world: int) -> dict[str, float] | None:
+        if not self.evals:
+            return None
+        self.result.eval_after = heldout_score(engine.module, self.tokenizer, self.evals, self.cfg)
+        return eval_metrics(self.result.eval_after)
+
+    def seconds(self) -> float:
+        """Training and scoring time, summed over the launches of a resumed run."""
+        return self._seconds_before + time.perf_counter() - self._started
+
+    def state(self) -> dict[str, Any]:
+        before = self.result.eval_before
+        return {
+            "reference_sha256": self.reference_sha256, "cycle": self.cycle.state(),
+            # Reseeded from (seed, step) before every step today; kept so a resume stays exact if that changes.
+            "generator": self.generator.get_state() if self.generator is not None else None,
+            "samples": self.result.samples, "seconds": self.seconds(),
+            "eval_before": asdict(before) if before is not None else None,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if state["reference_sha256"] != self.reference_sha256:
+            raise ValueError(
+                f"the checkpoint holds a GRPO run trained against a reference model with sha256 "
+                f"{state['reference_sha256'][:12]}…, but this run's reference has {self.reference_sha256[:12]}…; "
+                "resume with the model the run started from, or delete its checkpoints folder to start over"
+            )
+        self.cycle.restore(state["cycle"])
+        self._generator_state = state["generator"]
+        self.result.samples = list(state["samples"])
+        before = state.get("eval_before")
+        self.result.eval_before = AnswerScore(**before) if before is not None else None
+        self._seconds_before = float(state["seconds"])
+
+
+class _LogCallback:
+    """A `log(metrics, step)` callable as the loop's metrics sink."""
+
+    def __init__(self, log: MetricsLog) -> None:
+        self.log = log
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.log(metrics, step)
 
 
 def grpo_train(
@@ -420,60 +469,28 @@ def grpo_train(
     echo: Callable[[str], Any] | None = None,
     ds_config: dict[str, Any] | None = None,
 ) -> GrpoResult:
-    """Train `policy` with GRPO on `problems`; `reference` stays frozen. Metrics go to `log(metrics, step)`.
+    """Train `policy` with GRPO on `problems` through the one training loop; `reference` stays frozen.
 
-    With `eval_problems`, the first cfg.eval_prompts of them are scored greedily before and
-    after training (eval_before / eval_after; logged as heldout_accuracy / heldout_reward / heldout_problems).
-    With `ckpt_dir`, a checkpoint is saved every cfg.checkpoint.every steps and at the end, and a run
-    resumes from the latest one there (refusing one taken against another reference model);
-    `echo` gets the line that says so. The returned result holds the trained module (the
-    engine's), every step's metrics and sample completions.
+    Metrics go to `log(metrics, step)`; with `eval_problems`, the first cfg.eval_prompts of them are
+    scored greedily before and after training (eval_before / eval_after; logged as heldout_accuracy /
+    heldout_reward / heldout_problems at steps 0 and cfg.steps). With `ckpt_dir`, checkpoints follow
+    cfg.checkpoint and a run resumes from the latest one there (refusing one taken against another
+    reference model). A non-finite loss skips its update; cfg.max_bad_steps of them in a row fail.
     """
     if not problems:
         raise ValueError("grpo_train needs at least one problem")
     _check_models(policy, reference, tokenizer, cfg)
-    scorer = _Scorer(combined_reward(cfg.rewards), get_reward(cfg.accuracy_reward))
-    log = log or (lambda metrics, step: None)
-    t_start = time.perf_counter()
-
-    torch.manual_seed(cfg.seed)
     reference.eval()
     reference.requires_grad_(False)
-    # One micro-batch (the whole sampled batch) per optimizer step; the LR is constant.
-    engine = build_engine(policy, cfg.optim, cfg.launch, cfg.prompts_per_step * cfg.group_size, 1, cfg.steps,
-                          ds_config)
-    reference.to(engine.device)
-    generator = torch.Generator(device=engine.device)
-
-    result = GrpoResult(policy=engine.module)
-    evals = list(eval_problems or [])[: cfg.eval_prompts]
-    cycle = _ProblemCycle(problems, cfg.seed)
-    ckpts = None
-    start = 0
-    if ckpt_dir is not None:
-        rank, world = init_distributed()
-        ckpts = _Checkpoints(Path(ckpt_dir), module_sha256(reference), rank, world)
-        ckpts.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        start = ckpts.resume(engine, result, cycle, generator, echo)
-    seconds_before = result.seconds
-    if evals and not start:
-        result.eval_before = heldout_score(engine.module, tokenizer, evals, cfg)
-        log(eval_metrics(result.eval_before), 0)
-    for step in range(start, cfg.steps):
-        picked = cycle.take(cfg.prompts_per_step)
-        metrics, rollouts = grpo_step(engine, reference, tokenizer, picked, cfg, scorer, generator, step)
-        result.history.append({"step": step, **metrics})
-        log(metrics, step)
-        _keep_samples(result, rollouts, step, len(picked), cfg)
-        done = step + 1
-        if ckpts is not None and (done == cfg.steps or (cfg.checkpoint.every and done % cfg.checkpoint.every == 0)):
-            ckpts.save(engine, done, result, cycle, generator, seconds_before + time.perf_counter() - t_start,
-                       cfg.checkpoint.keep)
-    if evals:
-        result.eval_after = heldout_score(engine.module, tokenizer, evals, cfg)
-        log(eval_metrics(result.eval_after), cfg.steps)
-    result.seconds = seconds_before + time.perf_counter() - t_start
-    result.resumed_from = start or None
-    # GuardedAdamW / ZeRO skip the update of a non-finite loss; count them so a caller can tell.
-    result.skipped_steps = sum(not math.isfinite(h["loss"]) for h in result.history)
+    steps = GrpoSteps(reference, tokenizer, problems, cfg, eval_problems)
+    sink = _LogCallback(log or (lambda metrics, step: None))
+    # One micro-batch (the whole sampled batch) per optimizer step.
+    trained = fit(policy, cfg, steps, ckpt_dir, sink, micro_batch_size=cfg.prompts_per_step * cfg.group_size,
+                  grad_accum=1, seq_len=cfg.max_new_tokens, echo=echo, ds_config=ds_config)
+    result = steps.result
+    result.policy = trained.engine.module
+    result.history = [h for h in trained.history if "reward_mean" in h]
+    result.seconds = steps.seconds()
+    result.skipped_steps = trained.skipped_steps
+    result.resumed_from = trained.resumed_from
     return result

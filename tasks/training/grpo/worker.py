@@ -21,37 +21,13 @@ from tasks.training.grpo.stage import (
     HeldoutScore,
     grpo_problems,
 )
-from tasks.training.config import GrpoConfig
 from tasks.training.launch import CHECKPOINTS_DIR
-from tasks.training.metrics import StepClock
 
 
 def _heldout(score: AnswerScore, distinct_answers: int | None = None) -> HeldoutScore:
     """result.json's view of a held-out score; `distinct_answers` overrides the score's own count."""
     return HeldoutScore(accuracy=score.accuracy, mean_reward=score.mean_reward, n_correct=score.n_correct, n=score.n,
                         distinct_answers=score.distinct_answers if distinct_answers is None else distinct_answers)
-
-
-def step_logger(cfg: GrpoConfig):
-    """log(metrics, step) for grpo_train: every metric to the MLflow run, a progress line now and then."""
-
-    clock = StepClock(0, cfg.steps)
-    trained = False
-
-    def log(metrics: dict, step: int) -> None:
-        nonlocal trained
-        log_metrics(metrics, step=step)
-        if "reward_mean" in metrics and not trained:
-            clock.first_step, trained = step, True  # after a resume, the ETA counts from the resumed step
-        if "reward_mean" in metrics and (step % 5 == 0 or step == cfg.steps - 1):
-            print(f"step {step + 1}/{cfg.steps} reward {metrics['reward_mean']:.3f} acc {metrics['accuracy']:.3f} "
-                  f"kl {metrics['kl']:.4f} len {metrics['completion_len']:.1f} {metrics['step_seconds']:.1f}s "
-                  f"({clock.text(step + 1)})")
-        elif "heldout_accuracy" in metrics:
-            print(f"held-out (step {step}): accuracy {metrics['heldout_accuracy']:.3f} reward {metrics['heldout_reward']:.3f} "
-                  f"n={int(metrics['heldout_problems'])}")
-
-    return log
 
 
 def heldout_metrics(out: GrpoStageResult) -> dict[str, float]:
@@ -97,7 +73,7 @@ def run_worker(job: GrpoJob, rank: int, world: int) -> GrpoStageResult:
     reference = copy.deepcopy(policy)
     train_problems, eval_problems = grpo_problems(cfg)
     with worker.rank0_run(job, "grpo", rank) as run:
-        res = grpo_train(policy, reference, tokenizer, train_problems, cfg, log=step_logger(cfg),
+        res = grpo_train(policy, reference, tokenizer, train_problems, cfg, log=lambda m, step: log_metrics(m, step=step),
                          eval_problems=eval_problems, ckpt_dir=job.out_dir / CHECKPOINTS_DIR, echo=print,
                          ds_config=worker.read_ds_config(job))
         assert res.eval_before is not None  # eval_prompts >= 1 is checked at launch

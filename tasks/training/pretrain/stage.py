@@ -30,7 +30,8 @@ from tasks.training.launch import (
     job_fields,
     run_stage,
 )
-from tasks.training.loop import BatchFn, epoch_orders
+from tasks.training.loop import BatchFn
+from tasks.training.loss_steps import epoch_orders
 
 CONFIG_FILE = "pretrain_config.json"
 WORKER_MODULE = "tasks.training.pretrain.worker"

@@ -38,7 +38,8 @@ from tasks.training.launch import (
     run_stage,
     saved_model_config,
 )
-from tasks.training.loop import BatchFn, LossParts, epoch_orders
+from tasks.training.loop import BatchFn, LossParts
+from tasks.training.loss_steps import epoch_orders
 from tasks.training.sft.data import SftExample, SftSourceConfig
 
 CONFIG_FILE = "sft_config.json"

@@ -40,7 +40,7 @@ def test_no_param_of_the_tiny_preset_is_hidden(ws) -> None:
     params = _run(run.info.run_id).data.params
     assert len(params) > 100
     assert [k for k, v in params.items() if v == "***"] == []
-    assert params["tokenizer.vocab_size"] == str(config.pretrain.tokenizer.vocab_size)
+    assert params["tokenizer.vocab_size"] == str(config.tokenizer.vocab_size)
     assert params["grpo.max_new_tokens"] == str(config.grpo.max_new_tokens)
 
 
@@ -248,7 +248,7 @@ def test_describe_overrides_drops_the_stage_prefix() -> None:
 def test_describe_overrides_keeps_full_keys_across_stages_or_picks_one_stage() -> None:
     overrides = ["data.near.threshold=0.7", "pretrain.optim.lr = 1e-3"]
     assert describe_overrides(overrides) == "data.near.threshold=0.7 pretrain.optim.lr=1e-3"
-    assert describe_overrides(overrides, stage="pretrain") == "train.lr=1e-3"
+    assert describe_overrides(overrides, stage="pretrain") == "optim.lr=1e-3"
     assert describe_overrides(overrides, stage="sft") == ""
 
 
