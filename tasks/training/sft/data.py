@@ -204,7 +204,7 @@ def record_messages(record: Any, fields: SftFields, max_chars: int) -> list[dict
 def source_files(source: SftSourceConfig, root: Path) -> list[Path]:
     """The files of a file-based source, sorted; an error names the source when none match."""
     pattern = source.path or ""
-    files = [f for f in match_files(root, pattern, folder_glob(source.kind)) if f.is_file()]
+    files = [f for f in match_files(root, pattern, folder_glob(source.kind))[0] if f.is_file()]
     if not files:
         raise ConfigError(f"SFT source '{source.name}': key 'path': {pattern} matches no file (looked in {root})")
     if not source.allow_outside_roots:
