@@ -14,10 +14,12 @@
 """
 from __future__ import annotations
 
-import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
+
+import numpy as np
 
 from tasks.data.catalog import HfDatasetOptions, hf_data_files, hf_location
 from tasks.data.input_files import compression_of
@@ -26,6 +28,7 @@ from tasks.data.readers import jsonl_lines
 from tasks.data.rejection import Rejection
 
 MAX_NESTING = 1000  # what Python's json parser handles (its recursion limit); pyarrow's crashes far deeper
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)  # a JSON string, escapes included
 _JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")
 BATCH_ROWS = 1024
 
@@ -55,30 +58,31 @@ def _is_json(path: Path, opts: HfDatasetOptions) -> bool:
 
 
 def nesting_depth_over(raw: bytes, limit: int) -> bool:
-    """Whether a JSON text nests deeper than `limit`: cheap counts first (most lines cannot),
-    then Python's parser, which raises RecursionError instead of crashing."""
+    """Whether a JSON text nests deeper than `limit`, without parsing it (a parser is what
+    would recurse): brackets counted outside strings, cheap counts first."""
     if raw.count(b"[") + raw.count(b"{") <= limit:
-        return False
-    try:
-        json.loads(raw)
-    except RecursionError:
-        return True
-    except ValueError:
-        return False  # malformed: the builder reports it (with its own message)
-    return False
+        return False  # most lines: cannot nest that deep
+    bare = _STRING.sub(b"", raw)
+    step = np.frombuffer(bare, dtype=np.uint8)
+    depth = np.cumsum((step == ord("[")) | (step == ord("{")), dtype=np.int64) - np.cumsum(
+        (step == ord("]")) | (step == ord("}")), dtype=np.int64)
+    return bool(len(depth)) and int(depth.max()) > limit
 
 
 _SCAN_LINE_BYTES = 256 << 20  # a longer line cannot be checked in bounded memory: its file is refused
 
 
-def deep_lines(path: Path, limit: int = MAX_NESTING) -> list[str]:
-    """Locators of the lines of a JSON(L) file nested deeper than `limit` (or too long to check), streamed."""
+def deep_lines(path: Path, limit: int | None = None) -> list[str]:
+    """Locators of the lines of a JSON(L) file nested deeper than `limit` (default MAX_NESTING;
+    or too long to check), streamed."""
+    limit = MAX_NESTING if limit is None else limit
     return [loc for loc, raw in jsonl_lines(path, _SCAN_LINE_BYTES)
             if (isinstance(raw, Rejection) and raw.reason == "line_too_long") or (isinstance(raw, bytes) and nesting_depth_over(raw, limit))]
 
 
-def refused_file_records(path: Path, deep: list[str], limit: int = MAX_NESTING) -> Iterator[tuple[str, Rejection]]:
+def refused_file_records(path: Path, deep: list[str], limit: int | None = None) -> Iterator[tuple[str, Rejection]]:
     """One rejection per record of a refused file: the deep lines and the others, which were not loaded."""
+    limit = MAX_NESTING if limit is None else limit
     why = f"{path.name} {deep[0]} is nested deeper than {limit} levels (or too long to check)"
     marked = set(deep)
     for loc, _ in jsonl_lines(path, _SCAN_LINE_BYTES):
