@@ -178,3 +178,57 @@ def test_hf_dataset_without_the_text_column_rejects_every_row_and_caps_cells(tmp
     write(tmp_path / "cat" / "d.jsonl", json.dumps({"text": "w" * 5000}) + "\n" + json.dumps({"text": "ok"}) + "\n")
     res, kept, removed = collect_one(tmp_path, "name: h\nkind: hf_dataset\nlicence: MIT\nmax_cell_bytes: 1000\nhf:\n  name: json\n  data_files: d.jsonl\n")
     assert [d["text"] for d in kept] == ["ok"] and reasons(removed) == {"cell_too_long": 1}
+
+
+# 4. every path inside the catalog, the data roots or an allowed folder -------------------------
+
+def test_hf_name_resolves_against_the_catalog_folder_not_the_working_directory(tmp_path, monkeypatch):
+    write(tmp_path / "cat" / "copy" / "part.jsonl", JSONL)
+    monkeypatch.chdir(tmp_path / "cat" / "copy")  # a "copy" here would have been found by the old lookup too
+    res, kept, removed = collect_one(tmp_path, "name: h\nkind: hf_dataset\nlicence: MIT\nhf:\n  name: copy\n")
+    assert len(kept) == 300 and removed == []
+
+
+@pytest.mark.parametrize("hf, message", [
+    ("  name: {outside}\n", "outside the data roots"),
+    ("  name: json\n  data_files: {outside}/d.jsonl\n", "outside the data roots"),
+    ("  name: no_such_folder\n", "set hf.from_hub: true"),
+    ("  name: json\n", "needs data_files"),
+])
+def test_hf_paths_outside_or_unknown_are_refused_before_any_work(tmp_path, hf, message):
+    outside = tmp_path / "elsewhere"
+    write(outside / "d.jsonl", JSONL)
+    write(tmp_path / "data" / "cat" / "src.yaml", "name: h\nkind: hf_dataset\nlicence: MIT\nhf:\n" + hf.format(outside=outside))
+    with pytest.raises(ConfigError, match=message):
+        load_catalog(tmp_path / "data" / "cat", data_roots=[tmp_path / "data"])
+
+
+def test_sft_hf_data_files_are_checked_too(tmp_path):
+    from tasks.training.sft.data import SftSourceConfig, load_sft_examples
+
+    write(tmp_path / "elsewhere" / "d.jsonl", json.dumps({"instruction": "q", "response": "a"}) + "\n")
+    source = SftSourceConfig(name="s", kind="sft_hf_dataset", licence="MIT",
+                             hf={"name": "json", "data_files": str(tmp_path / "elsewhere" / "d.jsonl")})
+    with pytest.raises(ConfigError, match="SFT source 's': key 'hf.data_files'.*outside the data roots"):
+        load_sft_examples([source], root=tmp_path / "sft")
+
+
+# 7. errors in one line; a mix that shrinks a source says so ------------------------------------
+
+def test_a_binary_catalog_yaml_is_one_config_error_naming_the_file(tmp_path):
+    write(tmp_path / "cat" / "src.yaml", b"\x89PNG\r\n\x1a\n\xff\xfe\x00binary")
+    with pytest.raises(ConfigError, match=r"src.yaml: not UTF-8 text") as err:
+        load_catalog(tmp_path / "cat", data_roots=[tmp_path])
+    assert "\n" not in str(err.value)
+
+
+def test_a_mix_that_shrinks_a_source_below_half_says_so(tmp_path, caplog):
+    from tasks.data.documents import Document, documents_table, write_table_atomic
+    from tasks.data.mix import MixConfig, rebalance_mix
+
+    docs = [Document("a0", "tiny", "only one document")] + [Document(f"b{i}", "big", f"text {i} " * 5) for i in range(200)]
+    inp = write_table_atomic(documents_table(docs), tmp_path / "in.parquet")
+    res = rebalance_mix(inp, tmp_path / "o.parquet", tmp_path / "r.parquet", {"tiny": 0.5, "big": 0.5}, {"tiny": 1, "big": 1}, MixConfig())
+    res.check_conservation()
+    assert set(res.report["shrunk_below_half"]) == {"big"} and res.report["shrunk_below_half"]["big"] < 0.5
+    assert "mix: source 'big' keeps" in caplog.text
