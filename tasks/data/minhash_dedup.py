@@ -14,9 +14,8 @@ similarity of empty sets is undefined, and exact dedup has already dropped empty
 Verification (`verify`): LSH banding only proposes candidates; each candidate pair's Jaccard
 is then checked against the threshold.
 - "exact" (default): |A∩B| / |A∪B| of the two documents' sets of 64-bit shingle hashes (the
-  shingles the signatures are built from), so two distinct shingles collide with chance
-  2^-64: with 32 bits, a million distinct one-word texts lost about a hundred as identical
-  (issue 26). The 128-permutation estimate has standard
+  shingles the signatures are built from): distinct shingles collide with chance 2^-64 (with
+  32 bits, a million one-word texts lost ~100 as identical, issue 26). The 128-permutation estimate has standard
   deviation sqrt(J(1-J)/128), about 0.03 near J = 0.8: a pair at J = 0.85 fails an estimated
   check ~6% of the time and one in [0.8, 0.9) ~15% on average, while pairs below the threshold
   pass it. Exact verification leaves LSH banding (tuned for recall, _LSH_WEIGHTS) as the only

@@ -113,7 +113,11 @@ def _row_group(
             records = batch_records(batch, group, first + done, max_cell_bytes)
             done += batch.num_rows
             yield from records
-    except pa.ArrowException as exc:
+    except (pa.ArrowException, OSError) as exc:
+        if isinstance(exc, OSError) and not isinstance(exc, pa.ArrowException) and exc.errno is not None:
+            raise  # the file system's error (EIO, a vanished file): the collect task retries it
+        # pyarrow reports damaged pages as ArrowInvalid or as OSError without an errno ("Corrupt
+        # snappy compressed data"); retrying reads the same bytes, so it is the data's fault.
         why = Rejection("corrupt_row_group", f"row group {group} of {path.name} failed to decode after row {first + done} "
                         f"({type(exc).__name__}: {str(exc)[:300]}); its remaining rows were not read")
         yield from ((f"row:{r}", why) for r in range(first + done, first + n))
