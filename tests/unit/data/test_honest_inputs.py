@@ -145,6 +145,8 @@ def test_a_fifo_is_refused_as_a_source_path_and_skipped_under_a_glob(tmp_path, c
     os.mkfifo(tmp_path / "cat" / "pipe.jsonl")
     with pytest.raises(ConfigError, match="pipe.jsonl is a FIFO"):
         collect_one(tmp_path, "name: f\nkind: jsonl\npath: pipe.jsonl\nlicence: MIT\n")
+    with pytest.raises(ConfigError, match="is a character device"):
+        collect_one(tmp_path, "name: f\nkind: jsonl\npath: /dev/zero\nlicence: MIT\nallow_outside_roots: true\n")
     res, kept, removed = collect_one(tmp_path, "name: f\nkind: jsonl\npath: '*.jsonl'\nlicence: MIT\n")
     assert len(kept) == 300 and "skipped 1 entries" in caplog.text
     # A FIFO reaching the reader all the same (swapped in after validation) is a rejection, not a block.
