@@ -248,6 +248,13 @@ def test_a_mix_that_shrinks_a_source_below_half_says_so(tmp_path, caplog):
     res.check_conservation()
     assert set(res.report["shrunk_below_half"]) == {"big"} and res.report["shrunk_below_half"]["big"] < 0.5
     assert "mix: source 'big' keeps" in caplog.text
+    from tasks.data.funnel import build_funnel
+    from tasks.data.step import StageResult
+
+    stage = {name: StageResult(stage=name, output=inp, counts={s: {"in": n, "out": n} for s, n in (("tiny", 1), ("big", 200))})
+             for name in ("collect", "exact", "near", "quality")}
+    funnel = build_funnel(*stage.values(), res)  # conservation is checked inside, with the new column present
+    assert funnel["big"]["mix:shrunk_below_half"] == 1 and "mix:shrunk_below_half" not in funnel["tiny"]
 
 
 @pytest.mark.slow  # ~20 s on a loaded 2-core box, nearly all of it a fresh interpreter importing prefect and datasets
