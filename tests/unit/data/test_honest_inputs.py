@@ -21,7 +21,7 @@ from infra.config import ConfigError
 from infra.stage_cache import fingerprint
 from tasks.data import hf_source
 from tasks.data.catalog import load_catalog
-from tasks.data.collect import collect_source, source_inputs
+from tasks.data.collect import source_inputs
 from tasks.data.readers import jsonl_lines
 from tests.unit.data.test_collect import collect_one, write
 
