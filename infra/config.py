@@ -91,6 +91,8 @@ def _read_mapping(path: Path, parse: Callable[[str], Any], errors: tuple[type[Ex
         data = parse(path.read_text(encoding="utf-8"))
     except YamlAliasRefused as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    except UnicodeDecodeError as exc:  # a binary file, or another encoding
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8 {kind}") from None
     except errors as exc:
         raise ConfigError(f"{path}: not valid {kind}: {exc}") from exc
     if data is None:

@@ -6,7 +6,6 @@ or non-string text field, empty text, binary file, over-long line, oversize file
 """
 from __future__ import annotations
 
-import glob as globlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,12 @@ from tasks.data.documents import (
     make_doc_id,
     removed_table,
 )
+from tasks.data.hf_source import hf_input_files, read_hf_rows
 from tasks.data.readers import (
     Rejection,
     check_string,
     decode_utf8,
-    hf_dataset,
     jsonl_lines,
-    parquet_columns,
     parquet_records,
     parse_json_line,
     read_capped_file,
@@ -73,16 +71,18 @@ def _json_text(raw: bytes, source: SourceConfig) -> Any:
 
 
 def read_parquet(path: Path, source: SourceConfig) -> Iterator[tuple[str, Any]]:
-    columns = parquet_columns(path)
-    if source.text_field not in columns:
-        yield "file", Rejection("missing_field", f"no column '{source.text_field}' (columns: {columns})")
-        return
-    yield from _column_texts(parquet_records(path, [source.text_field, source.id_field or source.text_field]), source)
+    """(locator, text | (id, text) | Rejection) of every row; without the text column, every row is rejected."""
+    records = parquet_records(path, [source.text_field, source.id_field or source.text_field], required=(source.text_field,),
+                              max_cell_bytes=source.max_cell_bytes, max_row_group_bytes=source.max_row_group_bytes)
+    yield from _column_texts(records, source)
 
 
 def _column_texts(records: Iterable[tuple[str, dict]], source: SourceConfig) -> Iterator[tuple[str, Any]]:
     """(locator, text | (id, text) | Rejection) of tabular records (Parquet rows, dataset rows)."""
     for locator, rec in records:
+        if isinstance(rec, Rejection):
+            yield locator, rec
+            continue
         try:
             text = check_text(rec.get(source.text_field), source.text_field)
             rid = rec.get(source.id_field) if source.id_field else None
@@ -103,13 +103,13 @@ def read_text_file(path: Path, max_file_bytes: int) -> Any:
         return rej
 
 
-def read_hf_dataset(catalog: Catalog, source: SourceConfig) -> Iterator[tuple[str, Any]]:
+def read_hf_dataset(catalog: Catalog, source: SourceConfig) -> Iterator[tuple[str, str, Any]]:
+    """(path, locator, text | (id, text) | Rejection) of every record; without the text column, every row is rejected."""
     assert source.hf is not None
-    ds = hf_dataset(source.hf, catalog.root)
-    if source.text_field not in ds.column_names:
-        yield "dataset", Rejection("missing_field", f"no column '{source.text_field}' (columns: {ds.column_names})")
-        return
-    yield from _column_texts(((f"row:{i}", rec) for i, rec in enumerate(ds)), source)
+    rows = read_hf_rows(source.hf, catalog.root, (source.text_field,), source.max_cell_bytes)
+    for path, locator, rec in rows:
+        for _, out in _column_texts([(locator, rec)], source):
+            yield path, locator, out
 
 
 def iter_records(catalog: Catalog, source: SourceConfig, files: list[Path]) -> Iterator[tuple[str, str, Any]]:
@@ -126,8 +126,7 @@ def iter_records(catalog: Catalog, source: SourceConfig, files: list[Path]) -> I
                     yield path, locator, rej
         return
     if source.kind == "hf_dataset":
-        for locator, rec in read_hf_dataset(catalog, source):
-            yield f"hf:{source.hf.name}", locator, rec
+        yield from read_hf_dataset(catalog, source)
         return
     for path in files:
         if source.kind == "jsonl":
@@ -150,11 +149,7 @@ def source_inputs(catalog: Catalog, source: SourceConfig) -> list[Path]:
             return [Path(topics.__file__).resolve()]
         return builtin_corpus.stdlib_files()
     if source.kind == "hf_dataset":
-        files = source.hf.data_files if source.hf else None
-        if not files:
-            return []
-        files = [files] if isinstance(files, str) else files
-        return sorted(Path(p) for f in files for p in globlib.glob(str((catalog.root / f).resolve()), recursive=True))
+        return hf_input_files(source.hf, catalog.root)  # every file under a local folder too, not only data_files
     return source_files(catalog, source)
 
 

@@ -34,6 +34,9 @@ def build_funnel(
         row.update({f"filtered:{k}": v for k, v in sorted(rules.items())})
         row.update({f"rejected:{k}": v for k, v in sorted(collect.reasons(source).items())})
         row.update(chars_removed(quality, source))
+        shrunk = mix.report.get("shrunk_below_half", {}).get(source)
+        if shrunk is not None:  # a detail column (it has a colon): not a place documents end in
+            row["mix:shrunk_below_half"] = 1  # the share kept is in the mix report and the log line
         ended = [v for k, v in row.items() if ":" not in k and k not in ("collected", "sampled_docs", "sampled_rows")]
         check_conservation(f"source {source}", row["collected"], ended, row)
         funnel[source] = row

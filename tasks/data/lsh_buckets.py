@@ -12,7 +12,7 @@ so the memory of near dedup does not grow with the corpus:
   the `cap` earliest members before it (and the times that cut anything are counted).
 - `PairSpill`: candidate pairs split into files by the later document's range of rows,
   so that the keep rule can visit later documents in input order.
-- `ShingleSetFile`: each document's sorted distinct 32-bit shingle hashes, appended in
+- `ShingleSetFile`: each document's sorted distinct 64-bit shingle hashes, appended in
   document order, with a file of uint64 offsets; the sets of a piece of candidate pairs are
   read back (not mapped) to compute the exact Jaccard of many pairs at once.
 """
@@ -222,7 +222,7 @@ def read_pair_chunks(path: Path) -> Iterator[np.ndarray]:
 
 
 class ShingleSetFile:
-    """Sorted distinct uint32 shingle hashes of each document, in input order (`path`), and the
+    """Sorted distinct uint64 shingle hashes of each document, in input order (`path`), and the
     uint64 offset of each document's first one plus a final end (`path` + ".offsets")."""
 
     def __init__(self, path: Path):
@@ -235,11 +235,11 @@ class ShingleSetFile:
 
     @property
     def bytes_written(self) -> int:
-        return self.values * 4 + (self.rows + 1) * 8
+        return self.values * 8 + (self.rows + 1) * 8
 
     def append(self, hashes: np.ndarray, counts: np.ndarray) -> None:
         """Sets of len(counts) documents: `hashes` flat, `counts` per document."""
-        self._fh.write(np.ascontiguousarray(hashes, dtype="<u4").tobytes())
+        self._fh.write(np.ascontiguousarray(hashes, dtype="<u8").tobytes())
         ends = self.values + np.cumsum(counts, dtype=np.uint64)
         self._off.write(ends.astype("<u8").tobytes())
         self.values += len(hashes)
@@ -282,14 +282,16 @@ class ShingleSetFile:
         ends = starts + lengths
         new_run = np.r_[True, starts[1:] != ends[:-1]]
         run_starts, run_ends = starts[new_run], ends[np.r_[new_run[1:], True]]
-        raw = b"".join([os.pread(fd, (e - s) * 4, s * 4) for s, e in zip(run_starts.tolist(), run_ends.tolist())])
-        values = np.frombuffer(raw, dtype="<u4")
+        raw = b"".join([os.pread(fd, (e - s) * 8, s * 8) for s, e in zip(run_starts.tolist(), run_ends.tolist())])
+        # Dense ranks in place of the 64-bit hashes: equal iff the hashes are, ordered as they
+        # are, and under 2^32, so (pair << 32 | rank) keys still sort and match in one uint64.
+        values = np.unique(np.frombuffer(raw, dtype="<u8"), return_inverse=True)[1].astype(np.uint64)
         placed = np.cumsum(lengths) - lengths
         return values, placed[np.searchsorted(starts, start)]
 
     @staticmethod
     def _keys(values: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.ndarray:
-        """Keys (pair << 32 | hash) of the sets at `start` of `length` in `values`, sorted: sets
+        """Keys (pair << 32 | hash rank) of the sets at `start` of `length` in `values`, sorted: sets
         are sorted and pairs ascend."""
         total = int(length.sum())
         index = np.repeat(start - (np.cumsum(length) - length), length) + np.arange(total)

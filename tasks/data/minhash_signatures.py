@@ -7,7 +7,8 @@ characters stripped, NFKC), the form exact dedup compares. Two families of schem
   (`pyarrow.compute.utf8_split_whitespace`, which splits on exactly the characters
   Python's `str.split()` does), the distinct words are hashed once each with seeded
   XXH3-64, n consecutive word hashes are folded into one n-gram hash with numpy over the
-  whole batch, and each shingle hash (upper 32 bits after a 64-bit finaliser) goes through
+  whole batch, and each shingle hash (upper 32 bits after a 64-bit finaliser; the exact
+  check's shingle sets keep all 64) goes through
   `a*h + b mod 2^32` permutations. Signatures are uint32. 32-bit permutations, not
   64-bit multiply-shift: numpy has SIMD uint32 multiplies but emulates uint64 ones, and the
   permutation stage measured 3x faster (65k vs 22k docs per CPU-second at 128 permutations).
@@ -92,9 +93,10 @@ def _fmix(h: np.ndarray, consts: tuple[int, ...]) -> np.ndarray:
     return h ^ (h >> s3)
 
 
-def _sha1_shingle_hashes(texts: Sequence[str], ngram: int, scheme: Scheme) -> tuple[np.ndarray, np.ndarray]:
+def _sha1_shingle_hashes(texts: Sequence[str], ngram: int, scheme: Scheme) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """First 4 (8 for affine64) little-endian bytes of SHA-1 of each shingle of each text's
-    dedup key, as datasketch's sha1_hash32/64, and the number of shingles per text."""
+    dedup key, as datasketch's sha1_hash32/64, the number of shingles per text, and each
+    shingle's first 8 bytes (uint64) for the shingle sets."""
     sha1 = hashlib.sha1
     digests: list[bytes] = []
     counts = np.empty(len(texts), dtype=np.int64)
@@ -102,14 +104,16 @@ def _sha1_shingle_hashes(texts: Sequence[str], ngram: int, scheme: Scheme) -> tu
         grams = shingles(dedup_key(text), ngram)
         counts[i] = len(grams)
         digests.extend([sha1(g.encode("utf-8")).digest() for g in grams])
-    width = 8 if scheme == "affine64" else 4
-    raw = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, 20)[:, :width]
-    hashes = np.ascontiguousarray(raw).view("<u8" if width == 8 else "<u4").ravel()
-    hashes = hashes.astype(DTYPE[scheme], copy=False)
+    raw = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, 20)
+    wide = np.ascontiguousarray(raw[:, :8]).view("<u8").ravel().astype(np.uint64, copy=False)
+    if scheme == "affine64":
+        hashes = wide
+    else:
+        hashes = np.ascontiguousarray(raw[:, :4]).view("<u4").ravel().astype(DTYPE[scheme], copy=False)
     if scheme != "legacy":
         with np.errstate(over="ignore"):
             hashes = _fmix(hashes, _FMIX[scheme])
-    return hashes, counts
+    return hashes, counts, wide
 
 
 def dedup_keys(texts: pa.Array) -> pa.Array:
@@ -125,6 +129,13 @@ def dedup_keys(texts: pa.Array) -> pa.Array:
 def _xxh3_shingle_hashes(texts: pa.Array, ngram: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """32-bit hashes of each text's word n-grams (see the module docstring), flat, and the
     number of shingles per text (a text of 1..n-1 words has one, a text of none has none)."""
+    wide, counts = _xxh3_shingle_hashes64(texts, ngram, seed)
+    return (wide >> np.uint64(32)).astype(np.uint32), counts
+
+
+def _xxh3_shingle_hashes64(texts: pa.Array, ngram: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The 64-bit shingle hashes whose upper halves `_xxh3_shingle_hashes` gives: the shingle
+    sets keep all 64 bits (see unique_shingle_sets)."""
     lists = pc.utf8_split_whitespace(dedup_keys(texts))
     flat = lists.flatten()
     # Leading or trailing whitespace gives empty "words": drop them and recount per text.
@@ -157,7 +168,7 @@ def _xxh3_shingle_hashes(texts: pa.Array, ngram: int, seed: int) -> tuple[np.nda
     gram = gram[first + np.arange(len(first))]
     with np.errstate(over="ignore"):
         gram = _fmix(gram, _FMIX["affine64"])
-    return (gram >> np.uint64(32)).astype(np.uint32), counts
+    return gram, counts
 
 
 def _min_over_permutations(hashes: np.ndarray, counts: np.ndarray, perms: np.ndarray, scheme: Scheme) -> np.ndarray:
@@ -186,23 +197,22 @@ def _min_over_permutations(hashes: np.ndarray, counts: np.ndarray, perms: np.nda
     return np.ascontiguousarray(out.T)
 
 
-def unique_shingle_sets(hashes: np.ndarray, counts: np.ndarray, scheme: Scheme) -> tuple[np.ndarray, np.ndarray]:
-    """Per text, its distinct 32-bit shingle hashes, sorted (flat), and how many per text: the
-    sets whose Jaccard exact verification computes. affine64's 64-bit hashes keep their upper
-    32 bits, so every scheme collides two distinct shingles with the same 2^-32 chance."""
-    if scheme == "affine64":
-        hashes = hashes >> np.uint64(32)
-    keys = np.repeat(np.arange(len(counts), dtype=np.uint64), counts)
-    keys <<= np.uint64(32)
-    keys |= hashes.astype(np.uint64, copy=False)
-    keys.sort()  # by text, then hash: each text keeps its rows
-    first = np.ones(len(keys), dtype=np.bool_)  # first of its value (within its text: keys carry the text)
-    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+def unique_shingle_sets(hashes: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per text, its distinct 64-bit shingle hashes, sorted (flat, uint64), and how many per
+    text: the sets whose Jaccard exact verification computes. 64 bits, not the signatures'
+    32: among a million one-shingle texts 32-bit hashes collide about a hundred times
+    (n^2 / 2^33), and a collision of one-shingle sets reads as Jaccard 1.0 (issue 26)."""
+    hashes = hashes.astype(np.uint64, copy=False)
+    text = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    order = np.lexsort((hashes, text))  # by text, then hash: each text keeps its rows
+    keys, text = hashes[order], text[order]
+    first = np.ones(len(keys), dtype=np.bool_)  # first of its value within its text
+    np.logical_or(keys[1:] != keys[:-1], text[1:] != text[:-1], out=first[1:])
     cum = np.zeros(len(keys) + 1, dtype=np.int64)
     np.cumsum(first, out=cum[1:])
     ends = np.cumsum(counts)
     unique_counts = cum[ends] - cum[ends - counts]
-    return keys[first].astype(np.uint32), unique_counts
+    return keys[first], unique_counts
 
 
 def signature_job(
@@ -223,7 +233,7 @@ def signature_job(
     shingle_sets = None
     if sets:
         shingle_sets = ((np.concatenate([p[2][0] for p in parts]), np.concatenate([p[2][1] for p in parts])) if parts
-                        else (np.empty(0, dtype=np.uint32), np.empty(0, dtype=np.int64)))
+                        else (np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)))
     return sigs, counts, time.process_time() - start, shingle_sets
 
 
@@ -233,16 +243,17 @@ def _signature_part(
     if scheme == "xxh3":
         if not isinstance(texts, pa.Array):
             texts = pa.array(texts, pa.string())
-        hashes, counts = _xxh3_shingle_hashes(texts, ngram, seed)
+        wide, counts = _xxh3_shingle_hashes64(texts, ngram, seed)
+        if sets:
+            shingle_sets = unique_shingle_sets(wide, counts)
+            # The minimum over a set is the minimum over its multiset: permute each distinct shingle
+            # once (same signatures: the upper halves of distinct 64-bit hashes, repeats allowed).
+            uppers = (shingle_sets[0] >> np.uint64(32)).astype(np.uint32)
+            return _min_over_permutations(uppers, shingle_sets[1], perms, scheme), counts, shingle_sets
+        hashes = (wide >> np.uint64(32)).astype(np.uint32)
     else:
         if isinstance(texts, pa.Array):
             texts = texts.to_pylist()
-        hashes, counts = _sha1_shingle_hashes(texts, ngram, scheme)
-    shingle_sets = None
-    if sets:
-        shingle_sets = unique_shingle_sets(hashes, counts, scheme)
-        if scheme == "xxh3":
-            # The minimum over a set is the minimum over its multiset: permute each distinct shingle
-            # once (same signatures). Not for affine64, whose sets keep 32 of the hash's 64 bits.
-            return _min_over_permutations(shingle_sets[0], shingle_sets[1], perms, scheme), counts, shingle_sets
+        hashes, counts, wide = _sha1_shingle_hashes(texts, ngram, scheme)
+    shingle_sets = unique_shingle_sets(wide, counts) if sets else None
     return _min_over_permutations(hashes, counts, perms, scheme), counts, shingle_sets

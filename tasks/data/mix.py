@@ -18,6 +18,7 @@ The result does not depend on batch sizes or on the order of documents.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Literal
 
@@ -33,6 +34,7 @@ from infra.config import StrictModel
 from tasks.data.documents import DOCUMENT_SCHEMA, iter_batches, removed_from_documents
 from tasks.data.step import DataStep, StageResult
 
+log = logging.getLogger(__name__)
 STAGE = "mix"
 REPEAT_COLUMN = "repeat"  # 0 for the first copy of a document, 1.. for up-sampled copies
 HASH_BITS = 16
@@ -108,6 +110,9 @@ def plan_cuts(
         plan[source] = (full, cut)
         achieved[source] = full * have[source] + (int(cum[cut - 1]) if cut else 0)
     total_units = sum(achieved.values()) or 1
+    # A source cut below half its size is worth a line: usually another source is too small
+    # for its weight (a source of one document shrinks every other one to match).
+    shrunk = {s: round(achieved[s] / have[s], 4) for s in present if achieved[s] * 2 < have[s]}
     report = {
         "unit": None,
         "budget": float(budget),
@@ -121,6 +126,7 @@ def plan_cuts(
             }
             for s in histograms
         },
+        "shrunk_below_half": shrunk,  # source -> share of its units kept
     }
     return plan, report
 
@@ -188,6 +194,10 @@ def rebalance_mix(
     names_all = sorted(hists)
     plan, report = plan_cuts({s: hists[s] for s in names_all}, weights, max_epochs, cfg.total)
     report["unit"] = cfg.unit
+    for source, kept in report["shrunk_below_half"].items():
+        log.warning("mix: source '%s' keeps %.1f%% of its %s (%d of %d): the weights and max_epochs of the other sources "
+                    "cap the mix; raise max_epochs of the small sources or lower their weights to keep more",
+                    source, 100 * kept, cfg.unit, report["sources"][source]["sampled"], report["sources"][source]["available"])
     del hists
     schema = DOCUMENT_SCHEMA.append(pa.field(REPEAT_COLUMN, pa.int32()))
     rows_out = dict.fromkeys(names_all, 0)

@@ -2,8 +2,9 @@
 
 Each reader yields (locator, record | Rejection) and never raises on bad data: a record
 that cannot be read (malformed JSON, invalid UTF-8, an over-long line, a corrupt
-`.jsonl.gz`, a file over its size cap) becomes a Rejection with a short machine-readable
-reason, and the caller quarantines it. Hostile input stays bounded: files are read in
+compressed file, a file over its size cap, a FIFO or device, a compression we cannot
+inflate) becomes a Rejection with a short machine-readable reason, and the caller
+quarantines it. Compression is judged by a file's first bytes (tasks/data/input_files.py). Hostile input stays bounded: files are read in
 chunks (a run of blank lines costs its bytes, not a call per line), an over-long line or
 file is hashed as it streams, never held, and a compressed file stops at
 `max_inflated_bytes`. What a record must hold (a text field, a conversation) is the
@@ -14,36 +15,20 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import lzma
 import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import pyarrow.parquet as pq
-
-from tasks.data.catalog import MAX_INFLATED_BYTES, HfDatasetOptions
-from tasks.data.documents import Removed, iter_batches
+from tasks.data.catalog import MAX_INFLATED_BYTES
+from tasks.data.input_files import NotARegularFile, UnsupportedCompression, open_decompressed, open_regular
+from tasks.data.parquet_reader import parquet_columns, parquet_records  # noqa: F401  (readers' public API)
+from tasks.data.rejection import Rejection
 from tasks.data.text_normalize import has_visible_text
 
 BATCH_ROWS = 2048
-
-
-class Rejection(Exception):
-    """A record that cannot be used; `reason` is a short machine-readable name.
-
-    `raw` and `text` keep what was read, for the quarantine file."""
-
-    def __init__(self, reason: str, detail: str = "", raw: bytes | None = None, text: str = ""):
-        super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail, self.raw, self.text = reason, detail, raw, text
-
-    def removed(self, doc_id: str, source: Any, path: str, locator: str, stage: str) -> Removed:
-        """This rejection as a quarantined row of `source` (a catalog source config)."""
-        return Removed(
-            doc_id=doc_id, source=source.name, text=self.text or "", stage=stage, reason=self.reason,
-            licence=source.licence, path=path, locator=locator, detail=self.detail[:1000], raw=self.raw,
-        )
 
 
 def check_string(value: Any, what: str) -> str:
@@ -71,19 +56,6 @@ def decode_utf8(raw: bytes) -> str:
 CHUNK_BYTES = 1 << 20  # read size: blank runs and long lines are handled per chunk, not per line
 PREFIX_BYTES = 64 << 10  # what an oversize record keeps of itself for the quarantine file
 _BLANKS = re.compile(rb"[ \t\r\n\x0b\x0c]*")  # what bytes.strip() strips: a blank line holds only these
-_COMPRESSED = (".gz",)
-
-
-def is_compressed(path: Path) -> bool:
-    return path.name.endswith(_COMPRESSED)
-
-
-def _open_lines(path: Path):
-    if is_compressed(path):
-        return gzip.open(path, "rb")
-    return open(path, "rb")
-
-
 class _CappedReader:
     """Chunks of a binary file object, at most `cap` bytes in all (None: no cap); past the
     cap, reads return b"" and `over` is set. `read1` never loses bytes it already inflated
@@ -138,16 +110,26 @@ def stream_prefix_and_digest(head: bytes, start: int, src: _CappedReader, stop_a
 def jsonl_lines(
     path: Path, max_line_bytes: int, max_inflated_bytes: int | None = MAX_INFLATED_BYTES
 ) -> Iterator[tuple[str, bytes | Rejection]]:
-    """Yield ("line:N", raw line | Rejection) for each non-blank line of a JSONL(.gz) file.
+    """Yield ("line:N", raw line | Rejection) for each non-blank line of a JSONL file, plain
+    or gzip, bz2, xz or zstd by its first bytes.
 
     Reads in chunks, so runs of blank lines cost their bytes, not a call per line. A line
     over `max_line_bytes` (its newline counted) is rejected with its first 64 KiB and the
     sha256 of the whole line, read without holding it; a compressed file inflating past
     `max_inflated_bytes` (None: no cap) ends with its rest as one `oversize_file` rejection;
-    a truncated or corrupt gzip ends the file with one `corrupt_file` rejection."""
-    cap = max_inflated_bytes if is_compressed(path) else None
+    a truncated or corrupt compressed file ends with one `corrupt_file` rejection; a FIFO or
+    device, or a compression we do not read, is one rejection naming it, before any read."""
+    try:
+        fh, fmt = open_decompressed(path)
+    except NotARegularFile as exc:
+        yield "file", Rejection("not_a_regular_file", str(exc))
+        return
+    except UnsupportedCompression as exc:
+        yield "file", Rejection("unsupported_compression", str(exc))
+        return
+    cap = max_inflated_bytes if fmt else None
     buf, pos, lineno = b"", 0, 0
-    with _open_lines(path) as fh:
+    with fh:
         src = _CappedReader(fh, cap)
         try:
             while True:
@@ -189,7 +171,8 @@ def jsonl_lines(
                         continue
                 buf = buf[pos:] + chunk
                 pos = 0
-        except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+        except (EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError, OSError, ValueError) as exc:
+            # ValueError: pyarrow's zstd reports a corrupt frame as ArrowInvalid.
             partial = buf[pos : pos + PREFIX_BYTES]  # the start of the line the damage cut, if any
             yield f"line:{lineno + 1}", Rejection("corrupt_file", f"{type(exc).__name__}: {exc}", raw=partial or None)
 
@@ -216,7 +199,11 @@ def _oversize(prefix: bytes, cap: int | None, lineno: int) -> Rejection:
 def read_capped_file(path: Path, max_bytes: int) -> bytes | Rejection:
     """A whole file's bytes, or past `max_bytes` an `oversize_file` rejection with its first
     64 KiB and the sha256 of the whole file, read in chunks rather than held."""
-    with open(path, "rb") as fh:
+    try:
+        fh = open_regular(path)
+    except NotARegularFile as exc:
+        return Rejection("not_a_regular_file", str(exc))
+    with fh:
         raw = fh.read(max_bytes + 1)  # not stat(): a file growing while read is still capped
         if len(raw) <= max_bytes:
             return raw
@@ -247,31 +234,8 @@ def jsonl_records(path: Path, max_line_bytes: int, max_inflated_bytes: int | Non
         yield locator, raw if isinstance(raw, Rejection) else parse_json_line(raw)[0]
 
 
-def parquet_columns(path: Path) -> list[str]:
-    return pq.ParquetFile(path).schema_arrow.names
+def hf_dataset(opts, root: Path):
+    """`datasets.load_dataset` for an `hf` block, local unless it says `from_hub` (tasks/data/hf_source.py)."""
+    from tasks.data.hf_source import load_hf  # hf_source reads JSONL through this module
 
-
-def parquet_records(path: Path, columns: list[str]) -> Iterator[tuple[str, dict]]:
-    """Yield ("row:N", {column: value}) for every row, with only those of `columns` the file has."""
-    pf = pq.ParquetFile(path)
-    present = [c for c in dict.fromkeys(columns) if c in pf.schema_arrow.names]
-    if not present:  # every row is still a record (with nothing in it), so none goes uncounted
-        for row in range(pf.metadata.num_rows):
-            yield f"row:{row}", {}
-        return
-    row = 0
-    for batch in iter_batches(pf, BATCH_ROWS, columns=present):
-        for rec in batch.to_pylist():
-            yield f"row:{row}", rec
-            row += 1
-
-
-def hf_dataset(opts: HfDatasetOptions, root: Path):
-    """`datasets.load_dataset` with `data_files` resolved against the catalog folder `root`."""
-    import datasets
-
-    data_files = opts.data_files
-    if data_files is not None:
-        files = [data_files] if isinstance(data_files, str) else data_files
-        data_files = [str((root / f).resolve()) for f in files]
-    return datasets.load_dataset(opts.name, opts.config, data_files=data_files, split=opts.split, revision=opts.revision)
+    return load_hf(opts, root)

@@ -43,6 +43,8 @@ def test_readme_yaml_example_validates(index, tmp_path):
         catalog.mkdir()
         if data.get("path"):
             _materialise(data["path"], catalog)
+        if data.get("hf", {}).get("name") and not data["hf"].get("data_files"):  # a local dataset folder
+            (catalog / data["hf"]["name"]).mkdir(parents=True)
         (catalog / f"{data['name']}.yaml").write_text(text, encoding="utf-8")
         loaded = load_catalog(catalog)
         assert [s.name for s in loaded.sources] == [data["name"]]

@@ -34,7 +34,7 @@ from pydantic import Field, model_validator
 from infra.config import ConfigError, StrictModel, parse_config, read_yaml
 from models.special_tokens import SPECIAL_TOKENS
 from tasks.eval.arithmetic import make_problems
-from tasks.data.catalog import SourceBase, folder_glob, is_within, match_files
+from tasks.data.catalog import SourceBase, check_hf_paths, folder_glob, is_within, match_files
 from tasks.data.documents import make_doc_id
 from tasks.data.readers import Rejection, check_string, hf_dataset, jsonl_records, parquet_records
 
@@ -204,7 +204,7 @@ def record_messages(record: Any, fields: SftFields, max_chars: int) -> list[dict
 def source_files(source: SftSourceConfig, root: Path) -> list[Path]:
     """The files of a file-based source, sorted; an error names the source when none match."""
     pattern = source.path or ""
-    files = [f for f in match_files(root, pattern, folder_glob(source.kind)) if f.is_file()]
+    files = [f for f in match_files(root, pattern, folder_glob(source.kind))[0] if f.is_file()]
     if not files:
         raise ConfigError(f"SFT source '{source.name}': key 'path': {pattern} matches no file (looked in {root})")
     if not source.allow_outside_roots:
@@ -291,6 +291,8 @@ def iter_source_records(source: SftSourceConfig, root: Path) -> Iterator[tuple[s
         return
     if source.kind == "sft_hf_dataset":
         assert source.hf is not None
+        # The same rule as a file source's path: its name and data_files lie under `root` unless allowed.
+        check_hf_paths(source.hf, root, [root.resolve()], source.allow_outside_roots, f"SFT source '{source.name}'")
         for i, rec in enumerate(hf_dataset(source.hf, root)):
             yield f"hf:{source.hf.name}", f"row:{i}", rec
         return
