@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from tasks.eval.evaluate import in_train_range
     from tasks.tokenizer.train import load_tokenizer
-    from tasks.training.grpo.stage import run_grpo
+    from infra.paths import Workspace
+    from infra.stages import in_run
+    from tasks.training.grpo.stage import Grpo
 
     args = parse_args(argv)
     if len(args.seeds) != len(set(args.seeds)):
@@ -81,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for seed in args.seeds:
         started = time.time()
-        result = run_grpo(args.sft_model, args.tokenizer, workdir / f"seed{seed}", grpo_cfg.model_copy(update={"seed": seed}),
-                          None, workdir, log=lambda line: None)
+        result = in_run(Grpo(grpo_cfg.model_copy(update={"seed": seed})), Workspace.locate(workdir), workdir / f"seed{seed}",
+                        log=lambda line: None, sft=Path(args.sft_model), tokenizer=Path(args.tokenizer))
         after = answers_correct(result.model_dir, tokenizer, problems, e)
         score = proportion([after[q] for q in questions])
         diff = paired_difference([sft[q] for q in questions], [after[q] for q in questions])

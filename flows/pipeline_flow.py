@@ -14,11 +14,11 @@ from pydantic import BaseModel
 from flows.config import PipelineConfig, resolve_pipeline_config
 from flows.data_flow import DataResult, data_flow
 from flows.eval_flow import eval_flow
-from flows.post_training_flows import grpo_flow, sft_flow
-from flows.pretrain_flow import PretrainFlowOutput, pretrain_flow
+from flows.pretrain_flow import TokenizedData, tokenized
 from infra.config import config_hash
 from infra.paths import Workspace
 from infra.stage_cache import flow_key
+from infra.stages import run
 from infra.tracking import describe_overrides, stage_run
 from infra.run_signals import stop_on_cancel
 from infra.workspace_lock import workspace_lock
@@ -26,8 +26,9 @@ from tasks.eval.evaluate import EvalResult
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs
 from tasks.reports.card import publish_pipeline_report, record_attempt
-from tasks.training.grpo.stage import GrpoStageResult
-from tasks.training.sft.stage import SftResult
+from tasks.training.grpo.stage import Grpo, GrpoStageResult
+from tasks.training.pretrain.stage import Pretrain, PretrainResult
+from tasks.training.sft.stage import Sft, SftResult
 
 
 class PipelineResult(BaseModel):
@@ -35,7 +36,8 @@ class PipelineResult(BaseModel):
 
     mlflow_run_id: str
     data: DataResult
-    pretrain: PretrainFlowOutput
+    tokenized: TokenizedData
+    pretrain: PretrainResult
     sft: SftResult
     grpo: GrpoStageResult
     evals: dict[str, EvalResult]
@@ -61,23 +63,22 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = No
         ws, "pipeline", config, tags={"llmforge.config_hash": config_hash(config)},
         run_name=f"pipeline {describe_overrides(overrides or [])}".strip(),
         run_key=flow_key("pipeline", __name__, config, sources),
-    ) as run:
+    ) as pipeline_run:
         print("stage 1/5 data: collect, dedup, filter, mix, shard")
         data = data_flow(config.data, workdir=root, overrides=[o for o in overrides or [] if o.startswith("data.")])
         print("stage 2/5 pretrain: tokenizer, token shards, DeepSpeed pretraining")
-        base = pretrain_flow(config.pretrain, manifest=str(data.manifest), workdir=root, tokenizer=config.tokenizer,
-                             tokenize=config.tokenize)
+        tok = tokenized(ws, data.manifest, config.tokenizer, config.tokenize)
+        base = run(Pretrain(config.pretrain), ws, tokens=tok.tokens, tokenizer=tok.tokenizer)
         print("stage 3/5 sft: supervised fine-tuning")
-        sft = sft_flow(config.sft, base_model=str(base.model_dir), tokenizer=str(base.tokenizer), workdir=root,
-                       tokens=str(base.tokens))
+        sft = run(Sft(config.sft), ws, base=base.model_dir, tokenizer=tok.tokenizer, tokens=tok.tokens)
         print("stage 4/5 grpo: reinforcement learning with verifiable rewards")
-        grpo = grpo_flow(config.grpo, sft_model=str(sft.model_dir), tokenizer=str(base.tokenizer), workdir=root)
+        grpo = run(Grpo(config.grpo), ws, sft=sft.model_dir, tokenizer=tok.tokenizer)
         print("stage 5/5 evaluate: calibration of base, SFT and GRPO; report card")
         models = {"base": str(base.model_dir), "sft": str(sft.model_dir), "grpo": str(grpo.model_dir)}
-        evals = eval_flow(config.eval, models, tokens=str(base.tokens), tokenizer=str(base.tokenizer), workdir=root)
-        report = publish_pipeline_report(ws, config, data, base, sft, grpo, evals, time.time() - started)
+        evals = eval_flow(config.eval, models, tokens=str(tok.tokens), tokenizer=str(tok.tokenizer), workdir=root)
+        report = publish_pipeline_report(ws, config, data, tok, base, sft, grpo, evals, time.time() - started)
         print(report.markdown)
         return PipelineResult(
-            mlflow_run_id=run.info.run_id, data=data, pretrain=base, sft=sft, grpo=grpo, evals=evals,
-            report=report.path, registered_version=report.model_version,
+            mlflow_run_id=pipeline_run.info.run_id, data=data, tokenized=tok, pretrain=base, sft=sft, grpo=grpo,
+            evals=evals, report=report.path, registered_version=report.model_version,
         )

@@ -254,6 +254,14 @@ def random_tokens(n: int = 8_000):
     return np.random.default_rng(1).integers(6, TINY_VOCAB, n).astype(np.uint16)
 
 
+def launch_into(stage, out_dir: Path, ws_root: Path, log=lambda line: None, **inputs):
+    """Launch a training stage object into `out_dir` (no cache key; a rerun resumes its checkpoints); its result."""
+    from infra.paths import Workspace
+    from infra.stages import in_run
+
+    return in_run(stage, Workspace.locate(ws_root), Path(out_dir), log=log, **inputs)
+
+
 def train_config(**flat):
     """A PretrainConfig from flat keys of the loop (lr=, zero=, max_steps=, ...), with no other defaults."""
     from tasks.training.config import PretrainConfig, nested

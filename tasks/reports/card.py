@@ -283,7 +283,8 @@ def _headline_metrics(base, grpo: GrpoStageResult, wall_seconds: float,
     }
 
 
-def publish_pipeline_report(ws: Workspace, config, data, base, sft, grpo, evals, wall_seconds: float) -> PipelineReport:
+def publish_pipeline_report(ws: Workspace, config, data, tokenized, base, sft, grpo, evals,
+                            wall_seconds: float) -> PipelineReport:
     """Write the report card, publish it (Prefect + the active MLflow run) and register the final model."""
     out = ws.run_reports(active_run().info.run_id)
     images = _report_images(out, base, sft, grpo, evals)
@@ -303,6 +304,6 @@ def publish_pipeline_report(ws: Workspace, config, data, base, sft, grpo, evals,
             log_artifact(img, artifact_path="report")
     log_metrics({**_headline_metrics(base, grpo, wall_seconds, evals), "wall_minutes_all_attempts": all_attempts[0] / 60})
     stage_runs = {"data": data.mlflow_run_id, "pretrain": base.mlflow_run_id, "sft": sft.mlflow_run_id, "grpo": grpo.mlflow_run_id}
-    lineage = lineage_tags(Path(data.manifest), Path(base.tokenizer), config_hash(config), stage_runs)
+    lineage = lineage_tags(Path(data.manifest), Path(tokenized.tokenizer), config_hash(config), stage_runs)
     version = register_final_model(grpo.hf_dir, config.registered_model, lineage)
     return PipelineReport(path=path, markdown=markdown, model_version=version)

@@ -9,8 +9,8 @@ from pydantic import BaseModel
 
 from infra.atomic import write_text_atomic
 from infra.tracking import log_artifact, log_artifacts, log_metrics, log_text, set_tag
-from tasks.training.launch import DS_CONFIG_FILE
-from tasks.training.pretrain.stage import CONFIG_FILE, PretrainResult
+from infra.stages import DS_CONFIG_FILE
+from tasks.training.pretrain.stage import Pretrain, PretrainResult
 from tasks.tokenizer.tokenize_shards import load_token_index, unigram_perplexity
 
 
@@ -58,7 +58,7 @@ def log_pretrain_report(tokenizer: Path, tokens_dir: Path, result: PretrainResul
     log_artifact(md, artifact_path="pretrain")
     log_artifact(tokenizer, artifact_path="tokenizer")
     log_text(json.dumps(index.model_dump(mode="json"), indent=2), "pretrain/token_index.json")
-    for name in (CONFIG_FILE, DS_CONFIG_FILE):
+    for name in (Pretrain.config_file, DS_CONFIG_FILE):
         p = result.out_dir / name
         if p.is_file():
             log_artifact(p, artifact_path="pretrain")

@@ -17,25 +17,27 @@ an uninterrupted run.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import torch
-from tasks.training.config import TrainingConfig
-from infra.deepspeed_launch import resolve_precision
-from tasks.training.checkpoint import load_latest, save_checkpoint, seed_all, tag_of
-from tasks.training.engine import build_engine, init_distributed
-from tasks.training.metrics import (
 
-    MetricsSink,
-    StepClock,
-    Throughput,
-    measure_peak_flops,
-    model_flops_per_token,
-    perplexity,
+from tasks.training.checkpoint import load_latest, save_checkpoint, seed_all, tag_of
+from tasks.training.config import TrainingConfig
+from tasks.training.engine import build_engine, init_distributed
+from tasks.training.metrics import MetricsSink, StepClock, perplexity
+from tasks.training.progress import (  # noqa: F401 - NonFiniteLossError is the loop's own error
+    Echo,
+    NonFiniteLossError,
+    Progress,
+    TrainResult,
+    count_bad_step,
+    log_window,
+    on_schedule,
+    throughput,
+    validate,
 )
 
 Batch = Any  # whatever train_batches returns and loss_fn understands; tensors inside are moved to the device
@@ -44,75 +46,6 @@ BatchFn = Callable[[int, int, int], Batch]  # (micro-batch index, rank, world si
 # batch, averaged like the loss and logged beside it. Every micro-batch returns the same names.
 LossParts = dict[str, torch.Tensor]
 LossFn = Callable[[torch.nn.Module, Batch], torch.Tensor | tuple[torch.Tensor, LossParts]]
-Echo = Callable[[str], Any]
-
-
-class NonFiniteLossError(RuntimeError):
-    """Training produced max_bad_steps non-finite losses in a row."""
-
-
-@dataclass
-class TrainResult:
-    """What a training run ended with; `history` holds every metrics record rank 0 logged."""
-
-    steps: int
-    final_loss: float | None
-    final_val_loss: float | None
-    final_val_ppl: float | None
-    tokens_seen: int
-    tokens_per_s: float | None  # training throughput of this session, eval and checkpoints excluded
-    skipped_steps: int
-    resumed_from: int | None  # the checkpoint step this session started from; None for a fresh run
-    world_size: int
-    checkpoint: Path | None
-    history: list[dict[str, float]] = field(default_factory=list)
-    final_val_parts: dict[str, float] = field(default_factory=dict)  # the loss_fn's parts at the last validation
-    engine: Any = field(default=None, repr=False)  # the trained engine (its .module is the model)
-
-
-@dataclass
-class _Progress:
-    """The loop's counters: what a checkpoint carries besides the engine and the RNG states."""
-
-    step: int = 0
-    tokens_seen: int = 0
-    skipped: int = 0
-    bad_run: int = 0  # consecutive non-finite steps
-    last_loss: float | None = None
-    last_val: float | None = None
-    last_val_parts: dict[str, float] = field(default_factory=dict)
-    # Carried in the checkpoint so a resumed run's loss curve starts at step 1, not at the resume.
-    history: list[dict[str, float]] = field(default_factory=list)
-    clock: StepClock | None = field(default=None, repr=False)  # this session's elapsed time and ETA
-
-    @classmethod
-    def resumed(cls, client: dict[str, Any], tokens_per_step: int) -> "_Progress":
-        if not client:
-            return cls()
-        step = int(client["step"])
-        return cls(
-            step=step,
-            tokens_seen=int(client.get("tokens_seen", step * tokens_per_step)),
-            skipped=int(client.get("skipped_steps", 0)),
-            bad_run=int(client.get("consecutive_bad", 0)),
-            last_loss=client.get("last_loss"),
-            last_val=client.get("last_val_loss"),
-            last_val_parts=dict(client.get("last_val_parts") or {}),
-            history=list(client.get("history") or []),
-        )
-
-    def client_state(self, world: int) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "world_size": world,
-            "tokens_seen": self.tokens_seen,
-            "skipped_steps": self.skipped,
-            "consecutive_bad": self.bad_run,
-            "last_loss": self.last_loss,
-            "last_val_loss": self.last_val,
-            "last_val_parts": self.last_val_parts,
-            "history": self.history,
-        }
 
 
 @dataclass
@@ -148,78 +81,111 @@ class Steps(Protocol):
     def load_state(self, state: dict[str, Any]) -> None: ...
 
 
-def _count_bad_step(progress: _Progress, stats: StepStats, cfg: TrainingConfig, rank: int, log: MetricsSink,
-                    echo: Echo | None, ckpt_dir: Path | None) -> None:
-    """Count a skipped step; fail after cfg.max_bad_steps of them in a row."""
-    progress.skipped += 1
-    progress.bad_run += 1
-    done = progress.step
-    if rank == 0:
-        log.log_metrics({"skipped_step": 1.0, "nonfinite_losses": float(stats.n_nonfinite)}, done)
-        if echo:
-            echo(f"step {done}: non-finite loss on {stats.n_nonfinite} micro-batch(es); update skipped "
-                 f"({progress.bad_run}/{cfg.max_bad_steps} in a row)")
-    if progress.bad_run >= cfg.max_bad_steps:
-        raise NonFiniteLossError(
-            f"{progress.bad_run} consecutive steps (up to step {done}) had a non-finite loss or gradient; "
-            "lower optim.lr, raise optim.warmup_steps or check the data; the last good checkpoint is in "
-            f"{ckpt_dir}"
-        )
+def _to_device(batch: Batch, device: torch.device) -> Batch:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(v, device) for v in batch)
+    return batch
 
 
-def _log_window(engine, progress: _Progress, clock: Throughput, stats: StepStats, cfg: TrainingConfig, world: int,
-                log: MetricsSink, echo: Echo | None, echoed: tuple[str, ...] | None) -> None:
-    """Rank 0: mean loss (and its parts), lr, throughput, grad norm and MFU of the steps since the last log."""
-    done = progress.step
-    window = clock.window_metrics(world)
-    parts = clock.window_parts_mean()
-    grad_norm = engine.get_global_grad_norm()
-    metrics = {"loss": window["loss"], **parts, "lr": stats.lr, "tokens_per_s": window["tokens_per_s"],
-               "tokens_seen": float(progress.tokens_seen)}
-    if grad_norm is not None and stats.loss is not None:
-        metrics["grad_norm"] = float(grad_norm)
-    if "mfu" in window:
-        metrics["mfu"] = window["mfu"]
-    log.log_metrics(metrics, done)
-    progress.history.append({"step": float(done), **metrics})
-    if echo:
-        shown = {name: value for name, value in parts.items() if echoed is None or name in echoed}
-        echo(f"step {done}/{cfg.steps} loss {metrics['loss']:.4f}"
-             + "".join(f" {name} {value:.4f}" for name, value in shown.items()) + f" lr {stats.lr:.2e} "
-             f"{metrics['tokens_per_s']:,.0f} tok/s" + (f" mfu {metrics['mfu']:.1%}" if "mfu" in metrics else "")
-             + f" ({progress.clock.text(done)})")
+def split_loss(out: torch.Tensor | tuple[torch.Tensor, LossParts]) -> tuple[torch.Tensor, LossParts]:
+    """(loss, parts) of what a LossFn returned; a bare loss has no parts."""
+    if isinstance(out, tuple):
+        loss, parts = out
+        return loss, parts
+    return out, {}
 
 
-def _validate(engine, progress: _Progress, steps: Steps, rank: int, world: int, log: MetricsSink,
-              echo: Echo | None) -> None:
-    """The stage's validation on every rank; rank 0 logs it at the current step."""
-    done = progress.step
-    metrics = steps.validate(engine, rank, world)
-    if metrics is None:
-        return
-    progress.last_val = metrics.get("val_loss")
-    progress.last_val_parts = {k[4:]: v for k, v in metrics.items() if k.startswith("val_") and k not in
-                               ("val_loss", "val_ppl")}
-    if rank == 0:
-        log.log_metrics(metrics, done)
-        progress.history.append({"step": float(done), **metrics})
-        if echo:
-            echo(f"step {done}: " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+def _sum_parts(sums: dict[str, torch.Tensor], parts: LossParts) -> None:
+    for name, value in parts.items():
+        value = torch.nan_to_num(value.detach().double(), nan=0.0, posinf=0.0, neginf=0.0)
+        sums[name] = sums[name] + value if name in sums else value
 
 
-def _on_schedule(done: int, every: int, last: int) -> bool:
-    """Whether step `done` is a multiple of `every` (0: never) or the last step."""
-    return done == last or bool(every and done % every == 0)
+def validation_losses(engine, eval_batches: BatchFn, loss_fn: LossFn, n_batches: int, rank: int,
+                      world: int) -> tuple[float, dict[str, float]]:
+    """Mean loss (and its parts) over n_batches per rank, averaged over ranks; the model is left in train mode."""
+    import torch.distributed as dist
+
+    engine.eval()
+    total = torch.zeros((), dtype=torch.float64, device=engine.device)
+    part_sums: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for i in range(n_batches):
+            loss, parts = split_loss(loss_fn(engine, _to_device(eval_batches(i, rank, world), engine.device)))
+            total += loss.double()
+            _sum_parts(part_sums, parts)
+    engine.train()
+    names = sorted(part_sums)
+    stats = torch.stack([total, *(part_sums[n].to(total.device) for n in names)])
+    if world > 1:
+        dist.all_reduce(stats)
+    means = (stats / (n_batches * world)).tolist()
+    return means[0], dict(zip(names, means[1:]))
 
 
-def _throughput(model: torch.nn.Module, cfg: TrainingConfig, seq_len: int, device, rank: int,
-                flops_per_token: float | None) -> Throughput:
-    """FLOPs per token and (rank 0, when not configured) the measured peak FLOP/s that MFU divides by."""
-    fpt = flops_per_token if flops_per_token is not None else model_flops_per_token(model, seq_len)
-    peak = cfg.log.peak_flops
-    if peak is None and rank == 0 and fpt is not None:
-        peak = measure_peak_flops(device, torch.bfloat16 if resolve_precision(cfg.launch.precision) == "bf16" else torch.float32)
-    return Throughput(flops_per_token=fpt, peak_flops=peak)
+class LossSteps:
+    """Pretraining's and SFT's step: grad_accum micro-batches of `loss_fn` through forward, backward and the
+    engine step, with one all-reduce of the stats; validation is the mean loss over log.eval_batches batches."""
+
+    def __init__(self, cfg: TrainingConfig, train_batches: BatchFn, eval_batches: BatchFn | None, loss_fn: LossFn,
+                 batch_tokens: Callable[[Batch], int] | None = None) -> None:
+        self.cfg, self.train_batches, self.eval_batches = cfg, train_batches, eval_batches
+        self.loss_fn, self.batch_tokens = loss_fn, batch_tokens
+
+    def step(self, engine, step: int, rank: int, world: int) -> StepStats:
+        import torch.distributed as dist
+
+        cfg, device = self.cfg, engine.device
+        t0 = time.perf_counter()
+        lr = float(engine.get_lr()[0])
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        nonfinite = torch.zeros((), dtype=torch.float64, device=device)
+        fed = torch.zeros((), dtype=torch.float64, device=device)
+        part_sums: dict[str, torch.Tensor] = {}
+        for k in range(cfg.batch.grad_accum):
+            batch = _to_device(self.train_batches(step * cfg.batch.grad_accum + k, rank, world), device)
+            fed += self.batch_tokens(batch) if self.batch_tokens else cfg.batch.micro_batch_size * cfg.batch.seq_len
+            loss, parts = split_loss(self.loss_fn(engine, batch))
+            _sum_parts(part_sums, parts)
+            if not loss.requires_grad:
+                raise TypeError("loss_fn must return a scalar tensor attached to the model's graph (requires_grad)")
+            detached = loss.detach().double()
+            loss_sum += torch.nan_to_num(detached, nan=0.0, posinf=0.0, neginf=0.0)
+            nonfinite += (~torch.isfinite(detached)).double()
+            # A non-finite loss still goes through backward: its NaN gradients make DeepSpeed's
+            # overflow check (or GuardedAdamW) skip the update on every rank, with no special path.
+            engine.backward(loss)
+            engine.step()
+        names = sorted(part_sums)
+        stats = torch.stack([loss_sum, nonfinite, fed, *(part_sums[n].to(device) for n in names)])
+        if world > 1:
+            dist.all_reduce(stats)
+        n_nonfinite = int(stats[1].item())
+        tokens = int(stats[2].item())  # summed over ranks by the same all_reduce
+        bad = n_nonfinite > 0 or not engine.was_step_applied()
+        per_step = cfg.batch.grad_accum * world
+        loss_mean = None if bad else float(stats[0].item()) / per_step
+        parts = {} if bad else {n: v / per_step for n, v in zip(names, stats[3:].tolist())}
+        return StepStats(lr, loss_mean, n_nonfinite, tokens, time.perf_counter() - t0, parts)
+
+    def validate(self, engine, rank: int, world: int) -> dict[str, float] | None:
+        if self.eval_batches is None or self.cfg.log.eval_batches == 0:
+            return None
+        loss, parts = validation_losses(engine, self.eval_batches, self.loss_fn, self.cfg.log.eval_batches, rank, world)
+        return {"val_loss": loss, "val_ppl": perplexity(loss), **{f"val_{name}": v for name, v in parts.items()}}
+
+    def start(self, engine) -> dict[str, float] | None:
+        return None
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        pass
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -234,8 +200,6 @@ def train(model: torch.nn.Module, cfg: TrainingConfig, train_batches: BatchFn, e
     whose means are logged beside the loss (as val_<name> on validation). `batch_tokens(batch)` counts the
     tokens a micro-batch really feeds the model (SFT pads per batch); without it every micro-batch counts
     micro_batch_size * seq_len."""
-    from tasks.training.loss_steps import LossSteps
-
     steps = LossSteps(cfg, train_batches, eval_batches, loss_fn, batch_tokens)
     b = cfg.batch
     return fit(model, cfg, steps, ckpt_dir, log, micro_batch_size=b.micro_batch_size, grad_accum=b.grad_accum,
@@ -267,14 +231,14 @@ def fit(
     seed_all(cfg.seed + rank)
     engine = build_engine(model, cfg.optim, cfg.launch, micro_batch_size, grad_accum, cfg.steps, ds_config)
     client = load_latest(engine, ckpt_dir, rank, world, echo) if ckpt_dir is not None else {}
-    progress = _Progress.resumed(client, micro_batch_size * seq_len * grad_accum * world)
+    progress = Progress.resumed(client, micro_batch_size * seq_len * grad_accum * world)
     steps.load_state(client.get("stage") or {}) if client else None
     start = progress.step
     progress.clock = StepClock(start, cfg.steps)
     if start and echo:
         echo(f"resuming from step {start} ({ckpt_dir / tag_of(start)}): training steps {start + 1}-{cfg.steps}")
     # After the resume: measuring the peak draws random matrices, as it always has at this point.
-    clock = _throughput(model, cfg, seq_len, engine.device, rank, flops_per_token)
+    clock = throughput(model, cfg, seq_len, engine.device, rank, flops_per_token)
     checkpoint: Path | None = ckpt_dir / tag_of(start) if start and ckpt_dir is not None else None
 
     engine.train()
@@ -289,17 +253,17 @@ def fit(
         progress.tokens_seen += stats.tokens
         clock.add(stats.seconds, stats.tokens, stats.loss, stats.parts)
         if stats.loss is None:
-            _count_bad_step(progress, stats, cfg, rank, log, echo, ckpt_dir)
+            count_bad_step(progress, stats, cfg, rank, log, echo, ckpt_dir)
         else:
             progress.bad_run = 0
             progress.last_loss = stats.loss
-        if _on_schedule(done, cfg.log.every, cfg.steps):
+        if on_schedule(done, cfg.log.every, cfg.steps):
             if rank == 0 and clock.window_losses:
-                _log_window(engine, progress, clock, stats, cfg, world, log, echo, getattr(steps, "echoed", None))
+                log_window(engine, progress, clock, stats, cfg, world, log, echo, getattr(steps, "echoed", None))
             clock.reset_window()
-        if _on_schedule(done, cfg.log.eval_every, cfg.steps):
-            _validate(engine, progress, steps, rank, world, log, echo)
-        if ckpt_dir is not None and _on_schedule(done, cfg.checkpoint.every, cfg.steps):
+        if on_schedule(done, cfg.log.eval_every, cfg.steps):
+            validate(engine, progress, steps, rank, world, log, echo)
+        if ckpt_dir is not None and on_schedule(done, cfg.checkpoint.every, cfg.steps):
             state = {**progress.client_state(world), "stage": steps.state()}
             checkpoint = save_checkpoint(engine, ckpt_dir, done, state, rank, world, cfg.checkpoint.keep)
 
@@ -318,3 +282,60 @@ def fit(
         final_val_parts=progress.last_val_parts,
         engine=engine,
     )
+
+
+# ----------------------------------------------------------------------------- one rank of a launched stage
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`deepspeed --module tasks.training.loop --job out_dir/job.json`: one rank of the stage the job names.
+
+    The stage (infra/stages.py's `Job.stage`, e.g. tasks.training.pretrain.stage:Pretrain) gives the model,
+    its steps and what its rank 0 writes at the end; this trains them with `fit` on the job's ds_config.json.
+    """
+    import argparse
+    import importlib
+    import os
+    import sys
+
+    import torch.distributed as dist
+
+    from infra.deepspeed_launch import remove_shm_buffers
+    from infra.process_tree import watch_supervisor
+    from infra.stages import CHECKPOINTS_DIR, Job
+    from tasks.training import worker
+    from tasks.training.metrics import ListSink, MlflowSink
+
+    parser = argparse.ArgumentParser(description="One DeepSpeed rank of a training stage.")
+    parser.add_argument("--job", type=Path, required=True, help="job.json written by the stage's runner")
+    job = Job.modelvalidate_json(parser.parse_args(argv).job.read_text(encoding="utf-8"))
+    module, _, name = job.stage.partition(":")
+    stage = getattr(importlib.import_module(module), name).for_job(job)
+    if stage.config.launch.torch_threads is not None:
+        torch.set_num_threads(stage.config.launch.torch_threads)
+    port, rank_env = os.environ.get("MASTER_PORT"), int(os.environ.get("RANK", "0"))
+    # A rank's parent is DeepSpeed's launcher; this ends it when the run's own process is gone
+    # (its shared-memory buffer too, in case that happens before init_distributed unlinks it).
+    watch_supervisor(on_lost=lambda: remove_shm_buffers(int(port), rank_env) if port else None)
+    try:
+        rank, world = init_distributed()
+        with worker.rank0_run(job, stage.name, rank) as run:
+            trained = fit(stage.model(), stage.config, stage.steps(rank, world), job.out_dir / CHECKPOINTS_DIR,
+                          MlflowSink(rank) if rank == 0 else ListSink(), **stage.shape(), echo=print if rank == 0 else None,
+                          ds_config=worker.read_ds_config(job))
+            stage.finish(trained, run, rank, world)
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+    except KeyboardInterrupt:
+        # Ctrl-C reaches every rank of the terminal's process group; one line each, not a traceback.
+        print(f"rank {rank_env}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the importable module's main, so the stage modules and this one share one copy of the loop.
+    from tasks.training.loop import main as _main
+
+    raise SystemExit(_main())

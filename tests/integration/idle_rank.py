@@ -1,38 +1,37 @@
-"""A training rank that joins the process group and then waits: what the stop tests stop.
+"""A training stage whose ranks join the process group and then wait: what the stop tests stop.
 
-    python -m tests.integration.idle_rank --job job.json   (through the deepspeed launcher)
+    deepspeed --module tasks.training.loop --job job.json   (job.stage = tests.integration.idle_rank:Idle)
 
-It runs through the real rank skeleton (tasks/training/worker.py), so the supervisor watch
+It runs through the real rank entry point (tasks/training/loop.py `main`), so the supervisor watch
 and the shared-memory release under test are the ones every stage's ranks use.
 """
 from __future__ import annotations
 
-import sys
 import time
 
 import torch
 
-from tasks.training.launch import StageJob
-from tasks.training.worker import main
+from infra.config import StrictModel
+from infra.stages import LaunchedStage
+from tasks.training.config import LaunchConfig
 
 
-class IdleJob(StageJob):
-    """`wait_s`: how long each rank waits after its first all-reduce (the stop tests interrupt it)."""
-
-    config: dict = {}
-    wait_s: float = 600.0
+class IdleConfig(StrictModel):
+    wait_s: float = 600.0  # how long each rank waits after its first all-reduce (the stop tests interrupt it)
+    launch: LaunchConfig = LaunchConfig()
 
 
-def run_rank(job: IdleJob, rank: int, world: int) -> None:
-    import torch.distributed as dist
+class Idle(LaunchedStage):
+    name, store = "idle", "idle"
+    Config, Result = IdleConfig, IdleConfig
 
-    t = torch.ones(8)
-    dist.all_reduce(t)  # the CPU all-reduce maps this rank's /dev/shm buffer
-    print(f"rank {rank}/{world} ready", flush=True)
-    deadline = time.monotonic() + job.wait_s
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
+    def model(self) -> torch.nn.Module:
+        import torch.distributed as dist
 
-
-if __name__ == "__main__":
-    sys.exit(main(None, IdleJob, run_rank, __doc__))
+        t = torch.ones(8)
+        dist.all_reduce(t)  # the CPU all-reduce maps this rank's /dev/shm buffer
+        print(f"rank {dist.get_rank()}/{dist.get_world_size()} ready", flush=True)
+        deadline = time.monotonic() + self.config.wait_s
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+        raise SystemExit(0)

@@ -17,7 +17,7 @@ from infra.deepspeed_launch import (
     load_zero_json,
     resolve_precision,
 )
-from tests.conftest import tiny_pretrain_config
+from tests.conftest import launch_into, tiny_pretrain_config
 
 
 @pytest.mark.parametrize("zero", ZERO_STAGES)
@@ -56,11 +56,11 @@ def test_unknown_stage_names_the_choices():
 
 
 def test_launch_command(tmp_path):
-    cmd = launch_command("tasks.training.pretrain.worker", ["--job", "j.json"], num_procs=2, master_port=29555)
+    cmd = launch_command("tasks.training.loop", ["--job", "j.json"], num_procs=2, master_port=29555)
     assert Path(cmd[0]).name == "deepspeed" and Path(cmd[0]).is_file()
     assert cmd[cmd.index("--num_gpus") + 1] == "2"
     assert cmd[cmd.index("--master_port") + 1] == "29555"
-    assert cmd[cmd.index("--module") + 1] == "tasks.training.pretrain.worker"
+    assert cmd[cmd.index("--module") + 1] == "tasks.training.loop"
     assert cmd[-2:] == ["--job", "j.json"] and "--no_local_rank" in cmd and "--hostfile" not in cmd
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node1 slots=8\nnode2 slots=8\n")
@@ -103,7 +103,7 @@ def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, pretrain_inpu
     from infra.paths import Workspace
     from infra.tracking import tracking_uri
     from models.export import load_model
-    from tasks.training.pretrain.stage import run_pretrain
+    from tasks.training.pretrain.stage import Pretrain
 
     vocab = 120
     tokenizer, tokens = pretrain_inputs
@@ -111,7 +111,7 @@ def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, pretrain_inpu
                                num_procs=2, peak_flops=1e11)
     out = tmp_path / "pretrain"
     lines: list[str] = []
-    result = run_pretrain(tokens, tokenizer, out, cfg, mlflow_run_id=None, ws_root=tmp_path / "ws", log=lines.append)
+    result = launch_into(Pretrain(cfg), out, tmp_path / "ws", lines.append, tokens=tokens, tokenizer=tokenizer)
 
     assert result.world_size == 2 and result.steps == 6
     assert result.tokens_seen == 6 * 4 * 16 * 2
@@ -139,25 +139,26 @@ def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, pretrain_inpu
 
 
 def test_pretrain_rejects_bad_settings_before_launching(tmp_path, pretrain_inputs):
-    from tasks.training.pretrain.stage import run_pretrain
+    from tasks.training.pretrain.stage import Pretrain
 
     tokenizer, tokens = pretrain_inputs
+    inputs = {"tokens": tokens, "tokenizer": tokenizer}
     with pytest.raises(ValueError, match="max_seq_len"):
-        run_pretrain(tokens, tokenizer, tmp_path / "a", tiny_pretrain_config(seq_len=32), None, tmp_path)
+        launch_into(Pretrain(tiny_pretrain_config(seq_len=32)), tmp_path / "a", tmp_path, **inputs)
     assert not (tmp_path / "a" / "job.json").exists()
     with pytest.raises(ValueError, match="unknown model preset"):
-        run_pretrain(tokens, tokenizer, tmp_path / "a", tiny_pretrain_config(model="huge"), None, tmp_path)
+        launch_into(Pretrain(tiny_pretrain_config(model="huge")), tmp_path / "a", tmp_path, **inputs)
 
 
 def test_pretrain_refuses_to_resume_a_different_run(tmp_path, pretrain_inputs):
-    from tasks.training.pretrain.stage import CONFIG_FILE, resolve_model_config, run_pretrain
+    from tasks.training.pretrain.stage import Pretrain, resolve_model_config
 
     tokenizer, tokens = pretrain_inputs
     out = tmp_path / "out"
     old = tiny_pretrain_config(lr=1e-3)
     (out / "checkpoints").mkdir(parents=True)
     (out / "checkpoints" / "latest").write_text("step00000003")
-    (out / CONFIG_FILE).write_text(json.dumps({"pretrain": old.model_dump(mode="json"),
+    (out / Pretrain.config_file).write_text(json.dumps({"pretrain": old.model_dump(mode="json"),
                                                "model": resolve_model_config(old, 120)}))
     with pytest.raises(ValueError, match=r"different settings \(optim.lr\)"):
-        run_pretrain(tokens, tokenizer, out, tiny_pretrain_config(lr=2e-3), None, tmp_path)
+        launch_into(Pretrain(tiny_pretrain_config(lr=2e-3)), out, tmp_path, tokens=tokens, tokenizer=tokenizer)

@@ -13,10 +13,10 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 from models.export import load_model, save_model  # noqa: E402
 from models.llama import ModelConfig, Transformer  # noqa: E402
 from tasks.eval.arithmetic import make_problems  # noqa: E402
-from tasks.training.grpo.stage import run_grpo  # noqa: E402
+from tasks.training.grpo.stage import Grpo  # noqa: E402
 from tasks.training.sft.stage import chat_batches, encode_examples, sft_loss  # noqa: E402
 from tasks.training.sft.data import SftExample  # noqa: E402
-from tests.conftest import grpo_config, saved_tokenizer, small_alphabet_bpe, tiny_llama  # noqa: E402
+from tests.conftest import grpo_config, launch_into, saved_tokenizer, small_alphabet_bpe, tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -49,8 +49,8 @@ def test_stage_config_checks(tmp_path, tok):
     model_dir = save_model(Transformer(ModelConfig(vocab_size=tok.get_vocab_size(), dim=16, n_layers=1, n_heads=2,
                                                    n_kv_heads=1, ffn_hidden=32, max_seq_len=64)), tmp_path / "m")
     with pytest.raises(ValueError, match="distinct problems"):  # before anything is launched
-        run_grpo(model_dir, tok_path, tmp_path / "out", grpo_config(n_train_problems=500, max_operand=5),
-                 None, tmp_path / "ws")
+        launch_into(Grpo(grpo_config(n_train_problems=500, max_operand=5)), tmp_path / "out", tmp_path / "ws",
+                    sft=model_dir, tokenizer=tok_path)
     assert not (tmp_path / "out").exists()
 
 
@@ -62,7 +62,7 @@ def test_grpo_stage_through_the_launcher(tmp_path, tok):
     cfg = grpo_config(group_size=4, prompts_per_step=2, max_new_tokens=12, steps=3, lr=1e-3, eval_prompts=6,
                           n_train_problems=10, max_operand=9, ops="+", samples_every=1, torch_threads=1)
     out = tmp_path / "grpo"
-    result = run_grpo(sft_dir, tok_path, out, cfg, None, tmp_path / "ws", log=lambda line: None)
+    result = launch_into(Grpo(cfg), out, tmp_path / "ws", sft=sft_dir, tokenizer=tok_path)
 
     saved = json.loads((out / "result.json").read_text())
     assert saved["steps"] == 3 and saved["n_train_problems"] == 10

@@ -105,13 +105,15 @@ def _loss_curve(ws: Path, run_id: str) -> list[tuple[int, float]]:
 
 
 def test_two_node_zero2_pretraining_matches_one_node(tmp_path, pretrain_inputs, loopback_nodes, monkeypatch):
-    from tasks.training.pretrain.stage import run_pretrain
+    from tasks.training.pretrain.stage import Pretrain
+    from tests.conftest import launch_into
 
     tokenizer, tokens = pretrain_inputs
+    inputs = {"tokens": tokens, "tokenizer": tokenizer}
     common = dict(warmup_steps=1, lr=3e-3, log_every=1, eval_batches=2, zero="zero2", peak_flops=1e11)
 
-    one_node = run_pretrain(tokens, tokenizer, tmp_path / "one-node", tiny_pretrain_config(num_procs=2, **common),
-                            None, tmp_path / "ws-one")
+    one_node = launch_into(Pretrain(tiny_pretrain_config(num_procs=2, **common)), tmp_path / "one-node",
+                           tmp_path / "ws-one", **inputs)
 
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node1 slots=1\nnode2 slots=1\n")
@@ -119,7 +121,7 @@ def test_two_node_zero2_pretraining_matches_one_node(tmp_path, pretrain_inputs, 
     lines: list[str] = []
     cfg = tiny_pretrain_config(num_procs=1, hostfile=hostfile, launcher_args=["--master_addr", "127.0.0.1", "--no_ssh_check"],
                                **common)
-    two_nodes = run_pretrain(tokens, tokenizer, tmp_path / "two-nodes", cfg, None, tmp_path / "ws-two", log=lines.append)
+    two_nodes = launch_into(Pretrain(cfg), tmp_path / "two-nodes", tmp_path / "ws-two", lines.append, **inputs)
 
     assert two_nodes.world_size == 2 == one_node.world_size
     assert any(line.startswith("node1: ") for line in lines)  # the ranks ran through pdsh, one node each

@@ -37,7 +37,7 @@ def _start_until_pretraining(env: dict[str, str]) -> tuple[subprocess.Popen, str
         lines.append(line)
         if m := re.search(r"Beginning flow run '([\w-]+)' for flow 'pipeline'", line):
             flow_run = m.group(1)
-        if "tasks.training.pretrain.worker" in line and "spawned" in line:
+        if "tasks.training.loop" in line and "spawned" in line:
             break
     else:
         pytest.fail("the run ended before pretraining:\n" + "".join(lines[-60:]))
@@ -99,7 +99,7 @@ def test_ctrl_c_then_prefect_cancel_during_pretraining(prefect_env, prefect_api)
     # 1. Ctrl-C in the terminal: SIGINT to the whole foreground process group.
     proc, flow_run, lines = _start_until_pretraining(env)
     tree = _tree(proc)
-    assert any("pretrain.worker" in " ".join(p.cmdline()) for p in tree)
+    assert any("tasks.training.loop" in " ".join(p.cmdline()) for p in tree)
     os.killpg(proc.pid, signal.SIGINT)
     out, statuses = _check_stopped(proc, tree, lines, shm_before, ws, expected_rc={130})
     assert "stopped by SIGINT" in out

@@ -12,11 +12,11 @@ from tokenizers import Tokenizer
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from models.export import load_model, save_model  # noqa: E402
-from tasks.training.grpo.stage import run_grpo  # noqa: E402
+from tasks.training.grpo.stage import Grpo  # noqa: E402
 from tasks.training.sft.data import ArithmeticSftOptions  # noqa: E402
 from tasks.training.config import SftDataConfig  # noqa: E402
-from tasks.training.sft.stage import run_sft  # noqa: E402
-from tests.conftest import grpo_config, saved_tokenizer, sft_config, small_alphabet_bpe, tiny_llama  # noqa: E402
+from tasks.training.sft.stage import Sft  # noqa: E402
+from tests.conftest import grpo_config, launch_into, saved_tokenizer, sft_config, small_alphabet_bpe, tiny_llama  # noqa: E402
 from tests.integration.test_grpo_stage import quick_sft  # noqa: E402
 from tests.integration.test_reliability_train_kill import run_killed, straight_and_killed  # noqa: E402
 
@@ -48,14 +48,13 @@ def test_sigkilled_sft_resumes_to_the_uninterrupted_loss(tmp_path, tok):
                     data=SftDataConfig(builtin=["arithmetic"], val_fraction=0.2,
                                        arithmetic=ArithmeticSftOptions(n=50, max_operand=9, ops="+")))
     out = tmp_path / "killed"
+    inputs = {"base": base_dir, "tokenizer": tok_path, "tokens": None}
     straight, killed_at = straight_and_killed(
-        lambda: run_sft(base_dir, tok_path, tmp_path / "straight", cfg, None, tmp_path / "ws-straight",
-                        log=lambda _: None),
-        lambda: run_killed("tasks.training.sft.stage", "run_sft", cfg, base_dir, tok_path, out, tmp_path / "ws",
-                           cfg.steps))
+        lambda: launch_into(Sft(cfg), tmp_path / "straight", tmp_path / "ws-straight", **inputs),
+        lambda: run_killed(Sft.path(), cfg, inputs, out, tmp_path / "ws", cfg.steps))
 
     said: list[str] = []
-    resumed = run_sft(base_dir, tok_path, out, cfg, None, tmp_path / "ws", log=said.append)
+    resumed = launch_into(Sft(cfg), out, tmp_path / "ws", said.append, **inputs)
     assert any(f"resuming from step {killed_at} " in line for line in said)
     assert resumed.steps == straight.steps == cfg.steps
     assert abs(resumed.final_train_loss - straight.final_train_loss) < 1e-5
@@ -72,13 +71,12 @@ def test_sigkilled_grpo_resumes_to_the_uninterrupted_rewards(tmp_path, tok):
                           n_train_problems=10, max_operand=9, ops="+", samples_every=3, ckpt_every=3,
                           torch_threads=1, export_hf=False)
     out = tmp_path / "killed"
+    inputs = {"sft": sft_dir, "tokenizer": tok_path}
     straight, killed_at = straight_and_killed(
-        lambda: run_grpo(sft_dir, tok_path, tmp_path / "straight", cfg, None, tmp_path / "ws-straight",
-                         log=lambda _: None),
-        lambda: run_killed("tasks.training.grpo.stage", "run_grpo", cfg, sft_dir, tok_path, out, tmp_path / "ws",
-                           cfg.steps))
+        lambda: launch_into(Grpo(cfg), tmp_path / "straight", tmp_path / "ws-straight", **inputs),
+        lambda: run_killed(Grpo.path(), cfg, inputs, out, tmp_path / "ws", cfg.steps))
 
-    resumed = run_grpo(sft_dir, tok_path, out, cfg, None, tmp_path / "ws", log=lambda _: None)
+    resumed = launch_into(Grpo(cfg), out, tmp_path / "ws", **inputs)
     assert resumed.resumed_from == killed_at and straight.resumed_from is None
     # Rewards, held-out scores and the samples kept before the kill: exactly the uninterrupted run's.
     assert resumed.final_train_reward == straight.final_train_reward

@@ -30,11 +30,12 @@ DRIVER = textwrap.dedent("""
 
     out, ranks, wait_s, port = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
     job = out / "job.json"
-    job.write_text(json.dumps({"tokenizer_path": str(out), "out_dir": str(out), "ws_root": str(out),
-                               "mlflow_run_id": None, "wait_s": wait_s}))
+    job.write_text(json.dumps({"stage": "tests.integration.idle_rank:Idle", "config": {"wait_s": wait_s},
+                               "inputs": {}, "out_dir": str(out), "ws_root": str(out), "mlflow_run_id": None,
+                               "precision": "fp32", "precision_reason": "test"}))
     install_stop_handlers()
     try:
-        launch("tests.integration.idle_rank", ["--job", str(job)], num_procs=ranks, master_port=port, cwd=Path.cwd())
+        launch("tasks.training.loop", ["--job", str(job)], num_procs=ranks, master_port=port, cwd=Path.cwd())
     except RunStopped as exc:
         print("driver:", exc, flush=True)
         sys.exit(exc.exit_code)

@@ -8,6 +8,7 @@ once, as soon as 'latest' names the first checkpoint.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,17 +24,18 @@ import pytest
 from pydantic import BaseModel
 
 from tasks.training.checkpoint import latest_checkpoint_step
-from tasks.training.pretrain.stage import run_pretrain
-from tests.conftest import ROOT, tiny_pretrain_config
+from tasks.training.pretrain.stage import Pretrain
+from tests.conftest import ROOT, launch_into, tiny_pretrain_config
 
-# Every stage's run_* takes (input, tokenizer, out_dir, cfg, mlflow_run_id, ws_root).
+# A stage object (module:Class, its config as JSON) launched into out_dir with its inputs (JSON).
 _DRIVER = """
-import importlib, sys
+import importlib, json, sys
 from pathlib import Path
-stage = importlib.import_module(sys.argv[1])
-run, config = getattr(stage, sys.argv[2]), getattr(stage, sys.argv[3])
-inputs, tokenizer, out, ws = map(Path, sys.argv[5:9])
-run(inputs, tokenizer, out, config.model_validate_json(sys.argv[4]), None, ws)
+from tests.conftest import launch_into
+module, _, name = sys.argv[1].partition(":")
+cls = getattr(importlib.import_module(module), name)
+out, ws = map(Path, sys.argv[3:5])
+launch_into(cls(cls.Config.model_validate_json(sys.argv[2])), out, ws, print, **json.loads(sys.argv[5]))
 """
 
 
@@ -62,13 +64,14 @@ def _wait_for_group_to_end(pgid: int, others: list[psutil.Process], timeout: flo
         time.sleep(0.05)
 
 
-def run_killed(stage: str, run_fn: str, cfg: BaseModel, inputs: Path, tokenizer: Path, out: Path, ws: Path,
+def run_killed(stage: str, cfg: BaseModel, inputs: dict[str, Path | None], out: Path, ws: Path,
                total_steps: int, timeout: float = 300) -> int:
-    """Run `stage.run_fn` into `out` in a driver subprocess and SIGKILL its process group once 'latest'
-    names a checkpoint; the step of the checkpoint a rerun resumes from."""
+    """Launch stage `stage` ("module:Class") into `out` in a driver subprocess and SIGKILL its process group
+    once 'latest' names a checkpoint; the step of the checkpoint a rerun resumes from."""
     ckpt = out / "checkpoints"
     log_path = out.parent / f"{out.name}-killed.log"
-    args = [stage, run_fn, type(cfg).__name__, cfg.model_dump_json(), str(inputs), str(tokenizer), str(out), str(ws)]
+    paths = {k: str(v) if v is not None else None for k, v in inputs.items()}
+    args = [stage, cfg.model_dump_json(), str(out), str(ws), json.dumps(paths)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
     with open(log_path, "w") as log:
         # A session of its own: the launcher and the ranks run in the driver's process group.
@@ -116,14 +119,13 @@ def test_sigkilled_pretraining_resumes_to_the_uninterrupted_loss(tmp_path, pretr
     cfg = tiny_pretrain_config(max_steps=40, warmup_steps=2, lr=3e-3, ckpt_every=5, keep_checkpoints=2, log_every=5,
                                eval_batches=2, zero="zero0", num_procs=1, peak_flops=1e11, export_hf=False)
     out = tmp_path / "killed"
+    inputs = {"tokens": tokens, "tokenizer": tokenizer}
     straight, killed_at = straight_and_killed(
-        lambda: run_pretrain(tokens, tokenizer, tmp_path / "straight", cfg, None, tmp_path / "ws-straight",
-                             log=lambda _: None),
-        lambda: run_killed("tasks.training.pretrain.stage", "run_pretrain", cfg, tokens, tokenizer, out,
-                           tmp_path / "ws", cfg.steps))
+        lambda: launch_into(Pretrain(cfg), tmp_path / "straight", tmp_path / "ws-straight", **inputs),
+        lambda: run_killed(Pretrain.path(), cfg, inputs, out, tmp_path / "ws", cfg.steps))
 
     said: list[str] = []
-    resumed = run_pretrain(tokens, tokenizer, out, cfg, None, tmp_path / "ws", log=said.append)
+    resumed = launch_into(Pretrain(cfg), out, tmp_path / "ws", said.append, **inputs)
     assert any(f"resuming from step {killed_at} " in line for line in said)
     assert resumed.steps == straight.steps == cfg.steps
     assert abs(resumed.final_train_loss - straight.final_train_loss) < 1e-5

@@ -21,14 +21,14 @@ from models.losses import IGNORE_INDEX  # noqa: E402
 from tasks.eval.arithmetic import make_problems  # noqa: E402
 from tasks.training.config import SftDataConfig  # noqa: E402
 from tasks.training.sft.stage import (  # noqa: E402
+    Sft,
     chat_batches,
     encode_examples,
-    run_sft,
     sft_loss,
     sft_sources,
 )
 from tasks.training.sft.data import ArithmeticSftOptions, SftExample  # noqa: E402
-from tests.conftest import saved_tokenizer, sft_config, small_alphabet_bpe, tiny_llama, write_token_shards  # noqa: E402
+from tests.conftest import launch_into, saved_tokenizer, sft_config, small_alphabet_bpe, tiny_llama, write_token_shards  # noqa: E402
 
 PAD = 0
 
@@ -151,7 +151,8 @@ def test_sft_end_to_end_through_the_launcher(tmp_path, tok):
                     data=SftDataConfig(catalog=catalog, val_fraction=0.2))
     out = tmp_path / "sft"
     lines_seen: list[str] = []
-    result = run_sft(base_dir, tok_path, out, cfg, None, tmp_path / "ws", log=lines_seen.append, replay_tokens=tokens)
+    result = launch_into(Sft(cfg), out, tmp_path / "ws", lines_seen.append, base=base_dir, tokenizer=tok_path,
+                         tokens=tokens)
 
     saved = json.loads((out / "result.json").read_text())
     assert saved["steps"] == 30 and saved["world_size"] == 1

@@ -375,6 +375,8 @@ class GrpoSteps:
     def __init__(self, reference: torch.nn.Module, tokenizer: Any, problems: Sequence[Problem], cfg: GrpoConfig,
                  eval_problems: Sequence[Problem] | None = None) -> None:
         self.reference, self.tokenizer, self.cfg = reference, tokenizer, cfg
+        reference.eval()
+        reference.requires_grad_(False)
         self.scorer = _Scorer(combined_reward(cfg.rewards), get_reward(cfg.accuracy_reward))
         self.cycle = _ProblemCycle(problems, cfg.seed)
         self.evals = list(eval_problems or [])[: cfg.eval_prompts]
@@ -417,6 +419,16 @@ class GrpoSteps:
             return None
         self.result.eval_after = heldout_score(engine.module, self.tokenizer, self.evals, self.cfg)
         return eval_metrics(self.result.eval_after)
+
+    def finished(self, trained: Any) -> GrpoResult:
+        """The GRPO view of a finished `fit`: the policy, per-step metrics, samples, held-out scores, time."""
+        result = self.result
+        result.policy = trained.engine.module
+        result.history = [h for h in trained.history if "reward_mean" in h]
+        result.seconds = self.seconds()
+        result.skipped_steps = trained.skipped_steps
+        result.resumed_from = trained.resumed_from
+        return result
 
     def seconds(self) -> float:
         """Training and scoring time, summed over the launches of a resumed run."""
@@ -480,17 +492,13 @@ def grpo_train(
     if not problems:
         raise ValueError("grpo_train needs at least one problem")
     _check_models(policy, reference, tokenizer, cfg)
-    reference.eval()
-    reference.requires_grad_(False)
     steps = GrpoSteps(reference, tokenizer, problems, cfg, eval_problems)
     sink = _LogCallback(log or (lambda metrics, step: None))
     # One micro-batch (the whole sampled batch) per optimizer step.
-    trained = fit(policy, cfg, steps, ckpt_dir, sink, micro_batch_size=cfg.prompts_per_step * cfg.group_size,
-                  grad_accum=1, seq_len=cfg.max_new_tokens, echo=echo, ds_config=ds_config)
-    result = steps.result
-    result.policy = trained.engine.module
-    result.history = [h for h in trained.history if "reward_mean" in h]
-    result.seconds = steps.seconds()
-    result.skipped_steps = trained.skipped_steps
-    result.resumed_from = trained.resumed_from
-    return result
+    trained = fit(policy, cfg, steps, ckpt_dir, sink, **grpo_shape(cfg), echo=echo, ds_config=ds_config)
+    return steps.finished(trained)
+
+
+def grpo_shape(cfg: GrpoConfig) -> dict[str, int]:
+    """The engine's batch: one micro-batch (the whole sampled batch) per optimizer step."""
+    return {"micro_batch_size": cfg.prompts_per_step * cfg.group_size, "grad_accum": 1, "seq_len": cfg.max_new_tokens}

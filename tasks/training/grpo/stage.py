@@ -1,9 +1,9 @@
-"""GRPO stage: launch `tasks.training.grpo.worker` through the DeepSpeed launcher on arithmetic (or GSM8K) problems.
+"""GRPO: groups of sampled answers, verifiable rewards, clipped updates, on one DeepSpeed rank.
 
-    run_grpo(sft_model_dir, tokenizer_path, out_dir, cfg, mlflow_run_id, ws_root)
+    grpo = run(Grpo(config.grpo), ws, sft=sft_model_dir, tokenizer=tokenizer_json)
       out_dir/grpo_config.json   resolved config
       out_dir/samples.txt        sample completions during training
-      out_dir/checkpoints/       DeepSpeed checkpoints every ckpt_every steps; a rerun with the same out_dir resumes
+      out_dir/checkpoints/       DeepSpeed checkpoints every checkpoint.every steps; a rerun into the same out_dir resumes
       out_dir/model/             the trained policy (models.export.save_model), out_dir/hf/ for transformers
       out_dir/result.json        held-out accuracy and mean reward before (= the SFT model) and after GRPO
 
@@ -11,7 +11,7 @@ The policy is trained on the `grpo` split of tasks/eval/arithmetic.py and scored
 the `eval` split, which neither SFT nor GRPO ever sees (with `task: gsm8k`, on GSM8K's train
 and test splits, tasks/eval/gsm8k.py). GRPO runs single-rank here
 (num_procs = 1): rollouts are sampled step by step with a KV cache inside the one
-DeepSpeed engine (tasks/training/grpo/loop.py), and on this project's scale there is nothing to
+DeepSpeed engine (GrpoSteps in tasks/training/grpo/loop.py, the one loop's step), and on this project's scale there is nothing to
 gain from splitting a batch of a few hundred short sequences across ranks.
 
 Measured at the tiny preset's scale (the 2.4M-parameter demo model, 40 steps on 2 CPU
@@ -25,41 +25,23 @@ together with it.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
+import torch
 from pydantic import BaseModel
 
-from tasks.training.config import GrpoConfig
+from infra.stages import Launch, LaunchedStage
+from tasks.eval.answers import AnswerScore
+from tasks.training import worker
+from tasks.training.config import RESUME_NEUTRAL, GrpoConfig
 from tasks.training.engine import ds_config_for
-from tasks.training.config import RESUME_NEUTRAL
-from tasks.training.launch import (
-    ExportedModel,
-    StageJob,
-    StageSpec,
-    in_stage_run,
-    job_fields,
-    run_stage,
-    saved_model_config,
-)
+from tasks.training.grpo.loop import GrpoSteps, grpo_shape, heldout_score
+from tasks.training.loop import TrainResult
+from tasks.training.worker import ExportedModel, saved_model_config
 
-CONFIG_FILE = "grpo_config.json"
 SAMPLES_FILE = "samples.txt"
-WORKER_MODULE = "tasks.training.grpo.worker"
-# A resume may change only how often it checkpoints and how it runs; the checkpoints also
-# carry the reference model's sha256, which the loop checks.
-STAGE = StageSpec(name="grpo", label="GRPO", worker_module=WORKER_MODULE, config_file=CONFIG_FILE,
-                  resume_neutral=RESUME_NEUTRAL,
-                  resume_identity={"sft_model": "SFT model"})
-
-
-class GrpoJob(StageJob):
-    """What the worker process reads (out_dir/job.json)."""
-
-    sft_model_dir: Path
-    config: GrpoConfig
 
 
 class HeldoutScore(BaseModel):
@@ -102,42 +84,87 @@ def grpo_problems(cfg: GrpoConfig) -> tuple[list[Any], list[Any]]:
             make_problems(cfg.eval_prompts, cfg.problem_seed, cfg.max_operand, cfg.ops, split="eval"))
 
 
-def run_grpo(
-    sft_model_dir: Path,
-    tokenizer_path: Path,
-    out_dir: Path,
-    cfg: GrpoConfig,
-    mlflow_run_id: str | None,
-    ws_root: Path | str | None,
-    log: Callable[[str], Any] = print,
-) -> GrpoStageResult:
-    """Write the config into out_dir, launch the GRPO worker, and read back result.json."""
-    sft_model_dir, out_dir = Path(sft_model_dir), Path(out_dir)
-    saved_model_config(sft_model_dir, tokenizer_path, "use the model fine-tuned with this tokenizer")
-    # Asking for more problems than a split holds (or a hub dataset out of reach) fails here, before the launch.
-    grpo_problems(cfg)
-    if cfg.eval_prompts < 1:
-        raise ValueError("eval_prompts must be >= 1: the stage reports held-out accuracy before and after GRPO")
-
-    resolved = {"grpo": cfg.model_dump(mode="json"), "sft_model": str(sft_model_dir.resolve())}
-    job = GrpoJob(sft_model_dir=sft_model_dir.resolve(), config=cfg,
-                  **job_fields(tokenizer_path, out_dir, ws_root, mlflow_run_id, cfg.launch.precision))
-    # One micro-batch (the whole sampled batch) per optimizer step.
-    ds_config = ds_config_for(cfg.optim, cfg.launch, cfg.prompts_per_step * cfg.group_size, 1)
-    return run_stage(STAGE, out_dir, resolved, job, GrpoStageResult, ds_config=ds_config,
-                     num_procs=cfg.launch.num_procs, log=log)
+def _heldout(score: AnswerScore, distinct_answers: int | None = None) -> HeldoutScore:
+    """result.json's view of a held-out score; `distinct_answers` overrides the score's own count."""
+    return HeldoutScore(accuracy=score.accuracy, mean_reward=score.mean_reward, n_correct=score.n_correct, n=score.n,
+                        distinct_answers=score.distinct_answers if distinct_answers is None else distinct_answers)
 
 
-@task(name="grpo")
-def grpo_task(
-    sft_model_dir: Path,
-    tokenizer_path: Path,
-    out_dir: Path,
-    cfg: GrpoConfig,
-    ws_root: str | Path | None = None,
-    mlflow_run_id: str | None = None,
-) -> GrpoStageResult:
-    """Prefect task: GRPO inside an MLflow stage run (a new one, or `mlflow_run_id` when given)."""
-    logger = get_run_logger()
-    return in_stage_run("grpo", cfg, ws_root, mlflow_run_id, lambda run_id, root: run_grpo(
-        sft_model_dir, tokenizer_path, out_dir, cfg, run_id, root, log=logger.info))
+def heldout_metrics(out: GrpoStageResult) -> dict[str, float]:
+    """Held-out accuracy, reward, counts and distinct answers before and after, as MLflow metrics."""
+    return {
+        "heldout_accuracy_before": out.before.accuracy, "heldout_accuracy_after": out.after.accuracy,
+        "heldout_reward_before": out.before.mean_reward, "heldout_reward_after": out.after.mean_reward,
+        # The counts beside the rates, so the MLflow run reads "27/59 -> 31/59" without arithmetic.
+        "heldout_correct_before": float(out.before.n_correct),
+        "heldout_correct_after": float(out.after.n_correct),
+        "heldout_problems": float(out.after.n),
+        "heldout_distinct_answers_before": float(out.before.distinct_answers),
+        "heldout_distinct_answers_after": float(out.after.distinct_answers),
+    }
+
+
+class Grpo(LaunchedStage):
+    name, store = "grpo", "checkpoints/grpo"
+    Config, Result = GrpoConfig, GrpoStageResult
+    inputs = ("sft", "tokenizer")
+    # A resume may change only how it checkpoints, logs and runs; the checkpoints also carry the
+    # reference model's sha256, which GrpoSteps checks.
+    resume_neutral = RESUME_NEUTRAL
+    config: GrpoConfig
+
+    # ------------------------------------------------------------------------- stage side
+
+    def prepare(self, inputs: dict[str, Path | None], out_dir: Path) -> Launch:
+        from infra.precision import choose_precision
+
+        cfg, sft = self.config, Path(inputs["sft"])
+        saved_model_config(sft, Path(inputs["tokenizer"]), "use the model fine-tuned with this tokenizer")
+        # Asking for more problems than a split holds (or a hub dataset out of reach) fails here, before the launch.
+        grpo_problems(cfg)
+        if cfg.eval_prompts < 1:
+            raise ValueError("eval_prompts must be >= 1: the stage reports held-out accuracy before and after GRPO")
+        shape, choice = grpo_shape(cfg), choose_precision(cfg.launch.precision)
+        return Launch(ds_config_for(cfg.optim, cfg.launch, shape["micro_batch_size"], shape["grad_accum"]),
+                      choice.precision, choice.reason, identity={"sft_model": str(sft.resolve())})
+
+    # ------------------------------------------------------------------------- rank side
+
+    def model(self) -> torch.nn.Module:
+        from models import export
+
+        self.policy = export.load_model(self.job.inputs["sft"]).float()
+        return self.policy
+
+    def shape(self) -> dict[str, int]:
+        return grpo_shape(self.config)
+
+    def steps(self, rank: int, world: int) -> GrpoSteps:
+        from tasks.tokenizer.train import load_tokenizer
+
+        self.tokenizer = load_tokenizer(self.job.inputs["tokenizer"])
+        self.reference = copy.deepcopy(self.policy)  # the SFT model, frozen, before any update
+        self.train_problems, self.eval_problems = grpo_problems(self.config)
+        self.grpo = GrpoSteps(self.reference, self.tokenizer, self.train_problems, self.config, self.eval_problems)
+        return self.grpo
+
+    def finish(self, trained: TrainResult, run: Any, rank: int, world: int) -> None:
+        cfg, job = self.config, self.job
+        res = self.grpo.finished(trained)
+        assert res.eval_before is not None and res.eval_after is not None  # eval_prompts >= 1 is checked at launch
+        # The reference is the untouched SFT model, so it stands in for "before" in the distinct answers.
+        distinct_before = heldout_score(self.reference, self.tokenizer, self.eval_problems, cfg).distinct_answers
+        samples = job.out_dir / SAMPLES_FILE
+        samples.write_text(res.samples_text(), encoding="utf-8")
+        model_dir, hf_dir = worker.export_model(res.policy, job, cfg.export_hf)
+        out = GrpoStageResult(
+            out_dir=job.out_dir, model_dir=model_dir, hf_dir=hf_dir, samples_path=samples, mlflow_run_id=run.info.run_id,
+            steps=cfg.steps, n_train_problems=len(self.train_problems),
+            before=_heldout(res.eval_before, distinct_before), after=_heldout(res.eval_after),
+            final_train_reward=res.history[-1]["reward_mean"] if res.history else None,
+            skipped_steps=res.skipped_steps, seconds=res.seconds, resumed_from=res.resumed_from,
+        )
+        worker.publish(run, job.out_dir, out, heldout_metrics(out), cfg.steps, [out.samples_path])
+        print(f"GRPO held-out: accuracy {out.before.n_correct}/{out.before.n} -> {out.after.n_correct}/{out.after.n}, "
+              f"mean reward {out.before.mean_reward:.3f} -> {out.after.mean_reward:.3f}, "
+              f"distinct answers {out.before.distinct_answers} -> {out.after.distinct_answers}")

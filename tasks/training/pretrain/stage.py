@@ -1,50 +1,33 @@
-"""Pretraining stage: launch `tasks.training.pretrain.worker` on N DeepSpeed ranks over the token files.
+"""Pretraining: next-token cross-entropy over windows of the token shards, on DeepSpeed ranks.
 
-    run_pretrain(tokens_dir, tokenizer_path, out_dir, cfg, mlflow_run_id, ws_root)
+    base = run(Pretrain(config.pretrain), ws, tokens=tokens_dir, tokenizer=tokenizer_json)
       out_dir/pretrain_config.json   resolved config (model architecture included)
-      out_dir/ds_config.json         the DeepSpeed config the ranks use
-      out_dir/checkpoints/           DeepSpeed checkpoints; a rerun with the same out_dir resumes
+      out_dir/ds_config.json         the DeepSpeed config the ranks train with
+      out_dir/checkpoints/           DeepSpeed checkpoints; a rerun into the same out_dir resumes
       out_dir/model/                 final weights (models.export.save_model), out_dir/hf/ for transformers
       out_dir/loss_curve.png, out_dir/result.json
 
-The Prefect task opens the MLflow stage run and passes its id to rank 0, so the metrics of
-the DeepSpeed processes land in the run the pipeline shows.
+Stage side (`prepare`): the tokenizer covers the shards' vocabulary and the architecture fits
+the windows. Rank side: every rank builds the same model (same seed), memory-maps the token
+files, and the one loop (tasks/training/loop.py) trains it with `LossSteps` of `lm_loss`;
+rank 0 exports the model, the loss curve and result.json. After the run the stage side
+compares validation perplexity with the tokenizer's unigram baseline (tasks/reports/pretrain.py).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from prefect import get_run_logger, task
+
+from infra.stages import Launch, LaunchedStage
 from models.losses import next_token_loss
+from tasks.training import worker
 from tasks.training.config import RESUME_NEUTRAL, PretrainConfig
 from tasks.training.engine import ds_config_for
-from tasks.training.launch import (
-    ExportedModel,
-    StageJob,
-    StageSpec,
-    in_stage_run,
-    job_fields,
-    run_stage,
-)
-from tasks.training.loop import BatchFn
-from tasks.training.loss_steps import epoch_orders
-
-CONFIG_FILE = "pretrain_config.json"
-WORKER_MODULE = "tasks.training.pretrain.worker"
-STAGE = StageSpec(name="pretrain", label="pretrain", worker_module=WORKER_MODULE, config_file=CONFIG_FILE,
-                  resume_neutral=RESUME_NEUTRAL, resume_identity={"model": "model architecture"})
-
-
-class PretrainJob(StageJob):
-    """What the worker processes read (out_dir/job.json)."""
-
-    tokens_dir: Path
-    config: PretrainConfig
-    architecture: dict[str, Any]  # models.llama.ModelConfig fields
+from tasks.training.loop import LossSteps, TrainResult
+from tasks.training.batches import token_window_batches
+from tasks.training.worker import ExportedModel
 
 
 class PretrainResult(ExportedModel):
@@ -61,34 +44,7 @@ class PretrainResult(ExportedModel):
     skipped_steps: int
     world_size: int
     n_params: int
-
-
-# ----------------------------------------------------------------------------- data
-
-
-def token_window_batches(tokens: np.ndarray, seq_len: int, batch_size: int, seed: int) -> BatchFn:
-    """Micro-batch i of a rank: `batch_size` windows of seq_len + 1 tokens, as (inputs, targets) int64.
-
-    The corpus is cut into non-overlapping windows; each epoch visits all of them in an order
-    drawn from (seed, epoch). Sample number g = (i * world + rank) * batch_size + j, so the
-    batch is a pure function of (seed, i, rank, world) and a resume continues mid-epoch.
-    """
-    n_windows = (len(tokens) - 1) // seq_len
-    if n_windows < 1:
-        raise ValueError(f"{len(tokens)} tokens cannot fill one window of seq_len={seq_len} (+1 target); "
-                         "use more data or a shorter seq_len")
-    order = epoch_orders(n_windows, seed)
-
-    def batch(i: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
-        first = (i * world + rank) * batch_size
-        rows = np.empty((batch_size, seq_len + 1), dtype=np.int64)
-        for j, g in enumerate(range(first, first + batch_size)):
-            start = int(order(g // n_windows)[g % n_windows]) * seq_len
-            rows[j] = tokens[start : start + seq_len + 1]
-        x = torch.from_numpy(rows)
-        return x[:, :-1].contiguous(), x[:, 1:].contiguous()
-
-    return batch
+    unigram_ppl: float | None = None  # the tokenizer's unigram baseline on the same validation tokens
 
 
 def lm_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -97,11 +53,8 @@ def lm_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) ->
     return next_token_loss(model(inputs), targets)
 
 
-# ----------------------------------------------------------------------------- launching
-
-
 def resolve_model_config(cfg: PretrainConfig, vocab_size: int) -> dict[str, Any]:
-    """The architecture the worker will build, checked here so a bad config fails before launching."""
+    """The architecture the ranks will build, checked here so a bad config fails before launching."""
     from models.llama import model_config
 
     mcfg = model_config(cfg.model, vocab_size, **cfg.model_overrides)
@@ -111,50 +64,81 @@ def resolve_model_config(cfg: PretrainConfig, vocab_size: int) -> dict[str, Any]
     return mcfg.model_dump(mode="json")
 
 
-def run_pretrain(
-    tokens_dir: Path,
-    tokenizer_path: Path,
-    out_dir: Path,
-    cfg: PretrainConfig,
-    mlflow_run_id: str | None,
-    ws_root: Path | str | None,
-    log: Callable[[str], Any] = print,
-) -> PretrainResult:
-    """Write the configs into out_dir, launch the DeepSpeed worker ranks, and read back result.json."""
-    from tasks.tokenizer.tokenize_shards import load_token_index
-    from tasks.tokenizer.train import load_tokenizer
+class Pretrain(LaunchedStage):
+    name, store = "pretrain", "checkpoints/pretrain"
+    Config, Result = PretrainConfig, PretrainResult
+    inputs = ("tokens", "tokenizer")
+    resume_neutral = RESUME_NEUTRAL
+    config: PretrainConfig
 
-    tokens_dir, out_dir = Path(tokens_dir), Path(out_dir)
-    index = load_token_index(tokens_dir)
-    tokenizer = load_tokenizer(tokenizer_path)
-    vocab_size = tokenizer.get_vocab_size()
-    if index.vocab_size > vocab_size:
-        raise ValueError(f"{tokens_dir} was tokenized with a {index.vocab_size}-token vocabulary but "
-                         f"{tokenizer_path} has {vocab_size}; re-tokenize with this tokenizer")
-    model_cfg = resolve_model_config(cfg, vocab_size)
-    resolved = {"pretrain": cfg.model_dump(mode="json"), "model": model_cfg}
-    job = PretrainJob(tokens_dir=tokens_dir.resolve(), config=cfg, architecture=model_cfg,
-                      **job_fields(tokenizer_path, out_dir, ws_root, mlflow_run_id, cfg.launch.precision))
-    ds_config = ds_config_for(cfg.optim, cfg.launch, cfg.batch.micro_batch_size, cfg.batch.grad_accum)
-    return run_stage(STAGE, out_dir, resolved, job, PretrainResult, ds_config=ds_config,
-                     num_procs=cfg.launch.num_procs, hostfile=cfg.launch.hostfile,
-                     launcher_args=cfg.launch.launcher_args, log=log)
+    # ------------------------------------------------------------------------- stage side
 
+    def prepare(self, inputs: dict[str, Path | None], out_dir: Path) -> Launch:
+        from infra.precision import choose_precision
+        from tasks.tokenizer.tokenize_shards import load_token_index
+        from tasks.tokenizer.train import load_tokenizer
 
-@task(name="pretrain")
-def pretrain_task(
-    tokens_dir: Path,
-    tokenizer_path: Path,
-    out_dir: Path,
-    cfg: PretrainConfig,
-    ws_root: str | Path | None = None,
-    mlflow_run_id: str | None = None,
-) -> PretrainResult:
-    """Prefect task: launch pretraining, streaming the ranks' output to the task's log.
+        tokens_dir, tokenizer_path = Path(inputs["tokens"]), Path(inputs["tokenizer"])
+        index = load_token_index(tokens_dir)
+        vocab_size = load_tokenizer(tokenizer_path).get_vocab_size()
+        if index.vocab_size > vocab_size:
+            raise ValueError(f"{tokens_dir} was tokenized with a {index.vocab_size}-token vocabulary but "
+                             f"{tokenizer_path} has {vocab_size}; re-tokenize with this tokenizer")
+        architecture = resolve_model_config(self.config, vocab_size)
+        cfg, choice = self.config, choose_precision(self.config.launch.precision)
+        return Launch(ds_config_for(cfg.optim, cfg.launch, cfg.batch.micro_batch_size, cfg.batch.grad_accum),
+                      choice.precision, choice.reason, extra={"architecture": architecture},
+                      identity={"model": architecture})
 
-    Rank 0 logs into `mlflow_run_id` (the calling flow's stage run); without one, the task
-    opens its own "pretrain" stage run around the launch.
-    """
-    logger = get_run_logger()
-    return in_stage_run("pretrain", cfg, ws_root, mlflow_run_id, lambda run_id, root: run_pretrain(
-        tokens_dir, tokenizer_path, out_dir, cfg, run_id, root, log=logger.info))
+    def after(self, result: PretrainResult, inputs: dict[str, Path | None], reports: Path) -> PretrainResult:
+        from tasks.reports.pretrain import log_pretrain_report
+
+        report = log_pretrain_report(Path(inputs["tokenizer"]), Path(inputs["tokens"]), result, reports)
+        print(report.markdown)
+        return result.model_copy(update={"unigram_ppl": report.unigram_ppl})
+
+    # ------------------------------------------------------------------------- rank side
+
+    def model(self) -> torch.nn.Module:
+        from models.llama import ModelConfig, Transformer
+
+        # Same seed on every rank: identical initial weights before DeepSpeed broadcasts/partitions them.
+        torch.manual_seed(self.config.seed)
+        return Transformer(ModelConfig(**self.job.extra["architecture"]))
+
+    def shape(self) -> dict[str, int]:
+        b = self.config.batch
+        return {"micro_batch_size": b.micro_batch_size, "grad_accum": b.grad_accum, "seq_len": b.seq_len}
+
+    def steps(self, rank: int, world: int) -> LossSteps:
+        """`lm_loss` over the train windows; validation on the val split unless it is shorter than a window."""
+        from tasks.tokenizer.tokenize_shards import load_token_split
+
+        cfg, tokens_dir = self.config, self.job.inputs["tokens"]
+        seq_len, rows = cfg.batch.seq_len, cfg.batch.micro_batch_size
+        # Checked against index.json's sha256 so a same-size bit flip is caught before training.
+        train_tokens = load_token_split(tokens_dir, "train", verify_sha256=True)
+        val_tokens = load_token_split(tokens_dir, "val", verify_sha256=True)
+        eval_batches = None
+        if len(val_tokens) > seq_len:
+            eval_batches = token_window_batches(val_tokens, seq_len, rows, cfg.seed + 1)
+        elif rank == 0:
+            print(f"val split has {len(val_tokens)} tokens, fewer than seq_len+1={seq_len + 1}: no validation loss")
+        return LossSteps(cfg, token_window_batches(train_tokens, seq_len, rows, cfg.seed), eval_batches, lm_loss)
+
+    def finish(self, trained: TrainResult, run: Any, rank: int, world: int) -> None:
+        done = worker.exported(trained, self.job, rank, self.config.launch.zero, self.config.export_hf,
+                               "Pretraining loss")
+        if done is None:
+            return
+        out = PretrainResult(
+            out_dir=self.job.out_dir, model_dir=done.model_dir, hf_dir=done.hf_dir, checkpoint=trained.checkpoint,
+            loss_curve=done.loss_curve, mlflow_run_id=run.info.run_id, steps=trained.steps,
+            final_train_loss=trained.final_loss, val_loss=trained.final_val_loss, val_ppl=trained.final_val_ppl,
+            tokens_seen=trained.tokens_seen, tokens_per_s=trained.tokens_per_s, skipped_steps=trained.skipped_steps,
+            world_size=world, n_params=done.n_params,
+        )
+        final = {"final_train_loss": out.final_train_loss, "final_val_loss": out.val_loss,
+                 "final_val_ppl": out.val_ppl, "tokens_seen": float(out.tokens_seen),
+                 "train_tokens_per_s": out.tokens_per_s, "n_params": float(out.n_params)}
+        worker.publish(run, self.job.out_dir, out, final, trained.steps, [done.loss_curve])

@@ -1,61 +1,47 @@
-"""Supervised fine-tuning stage: launch `tasks.training.sft.worker` on N DeepSpeed ranks over chat examples.
+"""Supervised fine-tuning: loss on the assistant tokens of chat examples, on DeepSpeed ranks.
 
-    run_sft(base_model_dir, tokenizer_path, out_dir, cfg, mlflow_run_id, ws_root, replay_tokens=tokens_dir)
+    sft = run(Sft(config.sft), ws, base=base_model_dir, tokenizer=tokenizer_json, tokens=tokens_dir)
       out_dir/sft_config.json    resolved config
-      out_dir/ds_config.json     the DeepSpeed config the ranks use
+      out_dir/ds_config.json     the DeepSpeed config the ranks train with
       out_dir/rejected.jsonl     SFT records that did not become examples, with their reason
-      out_dir/checkpoints/       DeepSpeed checkpoints; a rerun with the same out_dir resumes
+      out_dir/checkpoints/       DeepSpeed checkpoints; a rerun into the same out_dir resumes
       out_dir/model/             fine-tuned weights (models.export.save_model), out_dir/hf/ for transformers
       out_dir/loss_curve.png, out_dir/result.json
 
 Examples come from tasks/training/sft/data.py (the built-in docstring + arithmetic sets, or an SFT
-catalog folder), are encoded with the one chat template and trained on with
-`tasks.training.loop.train`; the loss covers only assistant tokens (prompt and padding have
-target -100). With `replay_fraction`, that share of each micro-batch's rows are windows of the
-pretraining token shards (`replay_tokens`), trained with next-token loss on every token so the
-model keeps the language modelling it was pretrained for; the two losses are logged apart
+catalog folder), are encoded with the one chat template and trained on by the one loop with
+`LossSteps` of `sft_loss`; the loss covers only assistant tokens (prompt and padding have target
+-100). With `replay_fraction`, that share of each micro-batch's rows are windows of the
+pretraining token shards (`tokens`), trained with next-token loss on every token so the model
+keeps the language modelling it was pretrained for; the two losses are logged apart
 (sft_loss, replay_loss) and the step's loss weighs them by their rows.
 """
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from prefect import get_run_logger, task
+
+from infra.atomic import write_text_atomic
+from infra.stages import Launch, LaunchedStage
 from models.chat_template import ChatEncoding, collate
 from models.losses import next_token_loss
+from tasks.training import worker
 from tasks.training.config import RESUME_NEUTRAL, SftConfig, SftDataConfig
 from tasks.training.engine import ds_config_for
-from tasks.training.launch import (
-    ExportedModel,
-    StageJob,
-    StageSpec,
-    in_stage_run,
-    job_fields,
-    run_stage,
-    saved_model_config,
-)
-from tasks.training.loop import BatchFn, LossParts
-from tasks.training.loss_steps import epoch_orders
+from tasks.training.loop import BatchFn, LossParts, LossSteps, TrainResult
+from tasks.training.batches import epoch_orders, token_window_batches
+from tasks.training.metrics import perplexity
 from tasks.training.sft.data import SftExample, SftSourceConfig
+from tasks.training.worker import ExportedModel, saved_model_config
 
-CONFIG_FILE = "sft_config.json"
 REJECTED_FILE = "rejected.jsonl"
-WORKER_MODULE = "tasks.training.sft.worker"
-STAGE = StageSpec(name="sft", label="SFT", worker_module=WORKER_MODULE, config_file=CONFIG_FILE,
-                  resume_neutral=RESUME_NEUTRAL,
-                  resume_identity={"base_model": "base model", "replay_tokens": "replayed token shards"})
-
-
-class SftJob(StageJob):
-    """What the worker processes read (out_dir/job.json)."""
-
-    base_model_dir: Path
-    config: SftConfig
-    replay_tokens_dir: Path | None = None  # pretraining token shards, when config.replay_fraction > 0
 
 
 class SftResult(ExportedModel):
@@ -207,43 +193,65 @@ def sft_loss(model: torch.nn.Module, batch: SftBatch) -> torch.Tensor | tuple[to
     return loss, {"sft_loss": chat.detach(), "replay_loss": replay.detach()}
 
 
-# ----------------------------------------------------------------------------- launching
+@dataclass
+class SftExamples:
+    """The encoded examples of a run, split by hash into train and val, and what was rejected."""
+
+    train: list[ChatEncoding]
+    val: list[ChatEncoding]
+    kept: list[SftExample]  # train and val, in catalog order
+    rejected: list[dict]  # reading and encoding rejections, with their reason
 
 
-def run_sft(
-    base_model_dir: Path,
-    tokenizer_path: Path,
-    out_dir: Path,
-    cfg: SftConfig,
-    mlflow_run_id: str | None,
-    ws_root: Path | str | None,
-    log: Callable[[str], Any] = print,
-    replay_tokens: Path | None = None,
-) -> SftResult:
-    """Write the configs into out_dir, launch the DeepSpeed worker ranks, and read back result.json.
+def load_examples(cfg: SftConfig, tokenizer: Any, seq_len: int) -> SftExamples:
+    """Read the selected sources, encode with the chat template, split train/val; fails when no train example is left."""
+    from tasks.training.sft.data import load_sft_examples
 
-    `replay_tokens`: the pretraining token shards (tasks/tokenizer/tokenize_shards.py) that
-    `cfg.replay_fraction` replays; needed only when that is above 0.
+    root = cfg.data.catalog if cfg.data.catalog is not None else Path(".")
+    examples, rejected = load_sft_examples(sft_sources(cfg.data), root=root)
+    encodings, kept, enc_rejected = encode_examples(tokenizer, examples, seq_len)
+    rejected += enc_rejected
+    is_val = [is_val_example(ex.example_id, cfg.data.val_fraction) for ex in kept]
+    train_enc = [e for e, v in zip(encodings, is_val) if not v]
+    val_enc = [e for e, v in zip(encodings, is_val) if v]
+    if not train_enc:
+        raise ValueError(f"no SFT training examples left ({len(examples)} read, {len(rejected)} rejected, "
+                         f"{len(val_enc)} held out); check data selection, seq_len={seq_len} and val_fraction")
+    return SftExamples(train_enc, val_enc, kept, rejected)
+
+
+def write_rejected(rows: list[dict], path: Path) -> Path:
+    """One JSON line per rejected record."""
+    return write_text_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+
+
+def example_batches(data: SftExamples, cfg: SftConfig, pad: int, replay_rows: int = 0,
+                    replay_tokens_dir: Path | None = None, rank: int = 0) -> tuple[BatchFn, BatchFn | None]:
+    """Train and (when any example is held out) validation batches.
+
+    With `replay_rows`, each micro-batch holds that many windows of the pretraining token shards
+    (train split; val split for validation) beside micro_batch_size - replay_rows examples.
     """
-    base_model_dir, out_dir = Path(base_model_dir), Path(out_dir)
-    mcfg = saved_model_config(base_model_dir, tokenizer_path, "fine-tune a model trained with this tokenizer")
-    if cfg.batch.seq_len > mcfg.max_seq_len:
-        raise ValueError(f"batch.seq_len={cfg.batch.seq_len} exceeds the base model's max_seq_len={mcfg.max_seq_len}; "
-                         "lower batch.seq_len")
-    if cfg.data.catalog is not None and not Path(cfg.data.catalog).is_dir():
-        raise FileNotFoundError(f"data.catalog={cfg.data.catalog} is not a folder of sft_* YAML definitions")
-    replay_dir = check_replay_tokens(cfg, replay_tokens, mcfg.vocab_size)
-    resolved = {"sft": cfg.model_dump(mode="json"), "base_model": str(base_model_dir.resolve()),
-                "model": mcfg.model_dump(mode="json"), "replay_tokens": str(replay_dir) if replay_dir else None}
+    seq_len, seed = cfg.batch.seq_len, cfg.seed
+    n_chat = cfg.batch.micro_batch_size - replay_rows
+    train_batches = chat_batches(data.train, n_chat, pad, seq_len, seed)
+    eval_batches = chat_batches(data.val, n_chat, pad, seq_len, seed + 1) if data.val else None
+    if not replay_rows:
+        return train_batches, eval_batches
+    from tasks.tokenizer.tokenize_shards import load_token_split
 
-    cfg_abs = cfg.model_copy(update={"data": cfg.data.model_copy(
-        update={"catalog": Path(cfg.data.catalog).resolve() if cfg.data.catalog else None})})
-    job = SftJob(base_model_dir=base_model_dir.resolve(), config=cfg_abs, replay_tokens_dir=replay_dir,
-                 **job_fields(tokenizer_path, out_dir, ws_root, mlflow_run_id, cfg.launch.precision))
-    ds_config = ds_config_for(cfg.optim, cfg.launch, cfg.batch.micro_batch_size, cfg.batch.grad_accum)
-    return run_stage(STAGE, out_dir, resolved, job, SftResult, ds_config=ds_config,
-                     num_procs=cfg.launch.num_procs, hostfile=cfg.launch.hostfile,
-                     launcher_args=cfg.launch.launcher_args, log=log)
+    if replay_tokens_dir is None:
+        raise ValueError(f"{replay_rows} replay rows per micro-batch but no replay_tokens_dir in the job")
+    # Other seeds than pretraining's, so the replay does not retrace its first steps window for window.
+    train_tokens = load_token_split(replay_tokens_dir, "train", verify_sha256=True)
+    train_batches = replay_mix(train_batches, token_window_batches(train_tokens, seq_len, replay_rows, seed + 2))
+    val_tokens = load_token_split(replay_tokens_dir, "val", verify_sha256=True)
+    if eval_batches is not None and len(val_tokens) > seq_len:
+        eval_batches = replay_mix(eval_batches, token_window_batches(val_tokens, seq_len, replay_rows, seed + 3))
+    elif rank == 0:
+        print(f"replay: val split has {len(val_tokens)} tokens (seq_len + 1 = {seq_len + 1} needed) or no SFT "
+              "example is held out: validation without replayed text")
+    return train_batches, eval_batches
 
 
 def check_replay_tokens(cfg: SftConfig, replay_tokens: Path | None, vocab_size: int) -> Path | None:
@@ -263,17 +271,87 @@ def check_replay_tokens(cfg: SftConfig, replay_tokens: Path | None, vocab_size: 
     return Path(replay_tokens).resolve()
 
 
-@task(name="sft")
-def sft_task(
-    base_model_dir: Path,
-    tokenizer_path: Path,
-    out_dir: Path,
-    cfg: SftConfig,
-    ws_root: str | Path | None = None,
-    mlflow_run_id: str | None = None,
-    replay_tokens: Path | None = None,
-) -> SftResult:
-    """Prefect task: SFT inside an MLflow stage run (a new one, or `mlflow_run_id` when given)."""
-    logger = get_run_logger()
-    return in_stage_run("sft", cfg, ws_root, mlflow_run_id, lambda run_id, root: run_sft(
-        base_model_dir, tokenizer_path, out_dir, cfg, run_id, root, log=logger.info, replay_tokens=replay_tokens))
+class Sft(LaunchedStage):
+    name, store = "sft", "checkpoints/sft"
+    Config, Result = SftConfig, SftResult
+    inputs = ("base", "tokenizer", "tokens")  # tokens: the pretraining shards replay_fraction replays (may be None)
+    resume_neutral = RESUME_NEUTRAL
+    config: SftConfig
+
+    # ------------------------------------------------------------------------- stage side
+
+    def prepare(self, inputs: dict[str, Path | None], out_dir: Path) -> Launch:
+        from infra.precision import choose_precision
+
+        cfg, base = self.config, Path(inputs["base"])
+        mcfg = saved_model_config(base, Path(inputs["tokenizer"]), "fine-tune a model trained with this tokenizer")
+        if cfg.batch.seq_len > mcfg.max_seq_len:
+            raise ValueError(f"batch.seq_len={cfg.batch.seq_len} exceeds the base model's "
+                             f"max_seq_len={mcfg.max_seq_len}; lower batch.seq_len")
+        if cfg.data.catalog is not None and not Path(cfg.data.catalog).is_dir():
+            raise FileNotFoundError(f"data.catalog={cfg.data.catalog} is not a folder of sft_* YAML definitions")
+        replay = check_replay_tokens(cfg, inputs.get("tokens"), mcfg.vocab_size)
+        catalog = str(Path(cfg.data.catalog).resolve()) if cfg.data.catalog is not None else None
+        choice = choose_precision(cfg.launch.precision)
+        return Launch(ds_config_for(cfg.optim, cfg.launch, cfg.batch.micro_batch_size, cfg.batch.grad_accum),
+                      choice.precision, choice.reason, extra={"catalog": catalog},
+                      identity={"base_model": str(base.resolve()), "model": mcfg.model_dump(mode="json"),
+                                "replay_tokens": str(replay) if replay else None})
+
+    # ------------------------------------------------------------------------- rank side
+
+    def model(self) -> torch.nn.Module:
+        from models import export
+
+        # The optimizer keeps fp32 masters; bf16 runs cast through DeepSpeed.
+        return export.load_model(self.job.inputs["base"]).float()
+
+    def shape(self) -> dict[str, int]:
+        b = self.config.batch
+        return {"micro_batch_size": b.micro_batch_size, "grad_accum": b.grad_accum, "seq_len": b.seq_len}
+
+    def steps(self, rank: int, world: int) -> LossSteps:
+        from models.chat_template import special_ids
+        from tasks.tokenizer.train import load_tokenizer
+
+        cfg = self.config
+        tokenizer = load_tokenizer(self.job.inputs["tokenizer"])
+        catalog = self.job.extra.get("catalog")
+        data_cfg = cfg.data.model_copy(update={"catalog": Path(catalog) if catalog else None})
+        self.data = load_examples(cfg.model_copy(update={"data": data_cfg}), tokenizer, cfg.batch.seq_len)
+        replay_dir = self.job.inputs.get("tokens") if cfg.replay_rows else None
+        if rank == 0:
+            reasons = dict(Counter(r["reason"] for r in self.data.rejected))
+            write_rejected(self.data.rejected, self.job.out_dir / REJECTED_FILE)
+            print(f"SFT examples: {len(self.data.train)} train, {len(self.data.val)} val, "
+                  f"{len(self.data.rejected)} rejected ({reasons})")
+            if cfg.replay_rows:
+                print(f"replay: {cfg.replay_rows} of {cfg.batch.micro_batch_size} rows per micro-batch are windows of "
+                      f"{cfg.batch.seq_len} pretraining tokens from {replay_dir}")
+        train_batches, eval_batches = example_batches(self.data, cfg, special_ids(tokenizer).pad, cfg.replay_rows,
+                                                      replay_dir, rank)
+        return LossSteps(cfg, train_batches, eval_batches, sft_loss, sft_batch_tokens)
+
+    def finish(self, trained: TrainResult, run: Any, rank: int, world: int) -> None:
+        title = "SFT loss (assistant tokens" + (", replayed pretraining text)" if self.config.replay_rows else ")")
+        done = worker.exported(trained, self.job, rank, self.config.launch.zero, self.config.export_hf, title)
+        if done is None:
+            return
+        data, out_dir = self.data, self.job.out_dir
+        replay_val = trained.final_val_parts.get("replay_loss")
+        out = SftResult(
+            out_dir=out_dir, model_dir=done.model_dir, hf_dir=done.hf_dir, checkpoint=trained.checkpoint,
+            loss_curve=done.loss_curve, rejected_path=out_dir / REJECTED_FILE, mlflow_run_id=run.info.run_id,
+            steps=trained.steps, final_train_loss=trained.final_loss,
+            val_loss=trained.final_val_parts.get("sft_loss", trained.final_val_loss),
+            replay_val_loss=replay_val, replay_val_ppl=perplexity(replay_val) if replay_val is not None else None,
+            tokens_per_s=trained.tokens_per_s, skipped_steps=trained.skipped_steps, world_size=world,
+            examples_train=len(data.train), examples_val=len(data.val),
+            examples_by_source=dict(sorted(Counter(ex.source for ex in data.kept).items())),
+            rejected=dict(sorted(Counter(r["reason"] for r in data.rejected).items())),
+        )
+        final = {"final_train_loss": out.final_train_loss, "final_val_loss": out.val_loss,
+                 "final_replay_val_loss": out.replay_val_loss, "final_replay_val_ppl": out.replay_val_ppl,
+                 "examples_train": float(out.examples_train), "examples_val": float(out.examples_val),
+                 "examples_rejected": float(len(data.rejected))}
+        worker.publish(run, out_dir, out, final, trained.steps, [out.rejected_path, done.loss_curve])

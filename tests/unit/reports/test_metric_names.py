@@ -12,7 +12,7 @@ from tasks.eval.answers import AnswerScore
 from tasks.eval.evaluate import EvalResult
 from tasks.reports.eval import comparison_table
 from tasks.training.grpo.loop import eval_metrics
-from tasks.training.grpo.worker import heldout_metrics
+from tasks.training.grpo.stage import heldout_metrics
 
 
 def _normalized(name: str) -> str:

@@ -268,18 +268,19 @@ def test_grpo_resume_refuses_changed_settings(tmp_path):
     """A rerun into an out_dir with GRPO checkpoints may change only how it checkpoints and runs."""
     import json
 
-    from tasks.training.grpo.stage import CONFIG_FILE, STAGE
-    from tasks.training.launch import CHECKPOINTS_DIR, check_resume_compatible
+    from infra.stages import CHECKPOINTS_DIR, check_resume_compatible
+    from tasks.training.grpo.stage import Grpo
 
     def resolved(**changes):
         return {"grpo": grpo_config(**changes).model_dump(mode="json"), "sft_model": "/m"}
 
-    (tmp_path / CONFIG_FILE).write_text(json.dumps(resolved()))
+    stage = Grpo(grpo_config())
+    (tmp_path / Grpo.config_file).write_text(json.dumps(resolved()))
     (tmp_path / CHECKPOINTS_DIR).mkdir()
     (tmp_path / CHECKPOINTS_DIR / "latest").write_text("step00000010")
-    check_resume_compatible(STAGE, tmp_path, resolved(ckpt_every=5, keep_checkpoints=3, torch_threads=1))
+    check_resume_compatible(stage, tmp_path, resolved(ckpt_every=5, keep_checkpoints=3, torch_threads=1))
     with pytest.raises(ValueError, match=r"different settings \(optim.lr\)"):
-        check_resume_compatible(STAGE, tmp_path, resolved(lr=1e-3))
+        check_resume_compatible(stage, tmp_path, resolved(lr=1e-3))
     other_model = {**resolved(), "sft_model": "/other"}
-    with pytest.raises(ValueError, match="SFT model"):
-        check_resume_compatible(STAGE, tmp_path, other_model)
+    with pytest.raises(ValueError, match=r"different settings \(sft_model\)"):
+        check_resume_compatible(stage, tmp_path, other_model)

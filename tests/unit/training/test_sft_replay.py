@@ -14,7 +14,7 @@ from tasks.training.loop import train
 from tasks.training.metrics import ListSink
 from tasks.training.sft.data import SftExample
 from tasks.training.sft.stage import check_replay_tokens, encode_examples, sft_batch_tokens, sft_loss
-from tasks.training.sft.worker import SftExamples, example_batches
+from tasks.training.sft.stage import SftExamples, example_batches
 from tests.conftest import sft_config, small_alphabet_bpe, tiny_llama, train_config, train_config_for, write_token_shards
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
