@@ -308,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description="One DeepSpeed rank of a training stage.")
     parser.add_argument("--job", type=Path, required=True, help="job.json written by the stage's runner")
-    job = Job.modelvalidate_json(parser.parse_args(argv).job.read_text(encoding="utf-8"))
+    job = Job.model_validate_json(parser.parse_args(argv).job.read_text(encoding="utf-8"))
     module, _, name = job.stage.partition(":")
     stage = getattr(importlib.import_module(module), name).for_job(job)
     if stage.config.launch.torch_threads is not None:
