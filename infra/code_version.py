@@ -1,8 +1,8 @@
 """The code version of a stage: a hash of its module's source and of every project module it reaches.
 
-A stage's cache key includes it, so an edited stage (or a helper it imports, or the
-worker a training stage launches by module name) reruns, and a moved module, whose
-pickled Prefect results name the old path, never matches a stale record.
+A stage's cache key includes it, so an edited stage (or a helper it imports) reruns, and a
+moved module, whose pickled Prefect results name the old path, never matches a stale record.
+A launched stage's key also covers the ranks' entry point, tasks/training/loop.py (infra/stages.py).
 """
 from __future__ import annotations
 
@@ -54,10 +54,6 @@ def _project_imports(name: str, source: str, packages: tuple[str, ...]) -> set[s
             found.add(base)
             # `from tasks.data import builtin_corpus` imports a module, not a name.
             found.update(f"{base}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "WORKER_MODULE" for t in node.targets):
-            # A training stage launches its worker by module name: that code is the stage's too.
-            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-                found.add(node.value.value)
     return {m for m in found if m.split(".")[0] in packages and _module_file(m) is not None}
 
 

@@ -35,9 +35,6 @@ from infra.paths import Workspace, point_latest
 from infra.stage_record import read_record, record_root, verify_record, write_record
 from infra.tracking import tag_active_run
 
-# Arguments that do not change what a stage computes: where it logs, where the workspace is.
-VOLATILE_ARGS = ("mlflow_run_id", "ws_root")
-
 
 @dataclass(frozen=True)
 class OutputPath:
@@ -89,25 +86,18 @@ def path_fingerprint(path: Path) -> Any:
     return [str(path), entries]
 
 
-def stage_key(task_obj: Any, inputs: dict[str, Any]) -> str:
-    """sha256 of the task's name, its code and the fingerprints of `inputs`."""
-    payload = {
-        "task": task_obj.name,
-        "code": code_version(task_obj.fn.__module__),
-        "inputs": {k: fingerprint(v) for k, v in sorted(inputs.items())},
-    }
+def content_key(kind: str, name: str, modules: list[str], config: Any, inputs: dict[str, Any]) -> str:
+    """sha256 of what a stage, task or flow computes: its kind and name, its code (each of `modules` and
+    every project module it reaches), its config and the fingerprints of its inputs."""
+    payload = {kind: name, "code": [code_version(m) for m in sorted(set(modules))], "config": fingerprint(config),
+               "inputs": {k: fingerprint(v) for k, v in sorted(inputs.items())}}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
 
 
 def flow_key(name: str, module: str, config: Any, inputs: dict[str, Any]) -> str:
-    """What a flow run computes, as a key: its name, its code (and all it imports), config and inputs.
-
-    An MLflow run tagged with it is continued by the next attempt with the same key
-    (infra/tracking.stage_run), so a resumed stage keeps one run.
-    """
-    payload = {"flow": name, "code": code_version(module), "config": fingerprint(config),
-               "inputs": {k: fingerprint(v) for k, v in sorted(inputs.items())}}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
+    """What a flow run computes, as a key. An MLflow run tagged with it is continued by the next attempt
+    with the same key (infra/tracking.stage_run), so a resumed flow keeps one run."""
+    return content_key("flow", name, [module], config, inputs)
 
 
 @dataclass
@@ -126,11 +116,8 @@ class StageCall:
                 key_ignore: tuple[str, ...] = ()) -> "StageCall":
         bound = inspect.signature(task_obj.fn).bind(*args, **kwargs)
         bound.apply_defaults()
-        inputs = {
-            k: v for k, v in bound.arguments.items()
-            if not isinstance(v, OutputPath) and k not in VOLATILE_ARGS and k not in key_ignore
-        }
-        key = stage_key(task_obj, inputs)
+        inputs = {k: v for k, v in bound.arguments.items() if not isinstance(v, OutputPath) and k not in key_ignore}
+        key = content_key("task", task_obj.name, [task_obj.fn.__module__], None, inputs)
         out_dir = ws.output(store, key)
         filled = {k: v.under(out_dir) if isinstance(v, OutputPath) else v for k, v in bound.arguments.items()}
         return cls(task_obj, ws, store, key, out_dir, filled)

@@ -21,7 +21,6 @@ settings that change what is trained differ.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,12 +29,11 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel
 
 from infra.atomic import write_json_atomic
-from infra.code_version import code_version
 from infra.config import StrictModel, flatten_params
 from infra.deepspeed_launch import launch
 from infra.memory import release_freed_memory
 from infra.paths import Workspace, point_latest
-from infra.stage_cache import fingerprint
+from infra.stage_cache import content_key
 from infra.stage_record import verify_record, write_record
 from infra.tracking import stage_run, tag_active_run
 
@@ -125,11 +123,9 @@ class LaunchedStage(Stage):
 
 
 def stage_key(stage: Stage, inputs: dict[str, Any]) -> str:
-    """sha256 of the stage's name, code, config and declared inputs' content."""
-    modules = sorted({type(stage).__module__, RANK_MODULE} if isinstance(stage, LaunchedStage) else {type(stage).__module__})
-    payload = {"stage": stage.name, "code": [code_version(m) for m in modules], "config": fingerprint(stage.config),
-               "inputs": {k: fingerprint(v) for k, v in sorted(inputs.items())}}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
+    """sha256 of the stage's name, code (with the ranks' entry point for a launched one), config and inputs."""
+    modules = [type(stage).__module__] + ([RANK_MODULE] if isinstance(stage, LaunchedStage) else [])
+    return content_key("stage", stage.name, modules, stage.config, inputs)
 
 
 def run(stage: Stage, ws: Workspace, **inputs: Path | None) -> Any:
