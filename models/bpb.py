@@ -82,9 +82,9 @@ def bits_per_byte(nats_sum: float, n_bytes: int) -> float:
     return float(nats_sum) / LN2 / float(n_bytes)
 
 
-def nats_and_bytes(token_nats: torch.Tensor, targets: torch.Tensor,
-                   table: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """(nats summed, bytes summed), float64 and int64 scalars on `token_nats`' device.
+def nats_and_bytes(token_nats: torch.Tensor, targets: torch.Tensor, table: torch.Tensor | np.ndarray,
+                   dim: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(nats summed, bytes summed), float64 and int64 on `token_nats`' device: scalars, or per row with dim=-1.
 
     token_nats[b, t] is -log p(targets[b, t]) in nats (e.g. -models.losses.token_logprobs);
     positions with target IGNORE_INDEX (-100), or a target of 0 bytes in `table` (token_bytes:
@@ -102,5 +102,7 @@ def nats_and_bytes(token_nats: torch.Tensor, targets: torch.Tensor,
     n_bytes = table[ids] * valid
     counted = n_bytes > 0
     # where, not a product: a masked position's nats may be inf or NaN, and inf * 0 is NaN.
-    nats = torch.where(counted, token_nats.double(), 0.0).sum()
-    return nats, n_bytes.sum()
+    nats = torch.where(counted, token_nats.double(), 0.0)
+    if dim is None:
+        return nats.sum(), n_bytes.sum()
+    return nats.sum(dim), n_bytes.sum(dim)
