@@ -89,7 +89,8 @@ def nats_and_bytes(token_nats: torch.Tensor, targets: torch.Tensor, table: torch
     token_nats[b, t] is -log p(targets[b, t]) in nats (e.g. -models.losses.token_logprobs);
     positions with target IGNORE_INDEX (-100), or a target of 0 bytes in `table` (token_bytes:
     the special tokens), count neither. Tensors, not floats, so a distributed validation loop
-    can all_reduce both before dividing with bits_per_byte.
+    can all_reduce both before dividing with bits_per_byte; give `table` as a tensor on that
+    device to save a copy per batch.
     """
     if token_nats.shape != targets.shape:
         raise ValueError(f"token_nats {tuple(token_nats.shape)} and targets {tuple(targets.shape)} must have one shape")

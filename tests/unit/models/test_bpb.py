@@ -43,6 +43,16 @@ def test_token_bytes_sum_to_the_utf8_length_and_specials_are_zero(bpe) -> None:
         assert int(table[ids].sum()) == len(text.encode("utf-8")), text
 
 
+def test_a_tokenizer_that_is_not_byte_level_counts_the_utf8_of_each_decoded_token(tmp_path) -> None:
+    from tokenizers import Tokenizer
+
+    from tests.conftest import write_word_tokenizer
+
+    words = Tokenizer.from_file(str(write_word_tokenizer(tmp_path / "tokenizer.json", vocab_size=12)))
+    table = token_bytes(words)
+    assert table.tolist() == [0] * len(SPECIAL_TOKENS) + [len(f"w{i}") for i in range(len(SPECIAL_TOKENS), 12)]
+
+
 def _batch(bpe) -> tuple[torch.Tensor, list[str]]:
     """Rows of [BOS doc EOS BOS doc EOS ...] as next-token targets, the first document of each row masked
     (IGNORE_INDEX, as SFT masks a prompt); returns the targets and, per row, the text that is scored."""
