@@ -36,7 +36,7 @@ class EvalConfig(StrictModel):
     few_shot: int = Field(default=3, ge=1)
     multiple_choice: bool = True  # also score each question as 4 options by their likelihood
     answer_bin_strategy: Literal["uniform", "quantile"] = "quantile"  # reliability bins of answers: equal mass by default
-    bootstrap_resamples: int = Field(default=1000, ge=2)  # for the ECE intervals
+    bootstrap_resamples: int = Field(default=1000, ge=2)  # for the ECE, perplexity and bits-per-byte intervals
     target_accuracy: float = Field(default=0.9, gt=0.0, le=1.0)  # selective prediction: the threshold that reaches it
     seed: int = 0
     device: str | None = None  # evaluate_checkpoint only; None: cuda when available, else cpu

@@ -1,9 +1,10 @@
-"""Evaluation stage: validation loss and perplexity, and how well calibrated the model is.
+"""Evaluation stage: validation loss, perplexity and bits per byte, and how well calibrated the model is.
 
 Two levels:
-- tokens: every next-token prediction on the validation split (up to `max_tokens`),
-  scored by loss, top-1 accuracy and the calibration of its top-1 confidence; a
-  temperature is fitted on one part of the tokens and judged on the other;
+- tokens (tasks/eval/tokens.py): every next-token prediction on the validation split (up to
+  `max_tokens`), scored by loss, perplexity and, with a tokenizer, bits per byte (comparable
+  across tokenizers), with bootstrap intervals over the windows; top-1 accuracy and the
+  calibration of its top-1 confidence, before and after a fitted temperature;
 - answers (when a tokenizer and arithmetic problems are given): one greedy answer per
   question through the chat template, correct by the `arithmetic_exact` reward, with
   confidence = the model's probability of that whole response, i.e. the product of the
@@ -20,8 +21,7 @@ Answers are independent questions, so each accuracy comes with a Wilson 95% inte
 each ECE with a bootstrap one (tasks/eval/intervals.py); consecutive models (base -> SFT ->
 GRPO) are compared by a paired interval on the same questions (tasks/eval/differences.py);
 the accuracy-coverage curve, AURC and the threshold reaching `target_accuracy` say what the
-confidence is worth for answering selectively (tasks/eval/selective.py). Token predictions are not independent (one
-text, overlapping contexts), so token metrics get no intervals.
+confidence is worth for answering selectively (tasks/eval/selective.py).
 
 This module computes and writes numbers (eval.json); tasks/reports/eval.py renders them.
 """
@@ -41,15 +41,9 @@ from tasks.eval.choices import ChoiceRecord, choice_records
 from tasks.eval.config import EvalConfig
 from tasks.eval.intervals import Proportion, bootstrap_ece_interval, proportion
 from tasks.eval.selective import SelectiveReport, selective_report
-from models.calibration import (
-    CalibrationReport,
-    ReliabilityBins,
-    calibration_report,
-    ece,
-    fit_temperature,
-    reliability_bins,
-    top1_from_logits,
-)
+from tasks.eval.tokens import token_metrics
+from models.bpb import token_bytes
+from models.calibration import CalibrationReport, ReliabilityBins, calibration_report, reliability_bins
 from models.llama import Transformer
 from infra.atomic import write_text_atomic
 
@@ -78,6 +72,14 @@ class EvalResult(BaseModel):
     seq_len: int
     val_loss: float
     perplexity: float
+    # Bootstrap 95% interval over the windows; None: fewer than 2 windows.
+    perplexity_lo: float | None = None
+    perplexity_hi: float | None = None
+    # Bits per byte of the same predictions (special tokens excluded); None: no tokenizer to count bytes with.
+    bpb: float | None = None
+    bpb_lo: float | None = None
+    bpb_hi: float | None = None
+    n_bytes: int | None = None  # UTF-8 bytes of the predicted text
     token_accuracy: float
     token_calibration: CalibrationReport
     token_bins: ReliabilityBins
@@ -106,6 +108,9 @@ class EvalResult(BaseModel):
             "val_ppl": self.perplexity,
             "n_tokens": float(self.n_tokens),
         }
+        optional = {"val_ppl_lo": self.perplexity_lo, "val_ppl_hi": self.perplexity_hi, "bpb": self.bpb,
+                    "bpb_lo": self.bpb_lo, "bpb_hi": self.bpb_hi, "n_bytes": self.n_bytes}
+        out.update({k: float(v) for k, v in optional.items() if v is not None})
         sections = (("token", self.token_calibration), ("answer", self.answer_calibration),
                     ("answer", self.answer_selective), ("answer_in_range", self.answer_in_range),
                     ("choice", self.choice_calibration), ("choice", self.choice_selective))
@@ -118,106 +123,6 @@ class EvalResult(BaseModel):
         if self.answers:
             out["answer.n_answered"] = float(self.n_answered)
         return out
-
-
-# ----------------------------------------------------------------------------- token level
-
-
-def _windows(n_pred: int, seq_len: int) -> list[tuple[int, int]]:
-    """(start, length) of consecutive windows covering predictions 0..n_pred-1."""
-    return [(s, min(seq_len, n_pred - s)) for s in range(0, n_pred, seq_len)]
-
-
-def _batches(windows: list[tuple[int, int]], batch_size: int) -> list[list[tuple[int, int]]]:
-    """Group windows into batches of equal length (only the last window can be shorter)."""
-    full = [w for w in windows if w[1] == windows[0][1]]
-    rest = [w for w in windows if w[1] != windows[0][1]]
-    out = [full[i : i + batch_size] for i in range(0, len(full), batch_size)]
-    return out + ([rest] if rest else [])
-
-
-@torch.inference_mode()
-def _token_pass(model: Transformer, tokens: np.ndarray, n_pred: int, seq_len: int, cfg: EvalConfig, keep: np.ndarray):
-    """One pass over the windows: loss sum, top-1 confidence/correctness, and logits of the `keep` predictions."""
-    device = next(model.parameters()).device
-    vocab = model.cfg.vocab_size
-    conf = np.empty(n_pred, dtype=np.float64)
-    correct = np.empty(n_pred, dtype=bool)
-    kept_logits = torch.empty(len(keep), vocab, dtype=torch.float16)
-    kept_labels = torch.empty(len(keep), dtype=torch.long)
-    loss_sum = 0.0
-    offset = 0
-    for batch in _batches(_windows(n_pred, seq_len), cfg.batch_size):
-        length = batch[0][1]
-        rows = np.stack([np.asarray(tokens[s : s + length + 1], dtype=np.int64) for s, _ in batch])
-        x = torch.from_numpy(rows[:, :-1]).to(device)
-        y = torch.from_numpy(rows[:, 1:]).to(device)
-        logits = model(x).float().flatten(0, 1)
-        logp = torch.log_softmax(logits, dim=-1)
-        y = y.flatten()
-        loss_sum -= float(logp.gather(-1, y[:, None]).sum())
-        top_logp, pred = logp.max(dim=-1)
-        n = y.numel()
-        conf[offset : offset + n] = top_logp.exp().double().cpu().numpy()
-        correct[offset : offset + n] = (pred == y).cpu().numpy()
-        lo, hi = np.searchsorted(keep, [offset, offset + n])
-        if hi > lo:
-            local = torch.from_numpy(keep[lo:hi] - offset).to(device)
-            kept_logits[lo:hi] = logits[local].half().cpu()
-            kept_labels[lo:hi] = y[local].cpu()
-        offset += n
-    return loss_sum, conf, correct, kept_logits, kept_labels
-
-
-def _temperature_study(
-    logits: torch.Tensor, labels: torch.Tensor, cfg: EvalConfig, rng: np.random.Generator
-) -> tuple[float | None, float | None, float | None]:
-    """(temperature, held-out ECE before, held-out ECE after), fitting on a random part of the kept predictions."""
-    k = labels.numel()
-    n_fit = int(round(k * cfg.temperature_fit_fraction))
-    if n_fit < 1 or k - n_fit < 1:
-        return None, None, None
-    order = torch.from_numpy(rng.permutation(k))
-    fit, held = order[:n_fit], order[n_fit:]
-    t = fit_temperature(logits[fit], labels[fit])
-    before = ece(*top1_from_logits(logits[held], labels[held]), n_bins=cfg.n_bins)
-    after = ece(*top1_from_logits(logits[held], labels[held], temperature=t), n_bins=cfg.n_bins)
-    return t, before, after
-
-
-def token_metrics(model: Transformer, val_tokens: np.ndarray, cfg: EvalConfig) -> dict:
-    """Loss, perplexity, accuracy and calibration of next-token predictions on `val_tokens`."""
-    n_pred = min(cfg.max_tokens, len(val_tokens) - 1)
-    if n_pred < 1:
-        raise ValueError(f"val_tokens holds {len(val_tokens)} tokens; need at least 2 to score one prediction")
-    seq_len = min(cfg.seq_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
-    top = int(np.max(val_tokens[: n_pred + 1]))
-    if top >= model.cfg.vocab_size:
-        raise ValueError(
-            f"val_tokens contain id {top} but the model's vocab_size is {model.cfg.vocab_size}; "
-            "evaluate with the tokens made by this model's tokenizer"
-        )
-    rng = np.random.default_rng(cfg.seed)
-    keep = np.sort(rng.choice(n_pred, size=min(n_pred, cfg.temperature_tokens), replace=False))
-    was_training = model.training
-    model.eval()
-    try:
-        loss_sum, conf, correct, logits, labels = _token_pass(model, val_tokens, n_pred, seq_len, cfg, keep)
-    finally:
-        model.train(was_training)
-    report = calibration_report(conf, correct, cfg.n_bins)
-    t, before, after = _temperature_study(logits, labels, cfg, rng)
-    report = report.model_copy(update={"temperature": t, "ece_heldout": before, "ece_after_temperature": after})
-    loss = loss_sum / n_pred
-    return {
-        "n_tokens": n_pred,
-        "seq_len": seq_len,
-        "val_loss": loss,
-        "perplexity": math.exp(loss),
-        "token_accuracy": float(correct.mean()),
-        "token_calibration": report,
-        "token_bins": reliability_bins(conf, correct, cfg.n_bins),
-    }
 
 
 # ----------------------------------------------------------------------------- answer level
@@ -311,10 +216,10 @@ def evaluate_model(
     cfg: EvalConfig | None = None,
     few_shot: bool = False,
 ) -> EvalResult:
-    """Token-level metrics on `val_tokens`, plus answer-level metrics when tokenizer and problems are given
-    (asked with the few-shot completion prompt when `few_shot`, else the chat template)."""
+    """Token-level metrics on `val_tokens` (bits per byte with a tokenizer), plus answer-level metrics when
+    tokenizer and problems are given (asked with the few-shot completion prompt when `few_shot`, else the chat template)."""
     cfg = cfg or EvalConfig()
-    fields = token_metrics(model, val_tokens, cfg)
+    fields = token_metrics(model, val_tokens, cfg, token_bytes(tokenizer) if tokenizer is not None else None)
     if tokenizer is not None and problems:
         fields.update(answer_metrics(model, tokenizer, problems, cfg, few_shot))
     return EvalResult(**fields)

@@ -1,7 +1,9 @@
-"""How sure an evaluation number is: 95% intervals for accuracies, ECE and the gain of one model over another.
+"""How sure an evaluation number is: 95% intervals for accuracies, ECE, losses and the gain of one model over another.
 
     wilson_interval(k, n)                      an accuracy k/n (Wilson score interval)
     bootstrap_ece_interval(conf, correct, ...) an ECE (percentile bootstrap over the questions, seeded)
+    bootstrap_ratio_interval(num, den, ...)    sum(num) / sum(den) over resampled windows, e.g. nats per
+                                               token (perplexity) or per byte (bits per byte)
     paired_difference(correct_a, correct_b)    accuracy of b minus a on the same questions (Newcombe)
 
 Wilson rather than the normal approximation because accuracies near 0 or 1 on a few hundred
@@ -67,6 +69,36 @@ def bootstrap_ece_interval(
         idx = rng.integers(0, conf.size, size=(min(chunk, resamples - start), conf.size))
         values.append(ece_rows(conf[idx], corr[idx], n_bins, strategy))
     lo, hi = np.quantile(np.concatenate(values), [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(lo), float(hi)
+
+
+def bootstrap_ratio_interval(
+    numerators, denominators, resamples: int = 1000, seed: int = 0, level: float = LEVEL,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of sum(numerators) / sum(denominators), the pairs resampled together.
+
+    For a loss, one pair per window of text (its nats, its tokens or bytes): the predictions of
+    one window share their context, so it is the window, not the token, that is independent
+    enough to resample (a block bootstrap). A resample whose denominators sum to 0 is left out.
+    """
+    num = np.asarray(numerators, dtype=np.float64).reshape(-1)
+    den = np.asarray(denominators, dtype=np.float64).reshape(-1)
+    if num.size < 2 or num.shape != den.shape:
+        raise ValueError(f"need at least 2 (numerator, denominator) pairs of one length; got {num.size} and {den.size}")
+    if resamples < 2:
+        raise ValueError(f"resamples must be >= 2, got {resamples}")
+    _z(level)
+    rng = np.random.default_rng(seed)
+    chunk = max(1, _BOOTSTRAP_CELLS // num.size)
+    values = []
+    for start in range(0, resamples, chunk):
+        idx = rng.integers(0, num.size, size=(min(chunk, resamples - start), num.size))
+        top, bottom = num[idx].sum(axis=1), den[idx].sum(axis=1)
+        values.append(top[bottom > 0] / bottom[bottom > 0])
+    ratios = np.concatenate(values)
+    if ratios.size == 0:
+        raise ValueError("every denominator is 0: nothing to take a ratio of (e.g. windows holding no text bytes)")
+    lo, hi = np.quantile(ratios, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
     return float(lo), float(hi)
 
 

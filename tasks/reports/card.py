@@ -81,7 +81,8 @@ def _headline_rows(totals: Mapping[str, int], pretrain_ppl: tuple[float | None, 
         _wall_row(wall_seconds, all_attempts),
         f"| documents collected → kept → sampled rows | {totals.get('collected', 0)} → {totals.get('kept', 0)} → {totals.get('sampled_rows', 0)} |",
         f"| near duplicates / exact duplicates / filtered / rejected | {totals.get('near_duplicates', 0)} / {totals.get('exact_duplicates', 0)} / {totals.get('filtered', 0)} / {totals.get('rejected', 0)} |",
-        f"| base model validation perplexity (unigram baseline) | {val_ppl:.1f} ({unigram:.1f}) |" if val_ppl else f"| unigram baseline perplexity | {unigram:.1f} |",
+        f"| base model perplexity, pretraining's validation (random windows of the val split; unigram baseline) | "
+        f"{val_ppl:.1f} ({unigram:.1f}) |" if val_ppl else f"| unigram baseline perplexity | {unigram:.1f} |",
         f"| SFT validation loss | {sft.val_loss:.3f} |" if sft.val_loss is not None else "| SFT validation loss | - |",
         f"| held-out arithmetic accuracy SFT → GRPO, the GRPO stage's own check (95% CI) | {proportion_of(b.n_correct, b.n).describe()} → {proportion_of(a.n_correct, a.n).describe()} |",
         f"| held-out mean reward SFT → GRPO, the GRPO stage's own check | {b.mean_reward:.3f} → {a.mean_reward:.3f} |",
@@ -108,6 +109,23 @@ def _eval_headline_rows(evals: Mapping[str, EvalResult]) -> list[str]:
     return rows
 
 
+def _with_interval(value: float | None, lo: float | None, hi: float | None, fmt: str) -> str:
+    if value is None:
+        return "-"
+    return format(value, fmt) + (f" [{lo:{fmt}}, {hi:{fmt}}]" if lo is not None and hi is not None else "")
+
+
+def _model_row(name: str, r: EvalResult) -> str:
+    """One evaluated model's perplexity, bits per byte and calibration, naming the tokens they are on."""
+    answer_ece = "n/a (no answer)" if r.answers and r.answer_calibration is None else "-"
+    if r.answer_calibration is not None:
+        c = r.answer_calibration
+        answer_ece = _with_interval(c.ece_equal_mass, c.ece_equal_mass_lo, c.ece_equal_mass_hi, ".3f")
+    return (f"| {name}, evaluation on the first {r.n_tokens} tokens of the val split: perplexity / bits per byte / "
+            f"token ECE / answer ECE (equal mass); 95% CI | {_with_interval(r.perplexity, r.perplexity_lo, r.perplexity_hi, '.1f')}"
+            f" / {_with_interval(r.bpb, r.bpb_lo, r.bpb_hi, '.3f')} / {r.token_calibration.ece:.3f} / {answer_ece} |")
+
+
 def write_final_report(
     manifest: Path,
     pretrain_ppl: tuple[float | None, float],
@@ -124,13 +142,7 @@ def write_final_report(
     lines = ["# llmforge report card", "", "| headline | value |", "|---|---|"]
     lines += _headline_rows(funnel_totals(m.funnel), pretrain_ppl, sft, grpo, wall_seconds, all_attempts)
     lines += _eval_headline_rows(evals)
-    for name, r in evals.items():
-        answer_ece = "n/a (no answer)" if r.answers and r.answer_calibration is None else "-"
-        if r.answer_calibration is not None:
-            c = r.answer_calibration
-            answer_ece = f"{c.ece_equal_mass:.3f} [{c.ece_equal_mass_lo:.3f}, {c.ece_equal_mass_hi:.3f}]"
-        lines.append(f"| {name}: perplexity / token ECE / answer ECE (equal mass, 95% CI) | "
-                     f"{r.perplexity:.1f} / {r.token_calibration.ece:.3f} / {answer_ece} |")
+    lines += [_model_row(name, r) for name, r in evals.items()]
     lines += ["", "## Calibration", "", comparison_table(evals), "",
               "Accuracy differences between consecutive stages, on the same questions; an interval that "
               "contains 0 is *not significant*: these questions cannot tell the two models apart.", "",
@@ -280,6 +292,8 @@ def _headline_metrics(base, grpo: GrpoStageResult, wall_seconds: float,
         "grpo.heldout_accuracy": grpo.after.accuracy,
         "sft.heldout_reward": grpo.before.mean_reward,
         "grpo.heldout_reward": grpo.after.mean_reward,
+        # The evaluation's bits per byte under the eval run's names (pretraining's validation: `val_bpb`).
+        **{f"{name}.bpb": r.bpb for name, r in (evals or {}).items()},
     }
 
 

@@ -49,8 +49,11 @@ def write_reliability_diagrams(result: EvalResult, label: str, out_dir: Path) ->
 
 _ROWS: tuple[tuple[str, str, str], ...] = (
     # (label, metric key in EvalResult.metrics(), format); `<key>_lo`/`_hi`, where logged, print as [lo, hi]
+    ("validation tokens scored (from the start of the val split)", "n_tokens", ".0f"),
+    ("their text, UTF-8 bytes (special tokens excluded)", "n_bytes", ".0f"),
     ("val loss", "val_loss", ".4f"),
     ("perplexity", "val_ppl", ".2f"),
+    ("bits per byte (comparable across tokenizers)", "bpb", ".4f"),
     ("next-token accuracy", "token.accuracy", ".4f"),
     ("token ECE", "token.ece", ".4f"),
     ("token ECE (equal mass)", "token.ece_equal_mass", ".4f"),

@@ -175,6 +175,37 @@ def test_answer_level_confidence_is_the_probability_of_the_response() -> None:
     assert table.count("\n") == len(_ROWS) + 2
 
 
+def test_bits_per_byte_is_the_nats_of_the_text_tokens_over_their_utf8_bytes() -> None:
+    tok = tiny_tokenizer()
+    vocab = tok.get_vocab_size()
+    model = tiny_llama(vocab=vocab, seed=4)
+    sp = special_ids(tok)
+    docs = [f"{p.question} {p.response} ünïcödé 日本" for p in make_problems(12, seed=2)]
+    tokens = np.array([t for d in docs for t in (sp.bos, *tok.encode(d).ids, sp.eos)], dtype=np.uint16)
+    cfg = EvalConfig(max_tokens=len(tokens) - 1, seq_len=32, batch_size=3, temperature_tokens=50, n_questions=0)
+    r = evaluate_model(model, tokens, tok, cfg=cfg)
+
+    # By hand: the text the predicted tokens decode to (the tokenizer drops BOS/EOS), and the nats
+    # of the predictions whose target is not a special token, window by window as evaluated.
+    targets = tokens[1:].astype(np.int64)
+    assert r.n_bytes == len(tok.decode(targets.tolist()).encode("utf-8"))
+    nats = 0.0
+    with torch.no_grad():
+        for s in range(0, len(targets), 32):
+            w = torch.from_numpy(tokens[s : s + 33].astype(np.int64))[None]
+            logp = torch.log_softmax(model(w[:, :-1]).double(), dim=-1)[0]
+            nats -= sum(float(logp[i, t]) for i, t in enumerate(w[0, 1:].tolist()) if t not in (sp.bos, sp.eos))
+    assert r.bpb == pytest.approx(nats / math.log(2) / r.n_bytes, rel=1e-5)
+    # Intervals over the windows hold their estimate; without a tokenizer there are no bytes to count.
+    assert r.perplexity_lo < r.perplexity < r.perplexity_hi and r.bpb_lo < r.bpb < r.bpb_hi
+    metrics = r.metrics()
+    assert (metrics["bpb"], metrics["bpb_lo"], metrics["val_ppl_hi"]) == (r.bpb, r.bpb_lo, r.perplexity_hi)
+    plain = evaluate_model(model, tokens, cfg=cfg)
+    assert plain.bpb is None and "bpb" not in plain.metrics() and plain.val_loss == pytest.approx(r.val_loss)
+    one_window = evaluate_model(model, tokens, tok, cfg=cfg.model_copy(update={"max_tokens": 20}))
+    assert one_window.bpb is not None and one_window.bpb_lo is None and one_window.perplexity_lo is None
+
+
 def _write_val_split(out_dir: Path, tokens: np.ndarray, vocab: int) -> None:
     out_dir.mkdir(parents=True)
     (out_dir / "val.bin").write_bytes(tokens.astype("<u2").tobytes())
@@ -204,6 +235,7 @@ def test_evaluate_checkpoint_writes_json_and_the_report_draws_its_figures(tmp_pa
     result = evaluate_checkpoint(model_dir, tmp_path / "tokens", tok_path.parent, cfg, out, name="base")
     saved = json.loads((out / EVAL_FILE).read_text())
     assert saved["n_tokens"] == 200 and len(saved["answers"]) == 5
+    assert saved["bpb_lo"] <= saved["bpb"] <= saved["bpb_hi"] and saved["n_bytes"] > 0  # next to perplexity
     assert load_eval_result(out) == result
     assert sorted(p.name for p in out.iterdir()) == [EVAL_FILE]  # numbers only: the figures are the report's
     # "base" is in few_shot_models: asked with the completion prompt, not the chat template it never saw.

@@ -5,7 +5,13 @@ import numpy as np
 import pytest
 
 from models.calibration import ece, ece_rows
-from tasks.eval.intervals import bootstrap_ece_interval, paired_difference, proportion, wilson_interval
+from tasks.eval.intervals import (
+    bootstrap_ece_interval,
+    bootstrap_ratio_interval,
+    paired_difference,
+    proportion,
+    wilson_interval,
+)
 
 
 def test_wilson_matches_the_textbook_values() -> None:
@@ -77,6 +83,35 @@ def test_bootstrap_ece_interval_is_seeded_and_shrinks_with_more_answers() -> Non
     assert big_hi - big_lo < (hi - lo) / 2
     with pytest.raises(ValueError, match="non-empty"):
         bootstrap_ece_interval([], [])
+
+
+def test_bootstrap_ratio_interval_covers_the_true_ratio_about_95_percent_of_the_time() -> None:
+    # Windows of 20..60 tokens whose nats per token scatter around 2.0 (window to window, as a
+    # text's topics do): the interval of sum(nats) / sum(tokens) should hold 2.0 about 95% of the time.
+    rng = np.random.default_rng(0)
+    hits = 0
+    for rep in range(200):
+        tokens = rng.integers(20, 61, size=40).astype(float)
+        nats = tokens * rng.normal(2.0, 0.3, size=40)
+        lo, hi = bootstrap_ratio_interval(nats, tokens, resamples=400, seed=rep)
+        assert lo <= nats.sum() / tokens.sum() <= hi
+        hits += lo <= 2.0 <= hi
+    assert 0.88 <= hits / 200 <= 0.99
+
+
+def test_bootstrap_ratio_interval_is_seeded_and_refuses_what_it_cannot_resample() -> None:
+    nats, tokens = np.array([3.0, 5.0, 9.0, 4.0]), np.array([2.0, 2.0, 4.0, 2.0])
+    assert bootstrap_ratio_interval(nats, tokens, 200, seed=1) == bootstrap_ratio_interval(nats, tokens, 200, seed=1)
+    assert bootstrap_ratio_interval(tokens * 2.5, tokens, 200) == pytest.approx((2.5, 2.5))  # no spread, no width
+    # A resample of only the 0-byte window has no ratio: it is left out, not a division by zero.
+    lo, hi = bootstrap_ratio_interval([1.0, 0.0], [2.0, 0.0], 200)
+    assert lo == hi == 0.5
+    with pytest.raises(ValueError, match="at least 2"):
+        bootstrap_ratio_interval([1.0], [1.0])
+    with pytest.raises(ValueError, match="every denominator is 0"):
+        bootstrap_ratio_interval([1.0, 2.0], [0.0, 0.0])
+    with pytest.raises(ValueError, match="resamples"):
+        bootstrap_ratio_interval(nats, tokens, resamples=1)
 
 
 def test_paired_difference_matches_the_reference_implementation() -> None:

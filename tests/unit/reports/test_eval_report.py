@@ -33,8 +33,11 @@ def _evals() -> dict:
         "answer_calibration": None, "answer_bins": None, "answer_selective": None,
     })
     in_range = np.arange(520) < 60
-    return {"base": base, "sft": eval_result_with_answers(questions, sft, conf, in_range=in_range),
-            "grpo": eval_result_with_answers(questions, grpo, conf, in_range=in_range)}
+    evals = {"base": base, "sft": eval_result_with_answers(questions, sft, conf, in_range=in_range),
+             "grpo": eval_result_with_answers(questions, grpo, conf, in_range=in_range)}
+    losses = {"perplexity_lo": 2.5, "perplexity_hi": 2.9, "n_bytes": 31}
+    return {name: r.model_copy(update={**losses, "bpb": bpb, "bpb_lo": bpb - 0.1, "bpb_hi": bpb + 0.1})
+            for (name, r), bpb in zip(evals.items(), (1.25, 1.5, 1.75))}
 
 
 def test_report_card_shows_intervals_significance_and_selective_prediction(tmp_path: Path) -> None:
@@ -51,7 +54,12 @@ def test_report_card_shows_intervals_significance_and_selective_prediction(tmp_p
     assert f"→ {grpo_k}/520 (" in text
     assert "| GRPO − SFT accuracy (paired, 95% CI) | +" in text
     assert "| held-out arithmetic accuracy SFT → GRPO, the GRPO stage's own check (95% CI) | 36/59 (61.0% [48.3%, 72.4%]) →" in text
-    assert "| base: perplexity / token ECE / answer ECE (equal mass, 95% CI) | 2.7 / " in text
+    # Perplexity and bits per byte for every model, each naming the tokens it is on; the table beside them.
+    for name, bpb in (("base", "1.250 [1.150, 1.350]"), ("sft", "1.500 [1.400, 1.600]"), ("grpo", "1.750 [1.650, 1.850]")):
+        assert (f"| {name}, evaluation on the first 10 tokens of the val split: perplexity / bits per byte / token ECE / "
+                f"answer ECE (equal mass); 95% CI | 2.7 [2.5, 2.9] / {bpb} / ") in text
+    assert "| bits per byte (comparable across tokenizers) | 1.2500 [1.1500, 1.3500] | 1.5000 [1.4000, 1.6000] |" in text
+    assert "| perplexity | 2.72 [2.50, 2.90] |" in text
     assert "n/a (no answer) |" in text
     assert "| answer accuracy [95% CI] | n/a (no answer) |" in text
     assert "| sft − base | n/a |" in text  # no paired difference against a model with no answers
@@ -61,6 +69,15 @@ def test_report_card_shows_intervals_significance_and_selective_prediction(tmp_p
     inside = diffs["grpo_vs_sft.answer_in_range"]
     assert inside.n == 60 and f"| GRPO − SFT within the training range (paired, 95% CI) | {inside.describe()} |" in text
     assert f"| of those, operands within the training range | {evals['sft'].answer_in_range.describe()} → " in text
+
+
+def test_report_run_logs_each_models_bits_per_byte_under_the_eval_runs_name() -> None:
+    from tasks.reports.card import _headline_metrics
+
+    score = SimpleNamespace(accuracy=0.5, mean_reward=0.5)
+    metrics = _headline_metrics(SimpleNamespace(val_ppl=9.0, unigram_ppl=20.0), SimpleNamespace(before=score, after=score),
+                                60.0, _evals())
+    assert (metrics["base.bpb"], metrics["sft.bpb"], metrics["grpo.bpb"]) == (1.25, 1.5, 1.75)
 
 
 def test_eval_run_logs_intervals_differences_and_figures(tmp_path: Path, monkeypatch) -> None:
@@ -80,6 +97,7 @@ def test_eval_run_logs_intervals_differences_and_figures(tmp_path: Path, monkeyp
     assert {"grpo.answer.ece_lo", "grpo.answer.ece_hi", "grpo.answer.aurc", "grpo_vs_sft.answer.accuracy_diff",
             "grpo_vs_sft.answer.accuracy_diff_lo", "grpo_vs_sft.answer.accuracy_diff_hi"} <= set(logged)
     assert logged["base.answer.n_answered"] == 0 and "base.answer.accuracy" not in logged
+    assert logged["grpo.bpb_lo"] < logged["grpo.bpb"] == 1.75 < logged["grpo.bpb_hi"] and logged["sft.val_ppl_hi"] == 2.9
     assert "| accuracy difference (paired, 95% CI) |" in markdown
     assert (tmp_path / "out" / "accuracy_coverage.png").stat().st_size > 5_000
     assert markdown in (tmp_path / "out" / "comparison.md").read_text()

@@ -25,6 +25,7 @@ def _eval_result() -> EvalResult:
     correct = rng.uniform(size=400) < conf
     return EvalResult(
         n_tokens=400, seq_len=32, val_loss=2.0, perplexity=float(np.exp(2.0)), token_accuracy=float(correct.mean()),
+        perplexity_lo=7.0, perplexity_hi=7.8, bpb=1.2, bpb_lo=1.1, bpb_hi=1.3, n_bytes=1500,
         token_calibration=calibration_report(conf, correct), token_bins=reliability_bins(conf, correct),
     )
 
@@ -57,8 +58,12 @@ def test_eval_metrics_have_one_name_each_and_the_training_names() -> None:
     assert len({_normalized(k) for k in metrics}) == len(metrics), sorted(metrics)
     assert "token_accuracy" not in metrics and metrics["token.accuracy"] == result.token_accuracy
     assert "perplexity" not in metrics and metrics["val_ppl"] == result.perplexity  # as pretrain/SFT log it
+    # Bits per byte as `bpb` (training validation: `val_bpb`), its interval as every interval is named.
+    assert (metrics["bpb"], metrics["bpb_lo"], metrics["bpb_hi"]) == (1.2, 1.1, 1.3)
+    assert (metrics["val_ppl_lo"], metrics["val_ppl_hi"]) == (7.0, 7.8) and not any("bits" in k for k in metrics)
     table = comparison_table({"base": result})
-    assert f"| perplexity | {result.perplexity:.2f} |" in table
+    assert f"| perplexity | {result.perplexity:.2f} [7.00, 7.80] |" in table
+    assert "| bits per byte (comparable across tokenizers) | 1.2000 [1.1000, 1.3000] |" in table
     assert f"| next-token accuracy | {result.token_accuracy:.4f} |" in table
 
 
