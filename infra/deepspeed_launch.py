@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -251,8 +253,27 @@ def launch(
     if silent is not None:
         raise RuntimeError(f"deepspeed launch of '{module}': {silent}")
     if rc != 0:
-        joined = "\n".join(tail)
-        raise RuntimeError(
-            f"deepspeed launch of '{module}' with {num_procs} process(es) failed with exit code {rc}; "
-            f"last {len(tail)} lines of its output:\n{joined}"
-        )
+        raise launch_failure(module, num_procs, rc, list(tail))
+
+
+class LaunchDiskFull(OSError, RuntimeError):
+    """A launch failed because a rank ran out of disk space: an OSError(ENOSPC), so the CLI exits 4 as for
+    the data flow, and still the RuntimeError every other launch failure is."""
+
+
+# A rank's last words when its disk filled: Python's "[Errno 28]" (ENOSPC, e.g. a checkpoint save) or SQLite's.
+_DISK_FULL = re.compile(r"\[Errno 28\] (.*)|(database or disk is full.*)")
+
+
+def launch_failure(module: str, num_procs: int, rc: int, tail: list[str]) -> RuntimeError:
+    """The error of a launch that exited `rc`: its last lines, as a LaunchDiskFull when a rank's disk filled."""
+    joined = "\n".join(tail)
+    message = (f"deepspeed launch of '{module}' with {num_procs} process(es) failed with exit code {rc}; "
+               f"last {len(tail)} lines of its output:\n{joined}")
+    for line in reversed(tail):
+        found = _DISK_FULL.search(line)
+        if found:
+            reason = found.group(1) or found.group(2)
+            return LaunchDiskFull(errno.ENOSPC, f"deepspeed launch of '{module}' stopped: a rank ran out of disk "
+                                                f"space: {reason}")
+    return RuntimeError(message)
