@@ -169,12 +169,16 @@ PREFECT_DEFAULTS = {
 
 
 def _start_flow_services() -> None:
-    """Ctrl-C/SIGTERM handlers that stop the whole run, and Prefect's temporary server shielded from Ctrl-C."""
+    """Ctrl-C/SIGTERM handlers that stop the whole run, Prefect's temporary server shielded from Ctrl-C, and
+    a watch on Prefect's API."""
     from infra.run_signals import install_stop_handlers, shielded_prefect_server
 
     server_pid = shielded_prefect_server()
     # The server is spared by the first signal: it records the run's end, and Prefect stops it at exit.
     install_stop_handlers(protect=[server_pid] if server_pid else [])
+    from infra.api_watch import watch_prefect_api
+
+    watch_prefect_api()  # a server lost mid-run ends the run (exit 3) instead of retries without end
 
 
 def main(argv: list[str] | None = None) -> int:
