@@ -169,15 +169,22 @@ PREFECT_DEFAULTS = {
 
 
 def _start_flow_services() -> None:
-    """Ctrl-C/SIGTERM handlers that stop the whole run, and Prefect's temporary server shielded from Ctrl-C."""
+    """Ctrl-C/SIGTERM handlers that stop the whole run, Prefect's temporary server shielded from Ctrl-C, and
+    a watch on Prefect's API."""
     from infra.run_signals import install_stop_handlers, shielded_prefect_server
 
     server_pid = shielded_prefect_server()
     # The server is spared by the first signal: it records the run's end, and Prefect stops it at exit.
     install_stop_handlers(protect=[server_pid] if server_pid else [])
+    from infra.api_watch import watch_prefect_api
+
+    watch_prefect_api()  # a server lost mid-run ends the run (exit 3) instead of retries without end
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 done; 1 anything unforeseen (with its traceback); 2 a config error (a preset, a key, a
+    catalog, an MLflow store that cannot be opened); 3 a service down or lost, no permission or busy (the
+    workspace, MLflow's store locked or read-only); 4 a full disk; 128+N stopped by signal N."""
     args = build_parser().parse_args(argv)
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
@@ -185,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     from flows.config import load_pipeline_config
     from infra.preflight import ServiceUnavailable, check_services
     from infra.run_signals import RunStopped
+    from infra.store_errors import quiet_store_tracebacks
+
+    quiet_store_tracebacks()
 
     from infra.workspace_lock import WorkspaceBusy
 
@@ -237,10 +247,25 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
-            raise
+            return _store_fault_or_raise(exc, args)
         print(f"error: {exc}", file=sys.stderr)
         return 4
+    except Exception as exc:
+        return _store_fault_or_raise(exc, args)
     return 1
+
+
+def _store_fault_or_raise(exc: Exception, args: argparse.Namespace) -> int:
+    """MLflow's store locked (3), read-only (3) or not openable (2): one line and its exit code; else re-raise."""
+    from infra.paths import Workspace
+    from infra.store_errors import store_fault
+    from infra.tracking import tracking_uri
+
+    found = store_fault(exc, tracking_uri(Workspace.locate(getattr(args, "workdir", None))))
+    if found is None:
+        raise exc
+    print(f"error: {found[1]}", file=sys.stderr)
+    return found[0]
 
 
 if __name__ == "__main__":

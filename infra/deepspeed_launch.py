@@ -8,8 +8,11 @@ training loop passes its own (models/optim.py), so both are identical across sta
 from __future__ import annotations
 
 import collections
+import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -19,7 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from infra.build_lock import clear_stale_build_locks
 from infra.process_tree import SUPERVISOR_ENV, stop_tree, supervisor_token
+from infra.rank_watch import DEFAULT_TIMEOUT_S, RankWatch
 
 DS_CONFIG_DIR = Path(__file__).parent / "deepspeed"
 ZERO_STAGES = ("zero0", "zero1", "zero2", "zero3", "zero2_offload")
@@ -193,10 +198,13 @@ def launch(
     log: Callable[[str], Any] = print,
     cwd: Path | None = None,
     launcher_args: list[str] | None = None,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Run `deepspeed --module module args...`, streaming its output line by line to `log`.
 
-    Raises RuntimeError with the last lines of output when the launcher exits non-zero.
+    Raises RuntimeError with the last lines of output when the launcher exits non-zero, or
+    naming the rank when one of this machine's ranks is silent (no CPU work) for `timeout_s`
+    seconds (infra/rank_watch.py; None: no watch).
     """
     master_port = master_port or free_port()
     cmd = launch_command(module, args, num_procs=num_procs, hostfile=hostfile, master_port=master_port,
@@ -208,6 +216,8 @@ def launch(
         full_env["DS_ENV_FILE"] = str(write_remote_env(full_env, env_dir / ".deepspeed_env", cwd))
     # The ranks watch this process and exit when it is gone, even SIGKILLed (infra/process_tree.py).
     full_env[SUPERVISOR_ENV] = supervisor_token()
+    # A launch killed while building DeepSpeed's op leaves torch's lock; the next would wait on it forever.
+    clear_stale_build_locks(full_env, log)
     log(f"launching: {' '.join(cmd)}")
     tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
     with subprocess.Popen(
@@ -225,21 +235,45 @@ def launch(
         # together with this process, and a kill of this process group takes them all.
     ) as proc:
         assert proc.stdout is not None
+        watch = RankWatch(proc.pid, timeout_s) if timeout_s is not None else contextlib.nullcontext()
         try:
-            for line in proc.stdout:
-                line = line.rstrip("\n")
-                tail.append(line)
-                log(line)
-            rc = proc.wait()
+            with watch:
+                for line in proc.stdout:
+                    line = line.rstrip("\n")
+                    tail.append(line)
+                    log(line)
+                rc = proc.wait()
         finally:
             # On an interrupt or error: the launcher and every rank; after a clean exit: stragglers.
             stop_tree(proc.pid)
             remove_shm_buffers(master_port)
             if env_dir is not None:
                 shutil.rmtree(env_dir, ignore_errors=True)
+    silent = getattr(watch, "silent", None)
+    if silent is not None:
+        raise RuntimeError(f"deepspeed launch of '{module}': {silent}")
     if rc != 0:
-        joined = "\n".join(tail)
-        raise RuntimeError(
-            f"deepspeed launch of '{module}' with {num_procs} process(es) failed with exit code {rc}; "
-            f"last {len(tail)} lines of its output:\n{joined}"
-        )
+        raise launch_failure(module, num_procs, rc, list(tail))
+
+
+class LaunchDiskFull(OSError, RuntimeError):
+    """A launch failed because a rank ran out of disk space: an OSError(ENOSPC), so the CLI exits 4 as for
+    the data flow, and still the RuntimeError every other launch failure is."""
+
+
+# A rank's last words when its disk filled: Python's "[Errno 28]" (ENOSPC, e.g. a checkpoint save) or SQLite's.
+_DISK_FULL = re.compile(r"\[Errno 28\] (.*)|(database or disk is full.*)")
+
+
+def launch_failure(module: str, num_procs: int, rc: int, tail: list[str]) -> RuntimeError:
+    """The error of a launch that exited `rc`: its last lines, as a LaunchDiskFull when a rank's disk filled."""
+    joined = "\n".join(tail)
+    message = (f"deepspeed launch of '{module}' with {num_procs} process(es) failed with exit code {rc}; "
+               f"last {len(tail)} lines of its output:\n{joined}")
+    for line in reversed(tail):
+        found = _DISK_FULL.search(line)
+        if found:
+            reason = found.group(1) or found.group(2)
+            return LaunchDiskFull(errno.ENOSPC, f"deepspeed launch of '{module}' stopped: a rank ran out of disk "
+                                                f"space: {reason}")
+    return RuntimeError(message)

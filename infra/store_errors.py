@@ -61,3 +61,43 @@ def store_full_error(ws: Workspace, store_uri: str, run: Any, exc: BaseException
     return StoreFullError(errno.ENOSPC, f"MLflow's store at {_store_location(store_uri)} is on a full disk (No space left "
                                         f"on device): {what}{first}. Make room there (or point MLFLOW_TRACKING_URI "
                                         "at another store) and rerun")
+
+
+# SQLite's words for a store that cannot be used, the CLI's exit code (flows/cli.py) and what to do.
+_STORE_FAULTS = (
+    ("database is locked", 3, "is locked by another process (database is locked): wait for the run or command "
+                              "using it to finish"),
+    ("readonly database", 3, "is read-only (attempt to write a readonly database): make it and its folder writable"),
+    ("unable to open database file", 2, "cannot be opened (unable to open database file): its folder must exist "
+                                        "or be creatable"),
+    ("file is not a database", 2, "is not an SQLite database: move that file away"),
+)
+
+
+def quiet_store_tracebacks() -> None:
+    """Stop MLflow logging the traceback of a store error it then raises anyway: `store_fault` says it in one line."""
+    import logging
+
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+
+
+def store_fault(exc: BaseException, store_uri: str) -> tuple[int, str] | None:
+    """(exit code, one line) when `exc` or its causes say MLflow's store is locked, read-only or cannot be
+    opened (a missing folder, a file in its way, another file), else None."""
+    where = f"MLflow's store at {_store_location(store_uri)}"
+    fix = "; or point MLFLOW_TRACKING_URI at another store"
+    db = Path(store_uri.removeprefix("sqlite:///")) if store_uri.startswith("sqlite:///") else None
+    seen: BaseException | None = exc
+    while seen is not None:
+        # Only the store's own errors: a data file on a read-only disk is not the store's fault.
+        if type(seen).__module__.split(".")[0] in ("sqlite3", "sqlalchemy", "mlflow"):
+            text = str(seen).lower()
+            for words, code, what in _STORE_FAULTS:
+                if words in text:
+                    return code, f"{where} {what}{fix}"
+        # MLflow makes the store's folder first: a file in the way fails there, before SQLite.
+        if (db is not None and isinstance(seen, (FileExistsError, NotADirectoryError)) and seen.filename
+                and Path(os.fsdecode(seen.filename)) in (db, *db.parents)):
+            return 2, f"{where} cannot be created: {os.fsdecode(seen.filename)} is a file, not a folder{fix}"
+        seen = seen.__cause__ or seen.__context__
+    return None

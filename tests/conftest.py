@@ -46,38 +46,45 @@ def isolated_env(tmp_path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory) -> Iterator[str]:
-    """One real Prefect server (SQLite) for the session's CLI tests: each CLI run would otherwise
-    start and migrate its own temporary server, ~10 s apiece on this machine."""
+def start_prefect_server(home: Path):
+    """A real Prefect server (SQLite under `home`) in its own session; (process, API URL) once it answers."""
     import socket
     import subprocess
     import time
 
     import httpx
 
-    home = tmp_path_factory.mktemp("prefect-server")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home}/prefect.db")
-    log = (home / "server.log").open("w")
-    server = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
-                               "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with (home / "server.log").open("w") as log:
+        server = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+                                   "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
     api = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + 180
     while True:
         try:
             if httpx.get(f"{api}/health", timeout=2).json() is True:
-                break
+                return server, api
         except (httpx.HTTPError, ValueError):
             pass
         if server.poll() is not None or time.monotonic() > deadline:
             server.kill()
             raise RuntimeError(f"the test Prefect server did not start; see {home / 'server.log'}")
         time.sleep(0.5)
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory) -> Iterator[str]:
+    """One real Prefect server (SQLite) for the session's CLI tests: each CLI run would otherwise
+    start and migrate its own temporary server, ~10 s apiece on this machine."""
+    import subprocess
+
+    server, api = start_prefect_server(tmp_path_factory.mktemp("prefect-server"))
     try:
         yield api
     finally:
@@ -86,7 +93,6 @@ def prefect_api(tmp_path_factory) -> Iterator[str]:
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             server.kill()
-        log.close()
 
 
 @pytest.fixture

@@ -1,0 +1,87 @@
+"""A stale lock in torch's C++ extension folder, found and cleared before a launch.
+
+DeepSpeed builds its CPU communication op with torch's cpp_extension, which takes a `lock`
+file in the op's build folder (`torch.utils.file_baton`) and removes it when done. A launch
+killed mid-build (the silent first minutes, when a user presses Ctrl-C) leaves the file, and
+every later load of the op waits on it forever, printing nothing. The baton records no
+owner, so a lock counts as stale when nothing is building: no process works in or names the
+folder (the build runs `ninja` and the compiler there), and the file is older than a
+start-up's few seconds between taking the lock and starting ninja.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+LOCK_NAME = "lock"
+# Taking the baton, checking the compiler and writing build.ninja take seconds; a minute is safe.
+STALE_AFTER_S = 60.0
+
+
+def extensions_root(env: Mapping[str, str] | None = None) -> Path:
+    """The folder whose sub-folders torch builds extensions in: $TORCH_EXTENSIONS_DIR, else
+    torch's per-user cache plus its `py<ver>_<accelerator>` folder (torch.utils.cpp_extension)."""
+    env = os.environ if env is None else env
+    if env.get("TORCH_EXTENSIONS_DIR"):
+        return Path(env["TORCH_EXTENSIONS_DIR"])
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    accelerator = (f"rocm{torch.version.hip.replace('.', '')}" if torch.version.hip
+                   else f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu")
+    py = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    return Path(get_default_build_root()) / f"{py}_{accelerator}"
+
+
+def _builders(folder: Path) -> list[psutil.Process]:
+    """Processes working in `folder` (cwd) or naming it on their command line."""
+    target = str(folder.resolve())
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            cwd = proc.cwd()
+            cmdline = proc.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if cwd == target or cwd.startswith(target + os.sep) or any(target in arg for arg in cmdline):
+            found.append(proc)
+    return found
+
+
+def stale_locks(root: Path, stale_after_s: float = STALE_AFTER_S, now: float | None = None) -> list[Path]:
+    """Lock files under `root/<extension>/` that are older than `stale_after_s` with no process building there."""
+    if not root.is_dir():
+        return []
+    now = time.time() if now is None else now
+    stale = []
+    for lock in sorted(root.glob(f"*/{LOCK_NAME}")):
+        try:
+            age = now - lock.stat().st_mtime
+        except FileNotFoundError:  # the build finished while we looked
+            continue
+        if age >= stale_after_s and not _builders(lock.parent):
+            stale.append(lock)
+    return stale
+
+
+def clear_stale_build_locks(env: Mapping[str, str] | None = None, log: Callable[[str], Any] = print,
+                            stale_after_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the stale locks of torch's extension folder (see the module's docstring), saying so; those removed."""
+    root = extensions_root(env)
+    removed = []
+    for lock in stale_locks(root, stale_after_s):
+        try:
+            age = time.time() - lock.stat().st_mtime
+            lock.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(lock)
+        log(f"removed a stale build lock {lock} ({age:.0f} s old, no build running: an earlier launch was "
+            f"stopped while building the op '{lock.parent.name}'); the op is built or loaded again now")
+    return removed

@@ -1,0 +1,53 @@
+"""A stale lock in torch's extension folder is found and cleared; a live build's is left (issue 26, item 5)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from infra.build_lock import clear_stale_build_locks, extensions_root, stale_locks
+
+
+def _lock(root, op="deepspeed_shm_comm", age_s=600.0):
+    folder = root / op
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / "lock"
+    lock.touch()
+    then = time.time() - age_s
+    os.utime(lock, (then, then))
+    return lock
+
+
+def test_a_lock_with_no_build_running_is_cleared_with_a_line(tmp_path):
+    lock = _lock(tmp_path)
+    lines: list[str] = []
+    removed = clear_stale_build_locks({"TORCH_EXTENSIONS_DIR": str(tmp_path)}, lines.append)
+    assert removed == [lock] and not lock.exists()
+    assert len(lines) == 1 and f"removed a stale build lock {lock}" in lines[0] and "deepspeed_shm_comm" in lines[0]
+    assert clear_stale_build_locks({"TORCH_EXTENSIONS_DIR": str(tmp_path)}, lines.append) == []  # nothing left
+
+
+def test_a_young_lock_is_left_to_its_build(tmp_path):
+    lock = _lock(tmp_path, age_s=5)
+    assert stale_locks(tmp_path) == [] and lock.exists()
+
+
+def test_a_lock_with_a_process_working_in_the_folder_is_left(tmp_path):
+    # A build runs ninja and the compiler in the op's folder: any process there holds the lock.
+    lock = _lock(tmp_path)
+    builder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=lock.parent)
+    try:
+        time.sleep(0.2)
+        assert stale_locks(tmp_path) == []
+    finally:
+        builder.kill()
+        builder.wait()
+    assert stale_locks(tmp_path) == [lock]
+
+
+def test_the_root_is_torch_extensions_dir_else_torchs_cache_folder(tmp_path):
+    assert extensions_root({"TORCH_EXTENSIONS_DIR": str(tmp_path)}) == tmp_path
+    default = extensions_root({})
+    assert default.parent.name == "torch_extensions" and default.name.startswith(f"py{sys.version_info.major}")
+    assert stale_locks(tmp_path / "missing") == []

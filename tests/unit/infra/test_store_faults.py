@@ -1,0 +1,93 @@
+"""MLflow's store locked, read-only or not openable, and a rank's full disk: one line and the CLI's exit code
+(issue 26, item 8)."""
+from __future__ import annotations
+
+import errno
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+from infra.deepspeed_launch import LaunchDiskFull, launch_failure
+from infra.paths import Workspace
+from infra.tracking import configure
+
+
+def _cli_runs(workdir: Path, capsys) -> tuple[int, list[str]]:
+    code = main(["runs", "--workdir", str(workdir)])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, [line for line in err.splitlines() if line.startswith("error:")]
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch) -> Workspace:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    ws = Workspace.locate(tmp_path / "ws")
+    configure(ws)
+    return ws
+
+
+def test_a_locked_store_is_exit_3_naming_it(store, capsys):
+    holder = sqlite3.connect(str(store.mlflow_db), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process writing, e.g. a run stuck in a long transaction
+    try:
+        code, lines = _cli_runs(store.root, capsys)
+    finally:
+        holder.close()
+    assert code == 3 and len(lines) == 1
+    assert str(store.mlflow_db) in lines[0] and "locked" in lines[0] and "MLFLOW_TRACKING_URI" in lines[0]
+
+
+def test_a_store_path_through_a_file_or_a_file_that_is_no_database_is_exit_2(tmp_path, monkeypatch, capsys):
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/afile/mlflow.db")
+    code, lines = _cli_runs(tmp_path / "ws", capsys)
+    assert code == 2 and len(lines) == 1 and "afile is a file, not a folder" in lines[0]
+    not_db = tmp_path / "notdb.db"
+    not_db.write_bytes(b"not a database\n" * 100)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{not_db}")
+    code, lines = _cli_runs(tmp_path / "ws", capsys)
+    assert code == 2 and len(lines) == 1 and "not an SQLite database" in lines[0] and str(not_db) in lines[0]
+
+
+def test_a_read_only_store_is_exit_3(store, tmp_path, monkeypatch, capsys):
+    view = tmp_path / "ro"
+    view.mkdir()
+    done = subprocess.run(["mount", "--bind", "-o", "ro", str(store.root), str(view)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot bind-mount read-only here ({done.stderr.strip()}); needs root with CAP_SYS_ADMIN")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
+        # The store read-only, the workspace writable; a new experiment is a write.
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{view / store.mlflow_db.name}")
+        monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "another")
+        code, lines = _cli_runs(tmp_path / "ws2", capsys)
+    finally:
+        subprocess.run(["umount", "-l", str(view)], check=False)
+    assert code == 3 and len(lines) == 1 and "read-only" in lines[0], lines
+
+
+def test_a_rank_out_of_disk_space_fails_the_launch_as_enospc():
+    from tasks.training.checkpoint import disk_full_error
+
+    rank_error = disk_full_error(Path("/ckpt/step_4"), needed=10 << 20, free=1 << 20, previous=Path("/ckpt/step_2"),
+                                 keep=2, written=2 << 20)
+    tail = ["Traceback (most recent call last):", '  File "loop.py", line 1, in fit',
+            f"OSError: {rank_error}", "[launch.py] exits with return code = 1"]
+    exc = launch_failure("tasks.training.pretrain.worker", 1, 1, tail)
+    assert isinstance(exc, LaunchDiskFull) and isinstance(exc, RuntimeError) and exc.errno == errno.ENOSPC
+    assert "saving checkpoint /ckpt/step_4" in str(exc) and "\n" not in str(exc)
+    plain = launch_failure("m", 2, 1, ["ValueError: bad"])
+    assert type(plain) is RuntimeError and "ValueError: bad" in str(plain)
+
+
+def test_the_cli_exits_4_on_a_launch_out_of_disk_space(monkeypatch, capsys):
+    def full(*args, **kwargs):
+        raise launch_failure("tasks.training.pretrain.worker", 1, 1, ["OSError: [Errno 28] No space left on device"])
+
+    monkeypatch.setattr("flows.cli._runs", full)
+    assert main(["runs"]) == 4
+    assert capsys.readouterr().err.count("error:") == 1
