@@ -219,8 +219,9 @@ def check_resume_compatible(stage: LaunchedStage, out_dir: Path, resolved: dict[
 
 def launch_settings(config: Any) -> dict[str, Any]:
     """The launcher's arguments from a stage's `launch` component."""
-    return {"num_procs": config.launch.num_procs, "hostfile": config.launch.hostfile,
-            "launcher_args": config.launch.launcher_args}
+    launch_cfg = config.launch
+    return {"num_procs": launch_cfg.num_procs, "hostfile": launch_cfg.hostfile,
+            "launcher_args": launch_cfg.launcher_args, "timeout_s": getattr(launch_cfg, "rank_timeout_s", None)}
 
 
 def prefect_task(fn: Any, name: str) -> Any:

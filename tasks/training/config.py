@@ -59,6 +59,9 @@ class LaunchConfig(StrictModel):
     # torch.compile the model inside the engine (in place: checkpoints and exports keep their keys). Pays off on
     # a GPU for long runs; the first steps then include the compilation, and the CPU build needs a C++ compiler.
     torch_compile: bool = False
+    # A rank that uses no CPU for this long (stopped, hung) ends the launch with a message naming it
+    # (infra/rank_watch.py); None: never. Raise it for ranks that legitimately wait long.
+    rank_timeout_s: float | None = Field(default=1800.0, gt=0)
 
 
 class CheckpointConfig(StrictModel):
@@ -97,7 +100,8 @@ class TrainingConfig(Protocol):
 
 # Settings that may differ between a run and its resume without changing what is trained.
 RESUME_NEUTRAL = frozenset({"log", "checkpoint", "max_bad_steps", "export_hf", "launch.hostfile",
-                            "launch.launcher_args", "launch.torch_threads", "launch.torch_compile"})
+                            "launch.launcher_args", "launch.torch_threads", "launch.torch_compile",
+                            "launch.rank_timeout_s"})
 
 
 class PretrainConfig(StrictModel):
