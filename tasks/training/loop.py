@@ -46,6 +46,8 @@ BatchFn = Callable[[int, int, int], Batch]  # (micro-batch index, rank, world si
 # batch, averaged like the loss and logged beside it. Every micro-batch returns the same names.
 LossParts = dict[str, torch.Tensor]
 LossFn = Callable[[torch.nn.Module, Batch], torch.Tensor | tuple[torch.Tensor, LossParts]]
+# (nats summed, UTF-8 bytes summed) of a validation batch's predicted tokens, for bits per byte.
+BpbFn = Callable[[torch.nn.Module, Batch], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -127,14 +129,34 @@ def validation_losses(engine, eval_batches: BatchFn, loss_fn: LossFn, n_batches:
     return means[0], dict(zip(names, means[1:]))
 
 
+def validation_bits_per_byte(engine, eval_batches: BatchFn, bpb_fn: BpbFn, n_batches: int, rank: int,
+                             world: int) -> float:
+    """Bits per byte over the same validation batches (models/bpb.py): nats and bytes summed on every rank."""
+    import torch.distributed as dist
+
+    from models.bpb import bits_per_byte
+
+    engine.eval()
+    sums = torch.zeros(2, dtype=torch.float64, device=engine.device)
+    with torch.no_grad():
+        for i in range(n_batches):
+            nats, n_bytes = bpb_fn(engine, _to_device(eval_batches(i, rank, world), engine.device))
+            sums += torch.stack([nats.double(), n_bytes.double()])
+    engine.train()
+    if world > 1:
+        dist.all_reduce(sums)
+    return bits_per_byte(float(sums[0]), int(sums[1]))
+
+
 class LossSteps:
     """Pretraining's and SFT's step: grad_accum micro-batches of `loss_fn` through forward, backward and the
-    engine step, with one all-reduce of the stats; validation is the mean loss over log.eval_batches batches."""
+    engine step, with one all-reduce of the stats; validation is the mean loss over log.eval_batches batches,
+    and, with `bpb_fn`, bits per byte over the same batches (comparable across tokenizers)."""
 
     def __init__(self, cfg: TrainingConfig, train_batches: BatchFn, eval_batches: BatchFn | None, loss_fn: LossFn,
-                 batch_tokens: Callable[[Batch], int] | None = None) -> None:
+                 batch_tokens: Callable[[Batch], int] | None = None, bpb_fn: BpbFn | None = None) -> None:
         self.cfg, self.train_batches, self.eval_batches = cfg, train_batches, eval_batches
-        self.loss_fn, self.batch_tokens = loss_fn, batch_tokens
+        self.loss_fn, self.batch_tokens, self.bpb_fn = loss_fn, batch_tokens, bpb_fn
 
     def step(self, engine, step: int, rank: int, world: int) -> StepStats:
         import torch.distributed as dist
@@ -175,8 +197,12 @@ class LossSteps:
     def validate(self, engine, rank: int, world: int) -> dict[str, float] | None:
         if self.eval_batches is None or self.cfg.log.eval_batches == 0:
             return None
-        loss, parts = validation_losses(engine, self.eval_batches, self.loss_fn, self.cfg.log.eval_batches, rank, world)
-        return {"val_loss": loss, "val_ppl": perplexity(loss), **{f"val_{name}": v for name, v in parts.items()}}
+        n = self.cfg.log.eval_batches
+        loss, parts = validation_losses(engine, self.eval_batches, self.loss_fn, n, rank, world)
+        metrics = {"val_loss": loss, "val_ppl": perplexity(loss), **{f"val_{name}": v for name, v in parts.items()}}
+        if self.bpb_fn is not None:
+            metrics["val_bpb"] = validation_bits_per_byte(engine, self.eval_batches, self.bpb_fn, n, rank, world)
+        return metrics
 
     def start(self, engine) -> dict[str, float] | None:
         return None
@@ -280,6 +306,7 @@ def fit(
         checkpoint=checkpoint,
         history=progress.history,
         final_val_parts=progress.last_val_parts,
+        final_val_bpb=progress.last_val_bpb,
         engine=engine,
     )
 

@@ -38,6 +38,7 @@ class TrainResult:
     checkpoint: Path | None
     history: list[dict[str, float]] = field(default_factory=list)
     final_val_parts: dict[str, float] = field(default_factory=dict)  # the loss_fn's parts at the last validation
+    final_val_bpb: float | None = None  # bits per byte at the last validation, when the stage measures it
     engine: Any = field(default=None, repr=False)  # the trained engine (its .module is the model)
 
 
@@ -51,6 +52,7 @@ class Progress:
     bad_run: int = 0  # consecutive non-finite steps
     last_loss: float | None = None
     last_val: float | None = None
+    last_val_bpb: float | None = None
     last_val_parts: dict[str, float] = field(default_factory=dict)
     # Carried in the checkpoint so a resumed run's loss curve starts at step 1, not at the resume.
     history: list[dict[str, float]] = field(default_factory=list)
@@ -68,6 +70,7 @@ class Progress:
             bad_run=int(client.get("consecutive_bad", 0)),
             last_loss=client.get("last_loss"),
             last_val=client.get("last_val_loss"),
+            last_val_bpb=client.get("last_val_bpb"),
             last_val_parts=dict(client.get("last_val_parts") or {}),
             history=list(client.get("history") or []),
         )
@@ -81,6 +84,7 @@ class Progress:
             "consecutive_bad": self.bad_run,
             "last_loss": self.last_loss,
             "last_val_loss": self.last_val,
+            "last_val_bpb": self.last_val_bpb,
             "last_val_parts": self.last_val_parts,
             "history": self.history,
         }
@@ -137,7 +141,8 @@ def validate(engine, progress: Progress, steps: Steps, rank: int, world: int, lo
         return
     progress.last_val = metrics.get("val_loss")
     progress.last_val_parts = {k[4:]: v for k, v in metrics.items() if k.startswith("val_") and k not in
-                               ("val_loss", "val_ppl")}
+                               ("val_loss", "val_ppl", "val_bpb")}
+    progress.last_val_bpb = metrics.get("val_bpb")
     if rank == 0:
         log.log_metrics(metrics, done)
         progress.history.append({"step": float(done), **metrics})

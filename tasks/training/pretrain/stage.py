@@ -39,6 +39,7 @@ class PretrainResult(ExportedModel):
     final_train_loss: float | None
     val_loss: float | None
     val_ppl: float | None
+    val_bpb: float | None = None  # bits per byte on the same validation windows: compares across tokenizers
     tokens_seen: int
     tokens_per_s: float | None
     skipped_steps: int
@@ -51,6 +52,16 @@ def lm_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) ->
     """Next-token cross-entropy of a (inputs, targets) batch."""
     inputs, targets = batch
     return next_token_loss(model(inputs), targets)
+
+
+def lm_nats_and_bytes(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
+                      table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nats and UTF-8 bytes of a batch's predicted tokens (special tokens count neither): bits per byte's parts."""
+    from models.bpb import nats_and_bytes
+    from models.losses import token_logprobs
+
+    inputs, targets = batch
+    return nats_and_bytes(-token_logprobs(model(inputs), targets), targets, table.to(targets.device))
 
 
 def resolve_model_config(cfg: PretrainConfig, vocab_size: int) -> dict[str, Any]:
@@ -124,7 +135,12 @@ class Pretrain(LaunchedStage):
             eval_batches = token_window_batches(val_tokens, seq_len, rows, cfg.seed + 1)
         elif rank == 0:
             print(f"val split has {len(val_tokens)} tokens, fewer than seq_len+1={seq_len + 1}: no validation loss")
-        return LossSteps(cfg, token_window_batches(train_tokens, seq_len, rows, cfg.seed), eval_batches, lm_loss)
+        from models.bpb import token_bytes
+        from tasks.tokenizer.train import load_tokenizer
+
+        table = torch.as_tensor(token_bytes(load_tokenizer(self.job.inputs["tokenizer"])))
+        return LossSteps(cfg, token_window_batches(train_tokens, seq_len, rows, cfg.seed), eval_batches, lm_loss,
+                         bpb_fn=lambda model, batch: lm_nats_and_bytes(model, batch, table))
 
     def finish(self, trained: TrainResult, run: Any, rank: int, world: int) -> None:
         done = worker.exported(trained, self.job, rank, self.config.launch.zero, self.config.export_hf,
@@ -135,10 +151,11 @@ class Pretrain(LaunchedStage):
             out_dir=self.job.out_dir, model_dir=done.model_dir, hf_dir=done.hf_dir, checkpoint=trained.checkpoint,
             loss_curve=done.loss_curve, mlflow_run_id=run.info.run_id, steps=trained.steps,
             final_train_loss=trained.final_loss, val_loss=trained.final_val_loss, val_ppl=trained.final_val_ppl,
+            val_bpb=trained.final_val_bpb,
             tokens_seen=trained.tokens_seen, tokens_per_s=trained.tokens_per_s, skipped_steps=trained.skipped_steps,
             world_size=world, n_params=done.n_params,
         )
         final = {"final_train_loss": out.final_train_loss, "final_val_loss": out.val_loss,
-                 "final_val_ppl": out.val_ppl, "tokens_seen": float(out.tokens_seen),
+                 "final_val_ppl": out.val_ppl, "final_val_bpb": out.val_bpb, "tokens_seen": float(out.tokens_seen),
                  "train_tokens_per_s": out.tokens_per_s, "n_params": float(out.n_params)}
         worker.publish(run, self.job.out_dir, out, final, trained.steps, [done.loss_curve])

@@ -221,3 +221,33 @@ def test_the_deepspeed_op_build_is_announced_only_when_it_is_not_cached(tmp_path
     (tmp_path / "py311_cpu" / "deepspeed_shm_comm").mkdir(parents=True)
     (tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"\x7fELF")
     assert _shm_op_built()
+
+
+def test_validation_reports_bits_per_byte_with_the_pretraining_bpb_fn(tmp_path):
+    """Pretraining's validation adds val_bpb: the same windows' nats over their UTF-8 bytes (models/bpb.py)."""
+    import math
+
+    from models.losses import token_logprobs
+    from tasks.training.loop import LossSteps, fit
+    from tasks.training.pretrain.stage import lm_nats_and_bytes
+
+    cfg = cfg_for(max_steps=2, eval_batches=2)
+    tokens = random_tokens()
+    table = torch.arange(SEQ * 0 + 64) % 3  # ids 0, 3, 6, ... are "special" (0 bytes); others 1 or 2 bytes
+    batches = token_window_batches(tokens, SEQ, cfg.batch.micro_batch_size, seed=0)
+    evals = token_window_batches(tokens, SEQ, cfg.batch.micro_batch_size, seed=1)
+    steps = LossSteps(cfg, batches, evals, lm_loss, bpb_fn=lambda m, b: lm_nats_and_bytes(m, b, table))
+    sink = ListSink()
+    trained = fit(tiny_model(), cfg, steps, None, sink, micro_batch_size=cfg.batch.micro_batch_size, grad_accum=1,
+                  seq_len=SEQ)
+    model = trained.engine.module.eval()
+    nats = n_bytes = 0.0
+    with torch.no_grad():
+        for i in range(2):
+            x, y = evals(i, 0, 1)
+            per_token = -token_logprobs(model(x), y)
+            weight = table[y]
+            nats += float((per_token * (weight > 0)).sum())
+            n_bytes += float(weight.sum())
+    assert trained.final_val_bpb == pytest.approx(nats / math.log(2) / n_bytes, rel=1e-5)
+    assert any("val_bpb" in m for _, m in sink.records)
