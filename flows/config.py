@@ -8,17 +8,20 @@ or a YAML file inside the checkout or the workspace; the CLI's `--preset` may na
 """
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Sequence
+import types
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from infra.config import (ConfigError, StrictModel, YamlAliasRefused, load_config, parse_config, parse_yaml, read_yaml,
-                          set_dotted)
+from infra.config import (ConfigError, StrictModel, YamlAliasRefused, format_validation_error, parse_config, parse_yaml,
+                          read_yaml, set_dotted)
 from infra.paths import Workspace
 from tasks.eval.rewards import REWARDS
 from tasks.eval.config import EvalConfig
@@ -137,9 +140,74 @@ def load_pipeline_config(preset: str, overrides: dict[str, Any] | None = None,
                          within: Sequence[Path] | None = None) -> PipelineConfig:
     """The preset's config with `overrides` ({dotted key: value}) applied; `within`: see `preset_path`."""
     path = preset_path(preset, within)
-    refuse_renamed(_dotted_keys(read_yaml(path)), str(path))
+    data = read_yaml(path)
+    refuse_renamed(_dotted_keys(data), str(path))
     refuse_renamed(list(overrides or {}), "override")
-    return load_config(PipelineConfig, path, overrides)
+    check_override_keys(list(overrides or {}))
+    for dotted, value in (overrides or {}).items():
+        set_dotted(data, dotted, value)
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, _blame(err, path, overrides or {}))) from None
+
+
+def _blame(err: ValidationError, path: Path, overrides: dict[str, Any]) -> str:
+    """The origin of a validation error: the `--set`s when every wrong key is one of theirs, else the preset file."""
+    wrong = [".".join(map(str, e["loc"])) for e in err.errors()]
+    mine = [k for k in overrides if any(w == k or w.startswith(k + ".") for w in wrong)]
+    if wrong and all(any(w == k or w.startswith(k + ".") for k in overrides) for w in wrong):
+        return " ".join(f"--set {k}={overrides[k]}" for k in mine)[:300]
+    return str(path)
+
+
+def config_keys(model: type[BaseModel] | None = None, prefix: str = "") -> dict[str, str]:
+    """Every dotted key of a config class (PipelineConfig by default), sections included, each with its kind:
+    "section" (a config class), "mapping" (free keys below, e.g. grpo.rewards.<name>) or "value"."""
+    keys: dict[str, str] = {}
+    for name, info in (model or PipelineConfig).model_fields.items():
+        dotted = f"{prefix}{name}"
+        section = _config_class(info.annotation)
+        keys[dotted] = "section" if section else "mapping" if _is_mapping(info.annotation) else "value"
+        if section is not None:
+            keys.update(config_keys(section, f"{dotted}."))
+    return keys
+
+
+def _config_class(annotation: Any) -> type[BaseModel] | None:
+    """The config class of a field typed `Cls` or `Cls | None`, else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return next(filter(None, map(_config_class, typing.get_args(annotation))), None)
+    return None
+
+
+def _is_mapping(annotation: Any) -> bool:
+    if annotation is dict or typing.get_origin(annotation) in (dict, Mapping):
+        return True
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and any(map(_is_mapping, typing.get_args(annotation)))
+
+
+def check_override_keys(keys: Sequence[str]) -> None:
+    """A ConfigError naming a `--set` key that PipelineConfig does not have, with the closest keys it has."""
+    known = config_keys()
+    for key in keys:
+        parts = key.split(".")
+        below_mapping = any(known.get(".".join(parts[:i])) == "mapping" for i in range(1, len(parts)))
+        if key in known or below_mapping:  # a mapping's own keys are checked by its validator
+            continue
+        close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}?" if close else "`llmforge show-config` prints every key"
+        raise ConfigError(f"--set {key}: no such config key; {hint}")
+
+
+def check_paths(cfg: PipelineConfig) -> None:
+    """The folders a config names exist (a ConfigError naming the key otherwise); `llmforge show-config` checks them."""
+    catalog = Path(cfg.data.catalog)
+    if not catalog.is_dir():
+        raise ConfigError(f"data.catalog {catalog}: no such folder ({catalog.resolve()}); give the folder of the "
+                          "catalog's source YAML files (--set data.catalog=PATH, or data.catalog in the preset)")
 
 
 def renamed_key(dotted: str) -> str | None:

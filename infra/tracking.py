@@ -305,7 +305,7 @@ def tag_active_run(key: str, value: str) -> None:
 
 
 def workspace_runs(ws: Workspace) -> list[dict[str, Any]]:
-    """Every run of the workspace's experiment, newest first: id, name, status, start, params, tags."""
+    """Every run of the workspace's experiment, newest first: id, name, status, start, end, params, tags, metrics."""
     from mlflow.tracking import MlflowClient
 
     experiment_id = configure(ws)
@@ -315,7 +315,8 @@ def workspace_runs(ws: Workspace) -> list[dict[str, Any]]:
         page = client.search_runs([experiment_id], max_results=1000, page_token=token, order_by=["attribute.start_time DESC"])
         runs += [
             {"run_id": r.info.run_id, "name": r.info.run_name, "status": r.info.status, "start_time": r.info.start_time,
-             "params": dict(r.data.params), "tags": dict(r.data.tags)}
+             "end_time": r.info.end_time, "params": dict(r.data.params), "tags": dict(r.data.tags),
+             "metrics": dict(r.data.metrics)}
             for r in page
         ]
         token = page.token
