@@ -199,7 +199,7 @@ def check_override_keys(keys: Sequence[str]) -> None:
             continue
         close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
         hint = f"did you mean {' or '.join(close)}?" if close else "`llmforge show-config` prints every key"
-        raise ConfigError(f"--set {key}: no such config key; {hint}")
+        raise ConfigError(f"--set key '{key}' is not a config key; {hint}")
 
 
 def check_paths(cfg: PipelineConfig) -> None:
@@ -268,6 +268,7 @@ def resolve_pipeline_config(config: PipelineConfig | None, preset: str, override
         return load_pipeline_config(preset, parsed, within=preset_roots(workdir))
     if not parsed:
         return config
+    check_override_keys(list(parsed))
     data = config.model_dump(mode="json")
     for dotted, value in parsed.items():
         set_dotted(data, dotted, value)
