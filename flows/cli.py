@@ -315,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return _run(args)
+    except BrokenPipeError:  # `llmforge runs | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor a traceback when Python flushes at exit
+        return 0
     except StoppedWaiting as exc:
         print(exc, file=sys.stderr)
         return exc.exit_code

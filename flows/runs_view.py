@@ -78,15 +78,15 @@ class FolderSizes:
         return self.known[rel]
 
 
-def run_line(run: RunSummary, depth: int, sizes: FolderSizes) -> str:
+def run_line(run: RunSummary, depth: int, sizes: FolderSizes, varied_width: int = VARIED_CHARS) -> str:
     headline = run.headline
     cols = [f"{INDENT * depth}{run.run_id[:12]}", _when(run.start_ms), f"{run.status:<8}", f"{_took(run):>9}",
-            f"{run.name.partition(' ')[0]:<14}", f"{what_varied(run):<{VARIED_CHARS}}",
+            f"{run.name.partition(' ')[0]:<14}", f"{what_varied(run):<{varied_width}}",
             f"{headline[0]} {headline[1]:.4g}" if headline else ""]
     if run.outputs:
         found = [s for s in map(sizes, run.outputs) if s is not None]
-        gone = len(run.outputs) - len(found)
-        cols.append(f"[{len(run.outputs)} output(s), {_mb(sum(found))}{f', {gone} removed' if gone else ''}]")
+        size = f"{_mb(sum(found))}" + (f", {len(run.outputs) - len(found)} removed" if len(found) < len(run.outputs) else "")
+        cols.append(f"[{len(run.outputs)} output(s), {size}]")
     return "  ".join(cols).rstrip()
 
 
@@ -94,11 +94,12 @@ def render_runs(ws: Workspace, show_outputs: bool = False) -> list[str]:
     """The listing's lines: a header, the runs (a blank line between pipeline runs), a footer."""
     runs = summaries(ws)
     sizes = FolderSizes(ws.root)
+    width = max((len(what_varied(r)) for r in runs), default=0)
     lines = [f"runs of workspace {ws.root}, newest first (stage runs indented under their pipeline run):"]
     for depth, run in _tree(runs):
         if depth == 0 and len(lines) > 1:
             lines.append("")
-        lines.append(run_line(run, depth, sizes))
+        lines.append(run_line(run, depth, sizes, width))
         for rel in run.outputs if show_outputs else []:
             lines.append(f"{INDENT * (depth + 1)}{ws.root / rel}{'' if sizes(rel) is not None else '  (removed)'}")
     lines.append(f"{len(runs)} run(s); `llmforge runs --diff A B` compares two runs' config; see them in the MLflow UI: "
