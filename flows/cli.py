@@ -11,8 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 
 def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """`--set key=value` pairs, parsed like a deployment's `overrides` (flows/config.py)."""
@@ -182,14 +180,16 @@ def _start_flow_services() -> None:
     install_stop_handlers(protect=[server_pid] if server_pid else [])
 
 
+class UsageError(ValueError):
+    """A command-line argument is wrong (exit 2): checked before anything heavy is imported."""
+
+
 def _check_catalog_arg(args: argparse.Namespace) -> None:
     """`--catalog` must be a folder: said at once, before the config's imports, the lock and Prefect's server."""
     folder = getattr(args, "catalog", None)
     if folder and not Path(folder).is_dir():
-        from infra.config import ConfigError
-
-        raise ConfigError(f"--catalog {folder}: no such folder ({Path(folder).resolve()}); give the folder of "
-                          "the catalog's source YAML files")
+        raise UsageError(f"--catalog {folder}: no such folder ({Path(folder).resolve()}); give the folder of "
+                         "the catalog's source YAML files")
 
 
 class StoppedWaiting(KeyboardInterrupt):
@@ -269,6 +269,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _show_config(args: argparse.Namespace) -> int:
+    import yaml
+
     from flows.config import check_paths, load_pipeline_config
 
     cfg = load_pipeline_config(args.preset, _overrides(args))
@@ -288,6 +290,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _error_exit_code(exc: BaseException) -> int | None:
     """The exit status of an error the user can act on (shown as one line), None for a bug (its traceback)."""
+    if isinstance(exc, UsageError):
+        return 2
     from infra.config import ConfigError
     from infra.preflight import ServiceUnavailable
     from infra.run_index import RunNotFound
@@ -311,18 +315,21 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    from infra.run_signals import RunStopped
-
     try:
         return _run(args)
     except BrokenPipeError:  # `llmforge runs | head`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor a traceback when Python flushes at exit
         return 0
-    except StoppedWaiting as exc:
-        print(exc, file=sys.stderr)
-        return exc.exit_code
-    except RunStopped as exc:
-        print(f"{exc}: the run's processes are stopped; run the same command again to resume", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        # Imported here, as every module an error needs: a quick command or a quick error stays quick.
+        from infra.run_signals import RunStopped
+
+        if isinstance(exc, StoppedWaiting):
+            print(exc, file=sys.stderr)
+        elif isinstance(exc, RunStopped):
+            print(f"{exc}: the run's processes are stopped; run the same command again to resume", file=sys.stderr)
+        else:
+            raise
         return exc.exit_code
     except Exception as exc:
         code = _error_exit_code(exc)

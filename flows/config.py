@@ -8,20 +8,17 @@ or a YAML file inside the checkout or the workspace; the CLI's `--preset` may na
 """
 from __future__ import annotations
 
-import difflib
 import re
-import types
-import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from infra.config import (ConfigError, StrictModel, YamlAliasRefused, format_validation_error, parse_config, parse_yaml,
-                          read_yaml, set_dotted)
+                          read_yaml, set_dotted, unknown_key_error)
 from infra.paths import Workspace
 from tasks.eval.rewards import REWARDS
 from tasks.eval.config import EvalConfig
@@ -153,53 +150,21 @@ def load_pipeline_config(preset: str, overrides: dict[str, Any] | None = None,
 
 
 def _blame(err: ValidationError, path: Path, overrides: dict[str, Any]) -> str:
-    """The origin of a validation error: the `--set`s when every wrong key is one of theirs, else the preset file."""
-    wrong = [".".join(map(str, e["loc"])) for e in err.errors()]
-    mine = [k for k in overrides if any(w == k or w.startswith(k + ".") for w in wrong)]
-    if wrong and all(any(w == k or w.startswith(k + ".") for k in overrides) for w in wrong):
-        return " ".join(f"--set {k}={overrides[k]}" for k in mine)[:300]
-    return str(path)
-
-
-def config_keys(model: type[BaseModel] | None = None, prefix: str = "") -> dict[str, str]:
-    """Every dotted key of a config class (PipelineConfig by default), sections included, each with its kind:
-    "section" (a config class), "mapping" (free keys below, e.g. grpo.rewards.<name>) or "value"."""
-    keys: dict[str, str] = {}
-    for name, info in (model or PipelineConfig).model_fields.items():
-        dotted = f"{prefix}{name}"
-        section = _config_class(info.annotation)
-        keys[dotted] = "section" if section else "mapping" if _is_mapping(info.annotation) else "value"
-        if section is not None:
-            keys.update(config_keys(section, f"{dotted}."))
-    return keys
-
-
-def _config_class(annotation: Any) -> type[BaseModel] | None:
-    """The config class of a field typed `Cls` or `Cls | None`, else None."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return next(filter(None, map(_config_class, typing.get_args(annotation))), None)
-    return None
-
-
-def _is_mapping(annotation: Any) -> bool:
-    if annotation is dict or typing.get_origin(annotation) in (dict, Mapping):
-        return True
-    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and any(map(_is_mapping, typing.get_args(annotation)))
+    """Where a validation error came from: the `--set`s when every wrong key is one of theirs, the preset file
+    when none is, both when a section's own check failed on a section a `--set` changed (either may be at fault)."""
+    blamed, all_theirs = [], True
+    for error in err.errors():
+        loc = ".".join(map(str, error["loc"]))
+        under = [k for k in overrides if loc == k or loc.startswith(k + ".")]
+        blamed += under + [k for k in overrides if k.startswith(loc + ".")]
+        all_theirs = all_theirs and bool(under)
+    sets = " ".join(f"--set {k}={overrides[k]}" for k in dict.fromkeys(blamed))[:300]
+    return sets if sets and all_theirs else f"{path} with {sets}" if sets else str(path)
 
 
 def check_override_keys(keys: Sequence[str]) -> None:
     """A ConfigError naming a `--set` key that PipelineConfig does not have, with the closest keys it has."""
-    known = config_keys()
-    for key in keys:
-        parts = key.split(".")
-        below_mapping = any(known.get(".".join(parts[:i])) == "mapping" for i in range(1, len(parts)))
-        if key in known or below_mapping:  # a mapping's own keys are checked by its validator
-            continue
-        close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
-        hint = f"did you mean {' or '.join(close)}?" if close else "`llmforge show-config` prints every key"
-        raise ConfigError(f"--set key '{key}' is not a config key; {hint}")
+    unknown_key_error(PipelineConfig, keys, "--set key")
 
 
 def check_paths(cfg: PipelineConfig) -> None:

@@ -3,14 +3,15 @@
 `show-config` refuses a catalog that does not exist; `data --catalog nope/` says so at once."""
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 
 import pytest
 
 from flows.cli import main
-from flows.config import check_override_keys, config_keys, load_pipeline_config
-from infra.config import ConfigError
+from flows.config import PipelineConfig, check_override_keys, load_pipeline_config
+from infra.config import ConfigError, config_keys
 from tests.conftest import CLI, ROOT
 
 
@@ -28,7 +29,8 @@ def test_a_misspelled_set_key_is_blamed_on_the_set_with_the_closest_keys(capsys)
     with pytest.raises(ConfigError, match="did you mean pretrain.optim.lr"):
         check_override_keys(["pretrain.optim.lrr"])
     check_override_keys(["grpo.rewards.correct", "data.near.threshold"])  # below a mapping: its validator checks
-    assert config_keys()["data.near"] == "section" and config_keys()["grpo.rewards"] == "mapping"
+    keys = config_keys(PipelineConfig)
+    assert keys["data.near"] == "section" and keys["grpo.rewards"] == "mapping" and keys["data.near.threshold"] == "value"
 
 
 def test_a_bad_value_is_blamed_on_where_it_came_from(capsys, tmp_path):
@@ -38,6 +40,9 @@ def test_a_bad_value_is_blamed_on_where_it_came_from(capsys, tmp_path):
     preset.write_text("data:\n  near:\n    threshold: abc\n")
     with pytest.raises(ConfigError, match=f"{preset}: invalid configuration"):
         load_pipeline_config(str(preset), {"pretrain.steps": 3})
+    # A section's own check (grpo's rewards) on a section a --set changed: both are named.
+    with pytest.raises(ConfigError, match=re.escape("tiny.yaml with --set grpo.rewards={'nope': 1.0}: invalid configuration")):
+        load_pipeline_config("tiny", {"grpo.rewards": {"nope": 1.0}})
 
 
 def test_show_config_refuses_a_catalog_that_does_not_exist(capsys, tmp_path):
