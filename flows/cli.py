@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
+import signal
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
-
-import yaml
 
 
 def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -23,8 +25,15 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. --set data.near.threshold=0.7 (repeatable)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors in one line (they print the whole usage by default)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="llmforge",
         description="An end-to-end LLM training pipeline as Prefect flows, tracked in MLflow.",
     )
@@ -36,10 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--catalog", help="catalog folder of source YAML files (default: from the preset)")
     p = sub.add_parser("show-config", help="print the resolved config of a preset", description="Validate a preset and print it with overrides applied.")
     _common(p)
-    p = sub.add_parser("runs", help="list the workspace's MLflow runs with their output folders and sizes",
-                       description="List the workspace's runs (newest first) with the stage output folders each refers to "
-                                   "and their size on disk; --diff A B prints the config keys that differ between two runs.")
+    p = sub.add_parser("runs", help="list the workspace's MLflow runs, grouped by pipeline run",
+                       description="List the workspace's runs, newest pipeline run first with its stage runs under it: "
+                                   "start, status, wall time, what varied, the headline metric, the output folders' size "
+                                   "on disk; --diff A B prints the config keys that differ between two runs.")
     _workdir(p)
+    p.add_argument("--outputs", action="store_true", help="also list each run's output folders")
     p.add_argument("--diff", nargs=2, metavar=("RUN_A", "RUN_B"), help="config keys that differ between two runs (ids or unique prefixes)")
     p = sub.add_parser("gc", help="remove output folders no MLflow run or registered model refers to",
                        description="Garbage-collect stage output folders that no MLflow run (any status, not deleted) or "
@@ -81,20 +92,12 @@ def _mb(n: int) -> str:
 
 
 def _runs(args: argparse.Namespace) -> int:
+    from flows.runs_view import render_diff, render_runs
     from infra.paths import Workspace
-    from infra.workspace_outputs import config_diff, run_rows
 
     ws = Workspace.locate(args.workdir)
-    if args.diff:
-        rows = config_diff(ws, *args.diff)
-        for key, a, b in rows:
-            print(f"{key}: {a} -> {b}")
-        print(f"{len(rows)} config key(s) differ")
-        return 0
-    for row in run_rows(ws):
-        print(f"{row.run_id[:12]}  {row.status:<9} {row.name:<32} {len(row.outputs):>2} output(s) {_mb(row.bytes):>11}")
-        for out in row.outputs:
-            print(f"    {out}{'' if (ws.root / out).is_dir() else '  (removed)'}")
+    lines = render_diff(ws, *args.diff) if args.diff else render_runs(ws, show_outputs=args.outputs)
+    print("\n".join(lines))
     return 0
 
 
@@ -181,6 +184,137 @@ def _start_flow_services() -> None:
     watch_prefect_api()  # a server lost mid-run ends the run (exit 3) instead of retries without end
 
 
+class UsageError(ValueError):
+    """A command-line argument is wrong (exit 2): checked before anything heavy is imported."""
+
+
+def _check_catalog_arg(args: argparse.Namespace) -> None:
+    """`--catalog` must be a folder: said at once, before the config's imports, the lock and Prefect's server."""
+    folder = getattr(args, "catalog", None)
+    if folder and not Path(folder).is_dir():
+        raise UsageError(f"--catalog {folder}: no such folder ({Path(folder).resolve()}); give the folder of "
+                         "the catalog's source YAML files")
+
+
+class StoppedWaiting(KeyboardInterrupt):
+    """A signal while the run waited for the workspace: nothing had started, so there is nothing to stop."""
+
+    def __init__(self, signum: int, workspace: Path) -> None:
+        self.exit_code = 128 + signum  # the shell's convention for death by a signal
+        super().__init__(f"stopped by {signal.Signals(signum).name} while waiting for workspace {workspace}; "
+                         "nothing had started")
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGINT and SIGTERM raise RunStopped in the block (SIGTERM would otherwise end Python without a word)."""
+    from infra.run_signals import STOP_SIGNALS, RunStopped
+
+    def stop(signum: int, frame: Any) -> None:
+        raise RunStopped(signum)
+
+    before = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _workspace_held(workdir: str) -> Iterator[None]:
+    """Hold the workspace for the whole command, taken before anything starts (the config's imports, Prefect's
+    server): a second run says within a second that it waits and for whom, and a signal while it waits ends it."""
+    from infra.paths import Workspace
+    from infra.run_signals import RunStopped
+    from infra.workspace_lock import workspace_lock
+
+    ws = Workspace.locate(workdir).ensure_writable()
+    with contextlib.ExitStack() as held:
+        try:
+            with _signals_raise():
+                held.enter_context(workspace_lock(ws, log=lambda line: print(line, file=sys.stderr, flush=True)))
+        except RunStopped as exc:
+            raise StoppedWaiting(exc.signum, ws.root) from None
+        yield  # the flows take the same lock again: a no-op in this process (infra/workspace_lock.py)
+
+
+def _run_flow(args: argparse.Namespace) -> int:
+    """`data` or `run`: validate, check the services, start Prefect's server, run the flow, say where to see it."""
+    from flows.config import load_pipeline_config
+    from infra.preflight import check_services
+    from tasks.data.catalog import load_catalog
+
+    cfg = load_pipeline_config(args.preset, _overrides(args))
+    load_catalog(cfg.data.catalog, only=cfg.data.sources)  # fail before any work starts
+    check_services()
+    _start_flow_services()
+    # The flows get the override strings too: they name the MLflow runs after them.
+    pairs = list(args.overrides) + ([f"data.catalog={args.catalog}"] if getattr(args, "catalog", None) else [])
+    if args.command == "data":
+        from flows.data_flow import flow_for
+
+        # The task runner of data.executor set here: no second flow run just to switch it.
+        data = flow_for(cfg.data)(cfg.data, workdir=args.workdir, overrides=[p for p in pairs if p.startswith("data.")])
+        _say_where(args.workdir, data.mlflow_run_id, f"manifest: {Path(data.manifest).resolve()}")
+        return 0
+    from flows.pipeline_flow import pipeline_flow
+
+    result = pipeline_flow(cfg, workdir=args.workdir, overrides=pairs)
+    _say_where(args.workdir, result.mlflow_run_id, f"report: {Path(result.report).resolve()}")
+    return 0
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    overrides = _parse_overrides(args.overrides)
+    if getattr(args, "catalog", None):
+        overrides["data.catalog"] = args.catalog
+    return overrides
+
+
+def _show_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from flows.config import check_paths, load_pipeline_config
+
+    cfg = load_pipeline_config(args.preset, _overrides(args))
+    check_paths(cfg)
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command, with the workspace held first where it writes outputs."""
+    if args.command in ("data", "run"):
+        _check_catalog_arg(args)
+        with _workspace_held(args.workdir):
+            return _run_flow(args)
+    return {"runs": _runs, "gc": _gc, "plan": _plan, "show-config": _show_config}[args.command](args)
+
+
+def _error_exit_code(exc: BaseException) -> int | None:
+    """The exit status of an error the user can act on (shown as one line), None for a bug (its traceback)."""
+    if isinstance(exc, UsageError):
+        return 2
+    from infra.config import ConfigError
+    from infra.preflight import ServiceUnavailable
+    from infra.run_index import RunNotFound
+    from infra.workspace_lock import WorkspaceBusy
+
+    if isinstance(exc, (ConfigError, RunNotFound)):
+        return 2
+    if isinstance(exc, (ServiceUnavailable, PermissionError, WorkspaceBusy)):
+        return 3
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return 4
+    return None
+
+
+def one_line(message: str) -> str:
+    """A message of several lines (a config with several wrong keys) as one."""
+    return "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done; 1 anything unforeseen (with its traceback); 2 a config error (a preset, a key, a
     catalog, an MLflow store that cannot be opened); 3 a service down or lost, no permission or busy (the
@@ -188,71 +322,31 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    from infra.config import ConfigError
-    from flows.config import load_pipeline_config
-    from infra.preflight import ServiceUnavailable, check_services
-    from infra.run_signals import RunStopped
     from infra.store_errors import quiet_store_tracebacks
 
     quiet_store_tracebacks()
-
-    from infra.workspace_lock import WorkspaceBusy
-
     try:
-        if args.command == "runs":
-            return _runs(args)
-        if args.command == "gc":
-            return _gc(args)
-        if args.command == "plan":
-            return _plan(args)
-        overrides = _parse_overrides(args.overrides)
-        if getattr(args, "catalog", None):
-            overrides["data.catalog"] = args.catalog
-        cfg = load_pipeline_config(args.preset, overrides)
-        if args.command == "show-config":
-            print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-            return 0
-        if args.command in ("data", "run"):
-            from tasks.data.catalog import load_catalog
+        return _run(args)
+    except BrokenPipeError:  # `llmforge runs | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor a traceback when Python flushes at exit
+        return 0
+    except KeyboardInterrupt as exc:
+        # Imported here, as every module an error needs: a quick command or a quick error stays quick.
+        from infra.run_signals import RunStopped
 
-            load_catalog(cfg.data.catalog, only=cfg.data.sources)  # fail before any work starts
-            check_services()
-            from infra.paths import Workspace
-
-            Workspace.locate(args.workdir).ensure_writable()  # before Prefect's start-up, not inside the flow
-            _start_flow_services()
-        # The flows get the override strings too: they name the MLflow runs after them.
-        pairs = list(args.overrides) + ([f"data.catalog={args.catalog}"] if getattr(args, "catalog", None) else [])
-        if args.command == "data":
-            from flows.data_flow import flow_for
-
-            # The task runner of data.executor set here: no second flow run just to switch it.
-            data = flow_for(cfg.data)(cfg.data, workdir=args.workdir, overrides=[p for p in pairs if p.startswith("data.")])
-            _say_where(args.workdir, data.mlflow_run_id, f"manifest: {data.manifest}")
-            return 0
-        if args.command == "run":
-            from flows.pipeline_flow import pipeline_flow
-
-            result = pipeline_flow(cfg, workdir=args.workdir, overrides=pairs)
-            _say_where(args.workdir, result.mlflow_run_id, f"report: {result.report}")
-            return 0
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (ServiceUnavailable, PermissionError, WorkspaceBusy) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
-    except RunStopped as exc:
-        print(f"{exc}: the run's processes are stopped; run the same command again to resume", file=sys.stderr)
+        if isinstance(exc, StoppedWaiting):
+            print(exc, file=sys.stderr)
+        elif isinstance(exc, RunStopped):
+            print(f"{exc}: the run's processes are stopped; run the same command again to resume", file=sys.stderr)
+        else:
+            raise
         return exc.exit_code
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC:
-            return _store_fault_or_raise(exc, args)
-        print(f"error: {exc}", file=sys.stderr)
-        return 4
     except Exception as exc:
-        return _store_fault_or_raise(exc, args)
-    return 1
+        code = _error_exit_code(exc)
+        if code is None:
+            return _store_fault_or_raise(exc, args)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        return code
 
 
 def _store_fault_or_raise(exc: Exception, args: argparse.Namespace) -> int:

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from infra.config import (ConfigError, StrictModel, YamlAliasRefused, load_config, parse_config, parse_yaml, read_yaml,
-                          set_dotted)
+from infra.config import (ConfigError, StrictModel, YamlAliasRefused, format_validation_error, parse_config, parse_yaml,
+                          read_yaml, set_dotted, unknown_key_error)
 from infra.paths import Workspace
 from tasks.eval.rewards import REWARDS
 from tasks.eval.config import EvalConfig
@@ -137,9 +137,42 @@ def load_pipeline_config(preset: str, overrides: dict[str, Any] | None = None,
                          within: Sequence[Path] | None = None) -> PipelineConfig:
     """The preset's config with `overrides` ({dotted key: value}) applied; `within`: see `preset_path`."""
     path = preset_path(preset, within)
-    refuse_renamed(_dotted_keys(read_yaml(path)), str(path))
+    data = read_yaml(path)
+    refuse_renamed(_dotted_keys(data), str(path))
     refuse_renamed(list(overrides or {}), "override")
-    return load_config(PipelineConfig, path, overrides)
+    check_override_keys(list(overrides or {}))
+    for dotted, value in (overrides or {}).items():
+        set_dotted(data, dotted, value)
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, _blame(err, path, overrides or {}))) from None
+
+
+def _blame(err: ValidationError, path: Path, overrides: dict[str, Any]) -> str:
+    """Where a validation error came from: the `--set`s when every wrong key is one of theirs, the preset file
+    when none is, both when a section's own check failed on a section a `--set` changed (either may be at fault)."""
+    blamed, all_theirs = [], True
+    for error in err.errors():
+        loc = ".".join(map(str, error["loc"]))
+        under = [k for k in overrides if loc == k or loc.startswith(k + ".")]
+        blamed += under + [k for k in overrides if k.startswith(loc + ".")]
+        all_theirs = all_theirs and bool(under)
+    sets = " ".join(f"--set {k}={overrides[k]}" for k in dict.fromkeys(blamed))[:300]
+    return sets if sets and all_theirs else f"{path} with {sets}" if sets else str(path)
+
+
+def check_override_keys(keys: Sequence[str]) -> None:
+    """A ConfigError naming a `--set` key that PipelineConfig does not have, with the closest keys it has."""
+    unknown_key_error(PipelineConfig, keys, "--set key")
+
+
+def check_paths(cfg: PipelineConfig) -> None:
+    """The folders a config names exist (a ConfigError naming the key otherwise); `llmforge show-config` checks them."""
+    catalog = Path(cfg.data.catalog)
+    if not catalog.is_dir():
+        raise ConfigError(f"data.catalog {catalog}: no such folder ({catalog.resolve()}); give the folder of the "
+                          "catalog's source YAML files (--set data.catalog=PATH, or data.catalog in the preset)")
 
 
 def renamed_key(dotted: str) -> str | None:
@@ -200,6 +233,7 @@ def resolve_pipeline_config(config: PipelineConfig | None, preset: str, override
         return load_pipeline_config(preset, parsed, within=preset_roots(workdir))
     if not parsed:
         return config
+    check_override_keys(list(parsed))
     data = config.model_dump(mode="json")
     for dotted, value in parsed.items():
         set_dotted(data, dotted, value)

@@ -8,9 +8,12 @@ aliases expand into billions of values ("billion laughs"), and config files have
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
-from collections.abc import Callable
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -137,6 +140,49 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"override '{dotted}': '{part}' is not a section")
     node[parts[-1]] = value
+
+
+def config_keys(cls: type[BaseModel], prefix: str = "") -> dict[str, str]:
+    """Every dotted key of a config class, sections included, each with its kind: "section" (a config class),
+    "mapping" (free keys below it, e.g. grpo.rewards.<name>) or "value"."""
+    keys: dict[str, str] = {}
+    for name, info in cls.model_fields.items():
+        dotted = f"{prefix}{name}"
+        section = _config_class(info.annotation)
+        keys[dotted] = "section" if section else "mapping" if _is_mapping(info.annotation) else "value"
+        if section is not None:
+            keys.update(config_keys(section, f"{dotted}."))
+    return keys
+
+
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
+
+
+def _config_class(annotation: Any) -> type[BaseModel] | None:
+    """The config class of a field typed `Cls` or `Cls | None`, else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next(filter(None, map(_config_class, typing.get_args(annotation))), None) if _is_union(annotation) else None
+
+
+def _is_mapping(annotation: Any) -> bool:
+    if annotation is dict or typing.get_origin(annotation) in (dict, Mapping):
+        return True
+    return _is_union(annotation) and any(map(_is_mapping, typing.get_args(annotation)))
+
+
+def unknown_key_error(cls: type[BaseModel], keys: Sequence[str], what: str = "key") -> None:
+    """A ConfigError for the first dotted key `cls` does not have, naming the closest keys it has (difflib)."""
+    known = config_keys(cls)
+    for key in keys:
+        parts = key.split(".")
+        # Keys below a mapping are the mapping's own (grpo.rewards.<name>): its validator checks them.
+        if key in known or any(known.get(".".join(parts[:i])) == "mapping" for i in range(1, len(parts))):
+            continue
+        close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}?" if close else "`llmforge show-config` prints every key"
+        raise ConfigError(f"{what} '{key[:SHOWN_CHARS]}' is not a config key; {hint}")
 
 
 def config_hash(cfg: BaseModel) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -305,7 +306,7 @@ def tag_active_run(key: str, value: str) -> None:
 
 
 def workspace_runs(ws: Workspace) -> list[dict[str, Any]]:
-    """Every run of the workspace's experiment, newest first: id, name, status, start, params, tags."""
+    """Every run of the workspace's experiment, newest first: id, name, status, start, end, params, tags, metrics."""
     from mlflow.tracking import MlflowClient
 
     experiment_id = configure(ws)
@@ -315,7 +316,8 @@ def workspace_runs(ws: Workspace) -> list[dict[str, Any]]:
         page = client.search_runs([experiment_id], max_results=1000, page_token=token, order_by=["attribute.start_time DESC"])
         runs += [
             {"run_id": r.info.run_id, "name": r.info.run_name, "status": r.info.status, "start_time": r.info.start_time,
-             "params": dict(r.data.params), "tags": dict(r.data.tags)}
+             "end_time": r.info.end_time, "params": dict(r.data.params), "tags": dict(r.data.tags),
+             "metrics": dict(r.data.metrics)}
             for r in page
         ]
         token = page.token
@@ -331,5 +333,9 @@ def where_to_see_run(ws: Workspace, run_id: str) -> str:
     url = mlflow_run_url(experiment_id, run_id)
     if url is not None:
         return f"MLflow run: {url}"
+    # Absolute paths throughout: the line is copied into another terminal, often in another directory.
+    script = Path(__file__).resolve().parent / "scripts" / "start_mlflow_server.sh"
+    mlflow_cli = Path(sys.executable).parent / "mlflow"
     return (f"MLflow run: http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id} "
-            f"(after `infra/scripts/start_mlflow_server.sh` or `mlflow ui --backend-store-uri {tracking_uri(ws)}`)")
+            f"(after `{script}` or `{mlflow_cli if mlflow_cli.is_file() else 'mlflow'} ui --backend-store-uri "
+            f"{tracking_uri(ws)}`)")

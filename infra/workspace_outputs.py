@@ -4,8 +4,8 @@ garbage collection of the folders nothing refers to.
 Every stage tags the MLflow run it ran under with its output folder
 (`llmforge.out.<store>.<key>` = `data/near/<key>`, infra/stage_cache.py), so a folder is
 in use while a run (of any status, not deleted) or a registered model version's run
-names it. `llmforge runs` lists runs with their folders and sizes; `llmforge gc` removes
-the folders no run refers to (a dry run unless told to apply).
+names it. `llmforge gc` removes the folders no run refers to (a dry run unless told to
+apply); `llmforge runs` (flows/runs_view.py) lists the runs with their folders.
 """
 from __future__ import annotations
 
@@ -61,40 +61,6 @@ def referenced(ws: Workspace, runs: list[dict[str, Any]]) -> set[str]:
                 refs.add(str(path.relative_to(ws.root)))
     # A path to a file inside a folder (a manifest, a model dir) keeps the folder.
     return {"/".join(Path(r).parts[:3]) if r.startswith(("data/", "checkpoints/")) else "/".join(Path(r).parts[:2]) for r in refs}
-
-
-@dataclass
-class RunRow:
-    run_id: str
-    name: str
-    status: str
-    outputs: list[str]
-    bytes: int
-
-
-def run_rows(ws: Workspace) -> list[RunRow]:
-    """One row per MLflow run: its output folders and their size on disk (folders that still exist)."""
-    rows = []
-    for run in workspace_runs(ws):
-        outs = run_outputs(run)
-        size = sum(folder_bytes(ws.root / o) for o in outs if (ws.root / o).is_dir())
-        rows.append(RunRow(run["run_id"], run["name"] or "", run["status"], outs, size))
-    return rows
-
-
-def config_diff(ws: Workspace, run_a: str, run_b: str) -> list[tuple[str, str | None, str | None]]:
-    """(param, value in a, value in b) for every param that differs between two runs (ids or unique prefixes)."""
-    runs = workspace_runs(ws)
-
-    def find(prefix: str) -> dict[str, Any]:
-        hits = [r for r in runs if r["run_id"].startswith(prefix)]
-        if len(hits) != 1:
-            raise ValueError(f"run id '{prefix}' matches {len(hits)} runs of {ws.root}; give more of it "
-                             "(`llmforge runs` lists them)")
-        return hits[0]
-
-    a, b = find(run_a)["params"], find(run_b)["params"]
-    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
 @dataclass

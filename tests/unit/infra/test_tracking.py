@@ -12,7 +12,7 @@ import pytest
 import infra.provenance as provenance
 from infra.paths import Workspace
 from infra.provenance import git_state, link_prefect_to_run
-from infra.tracking import describe_overrides, end_status, stage_run
+from infra.tracking import describe_overrides, end_status, stage_run, where_to_see_run
 
 
 @pytest.fixture
@@ -55,6 +55,14 @@ def test_run_name_defaults_to_the_stage_and_can_be_given(ws) -> None:
     assert _run(plain.info.run_id).info.run_name == "data"
     assert _run(named.info.run_id).info.run_name == "data near.threshold=0.7"
     assert _run(named.info.run_id).data.tags["llmforge.stage"] == "data"
+
+
+def test_where_to_see_a_run_names_the_store_and_script_by_absolute_paths(ws) -> None:
+    with stage_run(ws, "data") as run:
+        pass
+    line = where_to_see_run(ws, run.info.run_id)
+    assert f"ui --backend-store-uri sqlite:///{ws.root.resolve()}/mlflow.db" in line  # sqlite:////abs: any directory
+    assert re.search(r"after `/\S+/infra/scripts/start_mlflow_server.sh`", line), line
 
 
 def test_a_new_run_carries_the_git_commit_and_entry_point(ws, monkeypatch) -> None:

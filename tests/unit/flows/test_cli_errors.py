@@ -1,0 +1,67 @@
+"""CLI errors are one line that names the input that was wrong: a misspelled `--set` key is blamed on the
+`--set` with the closest keys; a bad `--set` value on the `--set`, a bad preset value on the preset;
+`show-config` refuses a catalog that does not exist; `data --catalog nope/` says so at once."""
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+
+import pytest
+
+from flows.cli import main
+from flows.config import PipelineConfig, check_override_keys, load_pipeline_config
+from infra.config import ConfigError, config_keys
+from tests.conftest import CLI, ROOT
+
+
+def _error(capsys, *argv: str) -> str:
+    assert main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err
+
+
+def test_a_misspelled_set_key_is_blamed_on_the_set_with_the_closest_keys(capsys):
+    err = _error(capsys, "show-config", "--set", "data.near.treshold=0.9")
+    assert err.startswith("error: --set key 'data.near.treshold' is not a config key; did you mean data.near.threshold")
+    assert "tiny.yaml" not in err
+    with pytest.raises(ConfigError, match="did you mean pretrain.optim.lr"):
+        check_override_keys(["pretrain.optim.lrr"])
+    check_override_keys(["grpo.rewards.correct", "data.near.threshold"])  # below a mapping: its validator checks
+    keys = config_keys(PipelineConfig)
+    assert keys["data.near"] == "section" and keys["grpo.rewards"] == "mapping" and keys["data.near.threshold"] == "value"
+
+
+def test_a_bad_value_is_blamed_on_where_it_came_from(capsys, tmp_path):
+    err = _error(capsys, "show-config", "--set", "data.near.threshold=abc")
+    assert "--set data.near.threshold=abc: invalid configuration; key 'data.near.threshold'" in err
+    preset = tmp_path / "p.yaml"
+    preset.write_text("data:\n  near:\n    threshold: abc\n")
+    with pytest.raises(ConfigError, match=f"{preset}: invalid configuration"):
+        load_pipeline_config(str(preset), {"pretrain.steps": 3})
+    # A section's own check (grpo's rewards) on a section a --set changed: both are named.
+    with pytest.raises(ConfigError, match=re.escape("tiny.yaml with --set grpo.rewards={'nope': 1.0}: invalid configuration")):
+        load_pipeline_config("tiny", {"grpo.rewards": {"nope": 1.0}})
+
+
+def test_show_config_refuses_a_catalog_that_does_not_exist(capsys, tmp_path):
+    err = _error(capsys, "show-config", "--set", f"data.catalog={tmp_path / 'nope'}")
+    assert f"data.catalog {tmp_path / 'nope'}: no such folder" in err
+    assert main(["show-config", "--set", f"data.catalog={tmp_path}"]) == 0
+
+
+def test_a_missing_catalog_is_reported_at_once(tmp_path, isolated_env):
+    started = time.monotonic()
+    proc = subprocess.run(CLI + ["data", "--catalog", "nope/", "--workdir", str(tmp_path / "work")], cwd=ROOT,
+                          env=isolated_env, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - started
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"--catalog nope/: no such folder ({ROOT / 'nope'})" in proc.stderr
+    assert took < 2.0, f"took {took:.1f} s"
+    assert not (tmp_path / "prefect-home").exists() and not (tmp_path / "work").exists()  # nothing started
+
+
+def test_argparse_errors_are_one_line():
+    proc = subprocess.run(CLI + ["runs", "--bogus"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unrecognized arguments: --bogus" in proc.stderr
