@@ -1,4 +1,4 @@
-"""Content-addressed stage outputs, cached through Prefect.
+"""Content-addressed stage outputs, and their reuse.
 
 A stage's key is a sha256 of its task name, its code version (infra/code_version.py) and
 a fingerprint of every input: a typed config by its values, a path produced by an earlier
@@ -10,9 +10,11 @@ keeps pointing at its own data and model.
     near = run_cached(near_dedup_task, ws, "data/near", exact.output, OUT / "docs.parquet",
                       OUT / "removed.parquet", config.near)
 
-After a fresh run the folder gets its completion record (infra/stage_record.py). A
-Prefect cache hit is trusted only when the folder still matches its record; otherwise
-the stage reruns, and says why. The active MLflow run is tagged with each output's path
+After a fresh run the folder gets its completion record (infra/stage_record.py), which also
+holds the task's return value as JSON, its paths relative to the workspace. A rerun reuses the
+folder only when it still matches its record, and reads the result back from that JSON: no
+pickle is ever loaded, and a copied or moved workspace (`cp -a`, `mv`) reruns nothing. A
+folder that fails verification is rerun, with a line naming the file. The active MLflow run is tagged with each output's path
 (`llmforge.out.<store>`) and whether it was reused (`llmforge.cache.<store>`): what
 `llmforge runs` and `llmforge gc` read.
 """
@@ -21,13 +23,13 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefect.cache_policies import CacheKeyFnPolicy
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from infra.code_version import code_version
 from infra.memory import release_freed_memory
@@ -100,6 +102,19 @@ def flow_key(name: str, module: str, config: Any, inputs: dict[str, Any]) -> str
     return content_key("flow", name, [module], config, inputs)
 
 
+RESULT_KEY = "result"  # in the completion record: the task's return value as JSON
+REL = "./"  # how a recorded result marks a path inside the workspace
+
+
+def workspace_paths(data: Any, change: Callable[[str], str]) -> Any:
+    """`data` (a result as JSON) with `change` applied to every string: its paths are strings."""
+    if isinstance(data, dict):
+        return {k: workspace_paths(v, change) for k, v in data.items()}
+    if isinstance(data, list):
+        return [workspace_paths(v, change) for v in data]
+    return change(data) if isinstance(data, str) else data
+
+
 @dataclass
 class StageCall:
     """One stage call with its key worked out: the folder it writes, the arguments it gets."""
@@ -122,35 +137,38 @@ class StageCall:
         filled = {k: v.under(out_dir) if isinstance(v, OutputPath) else v for k, v in bound.arguments.items()}
         return cls(task_obj, ws, store, key, out_dir, filled)
 
-    def task(self, refresh: bool = False) -> Any:
-        """The Prefect task with this call's key as its cache key, results kept in the workspace."""
-        cache = self.ws.root / ".prefect-cache"
-        cache.mkdir(parents=True, exist_ok=True)
-        key = self.key
-        return self.task_obj.with_options(
-            cache_policy=CacheKeyFnPolicy(cache_key_fn=lambda *_: key).configure(key_storage=cache / "keys"),
-            persist_result=True,
-            result_storage=cache / "results",
-            refresh_cache=refresh,
-        )
+    def task(self) -> Any:
+        """The Prefect task; reuse is decided here (`reused`), so Prefect neither caches nor persists results."""
+        from prefect.cache_policies import NO_CACHE
 
-    def finish(self, state: Any, log: Callable[[str], Any]) -> Any:
-        """Record a fresh output, or check a reused one against its record (rerunning on a mismatch)."""
-        value = state.result()
-        status = "miss"
-        if state.name == "Cached":
-            problem = verify_record(self.out_dir)
-            if problem is None:
-                status = "hit"
-            else:
-                log(f"stage {self.task_obj.name}: cached output {self.rel} failed verification ({problem}); rerunning it")
-                value = self.task(refresh=True)(**self.args)
-                status = "rerun"
-        if status != "hit":
+        return self.task_obj.with_options(cache_policy=NO_CACHE, persist_result=False)
+
+    @property
+    def result_type(self) -> Any:
+        return typing.get_type_hints(self.task_obj.fn).get("return", Any)
+
+    def reused(self, log: Callable[[str], Any]) -> tuple[bool, Any]:
+        """(True, the recorded result) when the folder is complete and verifies; else (False, None)."""
+        record = read_record(self.out_dir)
+        if record is None or RESULT_KEY not in record:
+            return False, None
+        problem = verify_record(self.out_dir)
+        if problem is not None:
+            log(f"stage {self.task_obj.name}: output {self.rel} failed verification ({problem}); rerunning it")
+            return False, None
+        data = workspace_paths(record[RESULT_KEY], lambda p: str(self.ws.root / p[len(REL):]) if p.startswith(REL) else p)
+        return True, TypeAdapter(self.result_type).validate_python(data)
+
+    def finish(self, value: Any, reused: bool) -> Any:
+        """Record a fresh output with its result (workspace-relative paths); tag the run; point `latest`."""
+        if not reused:
+            root = str(self.ws.root) + "/"
+            data = TypeAdapter(self.result_type).dump_python(value, mode="json")
+            data = workspace_paths(data, lambda p: REL + p[len(root):] if p.startswith(root) else p)
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            write_record(self.out_dir, self.key, self.task_obj.name)
+            write_record(self.out_dir, self.key, self.task_obj.name, extra={RESULT_KEY: data})
         point_latest(self.ws.latest(self.store), self.out_dir)
-        tag_active_run(f"llmforge.cache.{self.tag}", status)
+        tag_active_run(f"llmforge.cache.{self.tag}", "hit" if reused else "miss")
         release_freed_memory()  # the next stage starts from what this one freed, not from its peak
         return value
 
@@ -174,7 +192,12 @@ def run_into(task_obj: Any, ws: Workspace, store: str, *args: Any, key_ignore: t
     returns (the task's result, the folder)."""
     call = StageCall.prepare(task_obj, ws, store, args, kwargs, key_ignore)
     call.announce()
-    return call.finish(call.task()(**call.args, return_state=True), log), call.out_dir
+    reused, value = call.reused(log)
+    if reused:
+        log(f"stage {task_obj.name}: reused {call.rel} (verified against its record)")
+    else:
+        value = call.task()(**call.args)
+    return call.finish(value, reused), call.out_dir
 
 
 def run_cached(task_obj: Any, ws: Workspace, store: str, *args: Any, **kwargs: Any) -> Any:
@@ -183,14 +206,15 @@ def run_cached(task_obj: Any, ws: Workspace, store: str, *args: Any, **kwargs: A
 
 
 class PendingStage:
-    """A submitted stage; `result()` waits, then records or verifies its output like `run_cached`."""
+    """A submitted stage (or one reused from its folder); `result()` waits, then records it like `run_cached`."""
 
-    def __init__(self, call: StageCall, future: Any, log: Callable[[str], Any]):
-        self.call, self.future, self.log = call, future, log
+    def __init__(self, call: StageCall, future: Any, reused: tuple[bool, Any]):
+        self.call, self.future, self.reused = call, future, reused
 
     def result(self) -> Any:
-        self.future.wait()
-        return self.call.finish(self.future.state, self.log)
+        if self.reused[0]:
+            return self.call.finish(self.reused[1], True)
+        return self.call.finish(self.future.result(), False)
 
 
 def submit_cached(task_obj: Any, ws: Workspace, store: str, *args: Any, key_ignore: tuple[str, ...] = (),
@@ -198,4 +222,8 @@ def submit_cached(task_obj: Any, ws: Workspace, store: str, *args: Any, key_igno
     """`run_cached` on the flow's task runner: stages submitted together run concurrently."""
     call = StageCall.prepare(task_obj, ws, store, args, kwargs, key_ignore)
     call.announce()
-    return PendingStage(call, call.task().submit(**call.args), log)
+    reused = call.reused(log)
+    if reused[0]:
+        log(f"stage {task_obj.name}: reused {call.rel} (verified against its record)")
+        return PendingStage(call, None, reused)
+    return PendingStage(call, call.task().submit(**call.args), reused)

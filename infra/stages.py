@@ -138,6 +138,7 @@ def run(stage: Stage, ws: Workspace, **inputs: Path | None) -> Any:
     tag_active_run(f"llmforge.out.{tag}", rel)
     reused = reuse(stage, out_dir, ws)
     if reused is not None:
+        print(f"stage {stage.name}: reused {rel} (verified against its record)")
         tag_active_run(f"llmforge.cache.{tag}", "hit")
         point_latest(ws.latest(stage.store), out_dir)
         return reused

@@ -83,11 +83,11 @@ def test_data_flow_end_to_end_and_cached_rerun(tmp_path, prefect_env):
     assert {"data/manifest.json", "data/data_report.md", "data/funnel.png"} <= artifacts
     assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.name == "pretraining-shards"
 
-    # A rerun with the same inputs and config skips every stage through Prefect's cache.
+    # A rerun with the same inputs and config reuses every stage's verified folder (no task runs).
     second = run_cli(["data", "--preset", str(preset), "--workdir", str(work)], prefect_env)
     log = second.stdout + second.stderr
-    for stage in ("collect-news", "exact_dedup", "near_dedup", "quality", "mix", "write-shards"):
-        assert any(stage in line and "Cached" in line for line in log.splitlines()), (stage, log[-3000:])
+    for stage in ("collect", "exact_dedup", "near_dedup", "quality", "mix", "write-shards"):
+        assert any(f"stage {stage}: reused" in line for line in log.splitlines()), (stage, log[-3000:])
     assert "Completed()" not in "\n".join(l for l in log.splitlines() if "Task run" in l)
     assert load_manifest(manifest_path).funnel == f
 

@@ -50,7 +50,7 @@ def test_pipeline_end_to_end_tracked_registered_and_resumable(tmp_path, prefect_
     second = run_cli(args, prefect_env, timeout=1200)
     log = second.stdout + second.stderr
     for stage in ("train-tokenizer", "tokenize-shards", "pretrain", "sft", "grpo", "evaluate"):
-        assert any(f"Task run '{stage}" in line and "Cached" in line for line in log.splitlines()), (stage, log[-3000:])
+        assert any(f"stage {stage}: reused" in line for line in log.splitlines()), (stage, log[-3000:])
     assert "launching:" not in log  # no DeepSpeed launch on the rerun
     assert "report: " in log and "MLflow run: " in log  # the run ends saying where to look
     # The rerun is a repeat of the first pipeline run and says so, with every stage output reused.
