@@ -75,7 +75,7 @@ def test_grpo_stage_through_the_launcher(tmp_path, tok):
     assert result.before.mean_reward >= 0.1 * 0.5
     assert result.skipped_steps == 0
     # distinct_answers counts the different integers in the greedy answers; recount them here.
-    from tasks.training.grpo.loop import sample_rollouts
+    from tasks.training.grpo.rollouts import sample_rollouts
     from tasks.eval.rewards import parse_answer
 
     for side, model_dir in (("before", sft_dir), ("after", result.model_dir)):

@@ -21,7 +21,8 @@ from tasks.eval.answers import greedy_answers, score_answers  # noqa: E402
 from tasks.eval.arithmetic import make_problems  # noqa: E402
 from tasks.eval.rewards import REWARDS, register_reward  # noqa: E402
 from tasks.training.config import GrpoConfig  # noqa: E402
-from tasks.training.grpo.loop import grpo_train, rollout_batch, sample_rollouts  # noqa: E402
+from tasks.training.grpo.loop import grpo_train  # noqa: E402
+from tasks.training.grpo.rollouts import rollout_batch, sample_rollouts  # noqa: E402
 from tests.conftest import grpo_config, small_alphabet_bpe  # noqa: E402
 from tests.conftest import tiny_llama as tiny_model  # noqa: E402
 
