@@ -59,16 +59,24 @@ def bootstrap_ece_interval(
     of this many answers, which is what a reader needs to know before comparing two ECEs.
     """
     conf, corr = prediction_arrays(confidences, correct)  # what the ECE itself accepts
+    values = _resampled(conf.size, resamples, seed, level, lambda idx: ece_rows(conf[idx], corr[idx], n_bins, strategy))
+    return _percentiles(values, level)
+
+
+def _resampled(n: int, resamples: int, seed: int, level: float, statistic) -> np.ndarray:
+    """`statistic` of `resamples` bootstrap resamples of n items (index rows [k, n]), drawn in memory-bounded chunks."""
     if resamples < 2:
         raise ValueError(f"resamples must be >= 2, got {resamples}")
     _z(level)
     rng = np.random.default_rng(seed)
-    chunk = max(1, _BOOTSTRAP_CELLS // conf.size)
-    values = []
-    for start in range(0, resamples, chunk):
-        idx = rng.integers(0, conf.size, size=(min(chunk, resamples - start), conf.size))
-        values.append(ece_rows(conf[idx], corr[idx], n_bins, strategy))
-    lo, hi = np.quantile(np.concatenate(values), [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    chunk = max(1, _BOOTSTRAP_CELLS // n)
+    values = [statistic(rng.integers(0, n, size=(min(chunk, resamples - start), n)))
+              for start in range(0, resamples, chunk)]
+    return np.concatenate(values)
+
+
+def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:
+    lo, hi = np.quantile(values, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
     return float(lo), float(hi)
 
 
@@ -85,21 +93,15 @@ def bootstrap_ratio_interval(
     den = np.asarray(denominators, dtype=np.float64).reshape(-1)
     if num.size < 2 or num.shape != den.shape:
         raise ValueError(f"need at least 2 (numerator, denominator) pairs of one length; got {num.size} and {den.size}")
-    if resamples < 2:
-        raise ValueError(f"resamples must be >= 2, got {resamples}")
-    _z(level)
-    rng = np.random.default_rng(seed)
-    chunk = max(1, _BOOTSTRAP_CELLS // num.size)
-    values = []
-    for start in range(0, resamples, chunk):
-        idx = rng.integers(0, num.size, size=(min(chunk, resamples - start), num.size))
+
+    def ratios(idx: np.ndarray) -> np.ndarray:
         top, bottom = num[idx].sum(axis=1), den[idx].sum(axis=1)
-        values.append(top[bottom > 0] / bottom[bottom > 0])
-    ratios = np.concatenate(values)
-    if ratios.size == 0:
+        return top[bottom > 0] / bottom[bottom > 0]
+
+    values = _resampled(num.size, resamples, seed, level, ratios)
+    if values.size == 0:
         raise ValueError("every denominator is 0: nothing to take a ratio of (e.g. windows holding no text bytes)")
-    lo, hi = np.quantile(ratios, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
-    return float(lo), float(hi)
+    return _percentiles(values, level)
 
 
 class PairedDifference(BaseModel):

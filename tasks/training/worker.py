@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from infra.atomic import write_json_atomic
 from infra.paths import Workspace
-from infra.stages import DS_CONFIG_FILE, RESULT_FILE, Job
+from infra.stages import DS_CONFIG_FILE, RESULT_FILE, Job, Launch
 from infra.tracking import log_artifact, log_config, log_metrics, stage_run
 from tasks.training.engine import full_parameters
 from tasks.training.loop import TrainResult
@@ -129,3 +129,14 @@ def saved_model_config(model_dir: Path, tokenizer_path: Path, hint: str):
         raise ValueError(f"{model_dir} has vocab_size={mcfg.vocab_size} but {tokenizer_path} has {vocab_size} "
                          f"tokens; {hint}")
     return mcfg
+
+
+def launch_of(cfg: Any, micro_batch_size: int, grad_accum: int, **kw: Any) -> Launch:
+    """What a training stage's `prepare` hands the runner: the ds_config.json its ranks train with and the
+    precision `launch.precision` resolves to here (`auto`: measured on this machine), plus `kw` (extra, identity)."""
+    from infra.precision import choose_precision
+    from tasks.training.engine import ds_config_for
+
+    choice = choose_precision(cfg.launch.precision)
+    return Launch(ds_config_for(cfg.optim, cfg.launch, micro_batch_size, grad_accum), choice.precision, choice.reason,
+                  **kw)

@@ -36,7 +36,6 @@ from infra.stages import Launch, LaunchedStage
 from tasks.eval.answers import AnswerScore
 from tasks.training import worker
 from tasks.training.config import RESUME_NEUTRAL, GrpoConfig
-from tasks.training.engine import ds_config_for
 from tasks.training.grpo.loop import GrpoSteps, grpo_shape, heldout_score
 from tasks.training.loop import TrainResult
 from tasks.training.worker import ExportedModel, saved_model_config
@@ -116,17 +115,15 @@ class Grpo(LaunchedStage):
     # ------------------------------------------------------------------------- stage side
 
     def prepare(self, inputs: dict[str, Path | None], out_dir: Path) -> Launch:
-        from infra.precision import choose_precision
-
         cfg, sft = self.config, Path(inputs["sft"])
         saved_model_config(sft, Path(inputs["tokenizer"]), "use the model fine-tuned with this tokenizer")
         # Asking for more problems than a split holds (or a hub dataset out of reach) fails here, before the launch.
         grpo_problems(cfg)
         if cfg.eval_prompts < 1:
             raise ValueError("eval_prompts must be >= 1: the stage reports held-out accuracy before and after GRPO")
-        shape, choice = grpo_shape(cfg), choose_precision(cfg.launch.precision)
-        return Launch(ds_config_for(cfg.optim, cfg.launch, shape["micro_batch_size"], shape["grad_accum"]),
-                      choice.precision, choice.reason, identity={"sft_model": str(sft.resolve())})
+        shape = grpo_shape(cfg)
+        return worker.launch_of(cfg, shape["micro_batch_size"], shape["grad_accum"],
+                                identity={"sft_model": str(sft.resolve())})
 
     # ------------------------------------------------------------------------- rank side
 

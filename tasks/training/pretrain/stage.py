@@ -24,7 +24,6 @@ from infra.stages import Launch, LaunchedStage
 from models.losses import next_token_loss
 from tasks.training import worker
 from tasks.training.config import RESUME_NEUTRAL, PretrainConfig
-from tasks.training.engine import ds_config_for
 from tasks.training.loop import LossSteps, TrainResult
 from tasks.training.batches import token_window_batches
 from tasks.training.worker import ExportedModel
@@ -85,7 +84,6 @@ class Pretrain(LaunchedStage):
     # ------------------------------------------------------------------------- stage side
 
     def prepare(self, inputs: dict[str, Path | None], out_dir: Path) -> Launch:
-        from infra.precision import choose_precision
         from tasks.tokenizer.tokenize_shards import load_token_index
         from tasks.tokenizer.train import load_tokenizer
 
@@ -96,10 +94,9 @@ class Pretrain(LaunchedStage):
             raise ValueError(f"{tokens_dir} was tokenized with a {index.vocab_size}-token vocabulary but "
                              f"{tokenizer_path} has {vocab_size}; re-tokenize with this tokenizer")
         architecture = resolve_model_config(self.config, vocab_size)
-        cfg, choice = self.config, choose_precision(self.config.launch.precision)
-        return Launch(ds_config_for(cfg.optim, cfg.launch, cfg.batch.micro_batch_size, cfg.batch.grad_accum),
-                      choice.precision, choice.reason, extra={"architecture": architecture},
-                      identity={"model": architecture})
+        b = self.config.batch
+        return worker.launch_of(self.config, b.micro_batch_size, b.grad_accum, extra={"architecture": architecture},
+                                identity={"model": architecture})
 
     def after(self, result: PretrainResult, inputs: dict[str, Path | None], reports: Path) -> PretrainResult:
         from tasks.reports.pretrain import log_pretrain_report

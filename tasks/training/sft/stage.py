@@ -34,7 +34,6 @@ from models.chat_template import ChatEncoding, collate
 from models.losses import next_token_loss
 from tasks.training import worker
 from tasks.training.config import RESUME_NEUTRAL, SftConfig, SftDataConfig
-from tasks.training.engine import ds_config_for
 from tasks.training.loop import BatchFn, LossParts, LossSteps, TrainResult
 from tasks.training.batches import epoch_orders, token_window_batches
 from tasks.training.metrics import perplexity
@@ -281,8 +280,6 @@ class Sft(LaunchedStage):
     # ------------------------------------------------------------------------- stage side
 
     def prepare(self, inputs: dict[str, Path | None], out_dir: Path) -> Launch:
-        from infra.precision import choose_precision
-
         cfg, base = self.config, Path(inputs["base"])
         mcfg = saved_model_config(base, Path(inputs["tokenizer"]), "fine-tune a model trained with this tokenizer")
         if cfg.batch.seq_len > mcfg.max_seq_len:
@@ -292,11 +289,9 @@ class Sft(LaunchedStage):
             raise FileNotFoundError(f"data.catalog={cfg.data.catalog} is not a folder of sft_* YAML definitions")
         replay = check_replay_tokens(cfg, inputs.get("tokens"), mcfg.vocab_size)
         catalog = str(Path(cfg.data.catalog).resolve()) if cfg.data.catalog is not None else None
-        choice = choose_precision(cfg.launch.precision)
-        return Launch(ds_config_for(cfg.optim, cfg.launch, cfg.batch.micro_batch_size, cfg.batch.grad_accum),
-                      choice.precision, choice.reason, extra={"catalog": catalog},
-                      identity={"base_model": str(base.resolve()), "model": mcfg.model_dump(mode="json"),
-                                "replay_tokens": str(replay) if replay else None})
+        return worker.launch_of(cfg, cfg.batch.micro_batch_size, cfg.batch.grad_accum, extra={"catalog": catalog},
+                                identity={"base_model": str(base.resolve()), "model": mcfg.model_dump(mode="json"),
+                                          "replay_tokens": str(replay) if replay else None})
 
     # ------------------------------------------------------------------------- rank side
 
