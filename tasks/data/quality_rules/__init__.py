@@ -25,7 +25,8 @@ from tasks.data.quality_rules.c4 import C4, C4_LINES
 from tasks.data.quality_rules.code import CODE
 from tasks.data.quality_rules.fineweb import FINEWEB
 from tasks.data.quality_rules.gopher import GOPHER_QUALITY, GOPHER_REPETITION
-from tasks.data.quality_rules.rule import Batch, Rule, TextView
+from tasks.data.quality_rules.batch import Batch
+from tasks.data.quality_rules.rule import Rule, TextView
 
 FAMILIES: dict[str, list[type[Rule]]] = {
     "gopher_quality": GOPHER_QUALITY,

@@ -30,7 +30,8 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from infra.config import StrictModel
-from tasks.data.quality_rules.rule import Batch, Rule, TextView, failures, over, under
+from tasks.data.quality_rules.batch import Batch
+from tasks.data.quality_rules.rule import Rule, TextView, failures, over, under
 
 TERMINAL_PUNCTUATION = (".", "?", "!", '"', "'")
 POLICY_PHRASES = ["terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies"]

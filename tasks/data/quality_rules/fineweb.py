@@ -6,7 +6,8 @@ from collections.abc import Iterable
 from pydantic import Field
 
 from infra.config import StrictModel
-from tasks.data.quality_rules.rule import Batch, Rule, TextView, failures, fraction, over
+from tasks.data.quality_rules.batch import Batch
+from tasks.data.quality_rules.rule import Rule, TextView, failures, fraction, over
 
 # The original FineWeb stop characters, plus the CJK, Arabic and Devanagari sentence ends.
 STOP_CHARS = [".", "'", '"', "!", "?", "。", "！", "？", "؟", "।"]

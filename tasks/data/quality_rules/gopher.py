@@ -12,8 +12,8 @@ from typing import ClassVar
 from pydantic import Field
 
 from infra.config import StrictModel
+from tasks.data.quality_rules.batch import Batch
 from tasks.data.quality_rules.rule import (
-    Batch,
     Rule,
     TextView,
     duplicated_ngram_chars,
