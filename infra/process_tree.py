@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import psutil
 
@@ -149,3 +150,18 @@ def usable_cores() -> list[int]:
         return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return list(range(os.cpu_count() or 1))
+
+
+def idle_cores_during(run: Callable[[], Any]) -> tuple[Any, float, int]:
+    """Call `run` and return (its result, this process's CPU seconds for it, idle usable cores meanwhile + 1).
+
+    The idle share of the usable cores is sampled over the same window (psutil's per-CPU idle
+    times); the core this process used counts as free, since it mostly waits while workers run.
+    """
+    cores = usable_cores()
+    before, wall0, cpu0 = psutil.cpu_times(percpu=True), time.perf_counter(), time.process_time()
+    result = run()
+    cpu, wall, after = time.process_time() - cpu0, time.perf_counter() - wall0, psutil.cpu_times(percpu=True)
+    idle = sum(after[c].idle - before[c].idle for c in cores if c < len(after))
+    others = idle / wall if wall > 0 else 0.0
+    return result, cpu, max(1, min(len(cores), int(others + 0.5) + 1))

@@ -307,3 +307,23 @@ class ShingleSetFile:
         np.minimum(pos, len(ka) - 1, out=pos)
         hit = ka[pos] == kb
         return np.bincount((kb[hit] >> np.uint64(32)).astype(np.int64), minlength=n)
+
+
+def resolve_block(edges: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """The greedy keep rule over one block's verified edges, in document order: a document
+    with a kept earlier neighbour is removed (marked in `kept`); its target is the most
+    similar kept neighbour, earliest on ties. Returns the block's removals."""
+    if len(edges) == 0:
+        return edges
+    docs, targets, sims = edges["doc"], edges["target"], edges["similarity"]
+    bounds = np.flatnonzero(np.r_[True, docs[1:] != docs[:-1], True]).tolist()
+    out = []
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        alive = kept[targets[s:e]]
+        if not alive.any():
+            continue
+        cand = np.where(alive, sims[s:e], -1.0)
+        best = s + int(np.argmax(cand))  # first maximum: earliest target on ties
+        kept[docs[s]] = False
+        out.append(best)
+    return edges[np.asarray(out, dtype=np.int64)]

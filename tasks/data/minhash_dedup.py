@@ -62,7 +62,7 @@ from infra.config import StrictModel
 from tasks.data import parallel
 from tasks.data.documents import as_documents, iter_batches, removed_from_documents
 from tasks.data.lsh_buckets import (
-    BandSpill, PairSpill, ShingleSetFile, SignatureFile, band_hashes, candidate_pairs, read_pair_chunks,
+    BandSpill, PairSpill, ShingleSetFile, SignatureFile, band_hashes, candidate_pairs, read_pair_chunks, resolve_block,
 )
 from tasks.data.minhash_signatures import DTYPE, Scheme, permutations, shingles, signature_job
 from tasks.data.step import DataStep, StageResult
@@ -278,7 +278,7 @@ def _pass_keep_rule(
         for q, path in enumerate(tqdm(pair_files, unit="block", desc=f"{STAGE} 3/4 keep rule", disable=None)):
             lo, hi = q * block_rows, min(n_docs, (q + 1) * block_rows)
             edges = _verified_edges(path, sigs, sets, lo, hi, cfg, tally)
-            removed = _resolve_block(edges, kept)
+            removed = resolve_block(edges, kept)
             tally.removed += len(removed)
             tally.similarity_sum += float(removed["similarity"].sum())
             targets.update(removed["target"].tolist())
@@ -323,26 +323,6 @@ def _verified_edges(
     tally.verified_pairs += len(edges)
     # Chunks are each sorted by (later, earlier) but may overlap; duplicates are harmless.
     return edges[np.lexsort((edges["target"], edges["doc"]))]
-
-
-def _resolve_block(edges: np.ndarray, kept: np.ndarray) -> np.ndarray:
-    """The greedy keep rule over one block's verified edges, in document order: a document
-    with a kept earlier neighbour is removed (marked in `kept`); its target is the most
-    similar kept neighbour, earliest on ties. Returns the block's removals."""
-    if len(edges) == 0:
-        return edges
-    docs, targets, sims = edges["doc"], edges["target"], edges["similarity"]
-    bounds = np.flatnonzero(np.r_[True, docs[1:] != docs[:-1], True]).tolist()
-    out = []
-    for s, e in zip(bounds[:-1], bounds[1:]):
-        alive = kept[targets[s:e]]
-        if not alive.any():
-            continue
-        cand = np.where(alive, sims[s:e], -1.0)
-        best = s + int(np.argmax(cand))  # first maximum: earliest target on ties
-        kept[docs[s]] = False
-        out.append(best)
-    return edges[np.asarray(out, dtype=np.int64)]
 
 
 def _pass_output(step: DataStep, in_path: Path, n_docs: int, decisions_path: Path, cfg: NearDedupConfig) -> None:

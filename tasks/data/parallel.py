@@ -30,9 +30,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-import psutil
 
-from infra.process_tree import descendants, die_with_parent, stop_processes, usable_cores
+from infra.process_tree import descendants, die_with_parent, idle_cores_during, stop_processes
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -219,21 +218,6 @@ class _Ray:
 
 def _runner(executor: Executor, workers: int) -> _Local | _Ray:
     return _Ray() if executor == "ray" else _Local(workers)
-
-
-def idle_cores_during(run: Callable[[], Any]) -> tuple[Any, float, int]:
-    """Call `run` and return (its result, this process's CPU seconds for it, idle usable cores meanwhile + 1).
-
-    The idle share of the usable cores is sampled over the same window (psutil's per-CPU idle
-    times); the core this process used counts as free, since it mostly waits while workers run.
-    """
-    cores = usable_cores()
-    before, wall0, cpu0 = psutil.cpu_times(percpu=True), time.perf_counter(), time.process_time()
-    result = run()
-    cpu, wall, after = time.process_time() - cpu0, time.perf_counter() - wall0, psutil.cpu_times(percpu=True)
-    idle = sum(after[c].idle - before[c].idle for c in cores if c < len(after))
-    others = idle / wall if wall > 0 else 0.0
-    return result, cpu, max(1, min(len(cores), int(others + 0.5) + 1))
 
 
 def _ray_idle_cores() -> int:
