@@ -242,12 +242,10 @@ def _workspace_held(workdir: str) -> Iterator[None]:
 def _run_flow(args: argparse.Namespace) -> int:
     """`data` or `run`: validate, check the services, start Prefect's server, run the flow, say where to see it."""
     from flows.config import load_pipeline_config
-    from infra.preflight import check_services
     from tasks.data.catalog import load_catalog
 
     cfg = load_pipeline_config(args.preset, _overrides(args))
     load_catalog(cfg.data.catalog, only=cfg.data.sources)  # fail before any work starts
-    check_services()
     _start_flow_services()
     # The flows get the override strings too: they name the MLflow runs after them.
     pairs = list(args.overrides) + ([f"data.catalog={args.catalog}"] if getattr(args, "catalog", None) else [])
@@ -286,7 +284,10 @@ def _show_config(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     """The command, with the workspace held first where it writes outputs."""
     if args.command in ("data", "run"):
+        from infra.preflight import check_services
+
         _check_catalog_arg(args)
+        check_services()  # a service down is said before anything is made, the workspace included
         with _workspace_held(args.workdir):
             return _run_flow(args)
     return {"runs": _runs, "gc": _gc, "plan": _plan, "show-config": _show_config}[args.command](args)

@@ -125,6 +125,7 @@ class StageCall:
     key: str
     out_dir: Path
     args: dict[str, Any]
+    damaged: bool = False  # its folder failed verification: the stage reruns ("rerun" in the MLflow tag)
 
     @classmethod
     def prepare(cls, task_obj: Any, ws: Workspace, store: str, args: tuple, kwargs: dict,
@@ -155,6 +156,7 @@ class StageCall:
         problem = verify_record(self.out_dir)
         if problem is not None:
             log(f"stage {self.task_obj.name}: output {self.rel} failed verification ({problem}); rerunning it")
+            self.damaged = True
             return False, None
         data = workspace_paths(record[RESULT_KEY], lambda p: str(self.ws.root / p[len(REL):]) if p.startswith(REL) else p)
         return True, TypeAdapter(self.result_type).validate_python(data)
@@ -168,7 +170,7 @@ class StageCall:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             write_record(self.out_dir, self.key, self.task_obj.name, extra={RESULT_KEY: data})
         point_latest(self.ws.latest(self.store), self.out_dir)
-        tag_active_run(f"llmforge.cache.{self.tag}", "hit" if reused else "miss")
+        tag_active_run(f"llmforge.cache.{self.tag}", "hit" if reused else "rerun" if self.damaged else "miss")
         release_freed_memory()  # the next stage starts from what this one freed, not from its peak
         return value
 

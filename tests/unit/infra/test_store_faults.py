@@ -15,8 +15,8 @@ from infra.paths import Workspace
 from infra.tracking import configure
 
 
-def _cli_runs(workdir: Path, capsys) -> tuple[int, list[str]]:
-    code = main(["runs", "--workdir", str(workdir)])
+def _cli_runs(workdir: Path, capsys, command: str = "runs") -> tuple[int, list[str]]:
+    code = main([command, "--workdir", str(workdir)])
     err = capsys.readouterr().err
     assert "Traceback" not in err
     return code, [line for line in err.splitlines() if line.startswith("error:")]
@@ -44,12 +44,13 @@ def test_a_locked_store_is_exit_3_naming_it(store, capsys):
 def test_a_store_path_through_a_file_or_a_file_that_is_no_database_is_exit_2(tmp_path, monkeypatch, capsys):
     (tmp_path / "afile").write_text("x")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/afile/mlflow.db")
-    code, lines = _cli_runs(tmp_path / "ws", capsys)
+    # `gc` opens the store through MLflow (`runs` reads SQLite itself and only says there is no store yet).
+    code, lines = _cli_runs(tmp_path / "ws", capsys, "gc")
     assert code == 2 and len(lines) == 1 and "afile is a file, not a folder" in lines[0]
     not_db = tmp_path / "notdb.db"
     not_db.write_bytes(b"not a database\n" * 100)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{not_db}")
-    code, lines = _cli_runs(tmp_path / "ws", capsys)
+    code, lines = _cli_runs(tmp_path / "ws", capsys, "gc")
     assert code == 2 and len(lines) == 1 and "not an SQLite database" in lines[0] and str(not_db) in lines[0]
 
 
@@ -64,7 +65,7 @@ def test_a_read_only_store_is_exit_3(store, tmp_path, monkeypatch, capsys):
         # The store read-only, the workspace writable; a new experiment is a write.
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{view / store.mlflow_db.name}")
         monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "another")
-        code, lines = _cli_runs(tmp_path / "ws2", capsys)
+        code, lines = _cli_runs(tmp_path / "ws2", capsys, "gc")  # reading a read-only store (`runs`) is fine
     finally:
         subprocess.run(["umount", "-l", str(view)], check=False)
     assert code == 3 and len(lines) == 1 and "read-only" in lines[0], lines

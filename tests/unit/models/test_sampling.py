@@ -38,14 +38,18 @@ def test_greedy_with_cache_equals_without(model, prompt_len, batch):
     assert (fast.logprobs <= 0).all() and fast.mask.all()
 
 
-def test_logprobs_are_temperature_one_policy(model):
+def test_logprobs_are_the_tempered_policys_the_sampler_drew_from(model):
+    """At temperature T the log-probs are of softmax(logits / T) (before top-p), what GRPO's update divides by T
+    to match; greedy decoding keeps the temperature-1 policy's."""
     prompt = torch.randint(0, VOCAB, (2, 4))
-    g = torch.Generator().manual_seed(1)
-    out = generate(model, prompt, 10, temperature=0.7, top_p=0.9, generator=g)
-    with torch.no_grad():
-        logits = model(out.tokens[:, :-1])[:, 3:]
-    expect = torch.log_softmax(logits.float(), -1).gather(-1, out.new_tokens[..., None]).squeeze(-1)
-    torch.testing.assert_close(out.logprobs, expect, rtol=1e-4, atol=1e-4)
+    for temperature in (0.7, 0.0):
+        g = torch.Generator().manual_seed(1)
+        out = generate(model, prompt, 10, temperature=temperature, top_p=0.9, generator=g)
+        with torch.no_grad():
+            logits = model(out.tokens[:, :-1])[:, 3:].float()
+        scaled = logits / temperature if temperature else logits
+        expect = torch.log_softmax(scaled, -1).gather(-1, out.new_tokens[..., None]).squeeze(-1)
+        torch.testing.assert_close(out.logprobs, expect, rtol=1e-4, atol=1e-4)
 
 
 def test_seeded_sampling_is_deterministic(model):
