@@ -106,6 +106,17 @@ RESULT_KEY = "result"  # in the completion record: the task's return value as JS
 REL = "./"  # how a recorded result marks a path inside the workspace
 
 
+def to_workspace(data: Any, ws: Workspace) -> Any:
+    """A result as JSON with every path inside the workspace written relative to it ("./tokens/...")."""
+    root = str(ws.root) + "/"
+    return workspace_paths(data, lambda p: REL + p[len(root):] if p.startswith(root) else p)
+
+
+def from_workspace(data: Any, ws: Workspace) -> Any:
+    """`to_workspace` undone against `ws`, wherever the workspace lies now."""
+    return workspace_paths(data, lambda p: str(ws.root / p[len(REL):]) if p.startswith(REL) else p)
+
+
 def workspace_paths(data: Any, change: Callable[[str], str]) -> Any:
     """`data` (a result as JSON) with `change` applied to every string: its paths are strings."""
     if isinstance(data, dict):
@@ -158,15 +169,12 @@ class StageCall:
             log(f"stage {self.task_obj.name}: output {self.rel} failed verification ({problem}); rerunning it")
             self.damaged = True
             return False, None
-        data = workspace_paths(record[RESULT_KEY], lambda p: str(self.ws.root / p[len(REL):]) if p.startswith(REL) else p)
-        return True, TypeAdapter(self.result_type).validate_python(data)
+        return True, TypeAdapter(self.result_type).validate_python(from_workspace(record[RESULT_KEY], self.ws))
 
     def finish(self, value: Any, reused: bool) -> Any:
         """Record a fresh output with its result (workspace-relative paths); tag the run; point `latest`."""
         if not reused:
-            root = str(self.ws.root) + "/"
-            data = TypeAdapter(self.result_type).dump_python(value, mode="json")
-            data = workspace_paths(data, lambda p: REL + p[len(root):] if p.startswith(root) else p)
+            data = to_workspace(TypeAdapter(self.result_type).dump_python(value, mode="json"), self.ws)
             self.out_dir.mkdir(parents=True, exist_ok=True)
             write_record(self.out_dir, self.key, self.task_obj.name, extra={RESULT_KEY: data})
         point_latest(self.ws.latest(self.store), self.out_dir)

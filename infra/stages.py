@@ -33,7 +33,7 @@ from infra.config import StrictModel, flatten_params
 from infra.deepspeed_launch import launch
 from infra.memory import release_freed_memory
 from infra.paths import Workspace, point_latest
-from infra.stage_cache import content_key
+from infra.stage_cache import content_key, from_workspace, to_workspace
 from infra.stage_record import verify_record, write_record
 from infra.tracking import stage_run, tag_active_run
 
@@ -165,26 +165,12 @@ def reuse(stage: Stage, out_dir: Path, ws: Workspace) -> Any | None:
         print(f"stage {stage.name}: output {out_dir} failed verification ({problem}); rerunning it")
         return None
     data = json.loads((out_dir / RESULT_FILE).read_text(encoding="utf-8"))
-    return stage.Result.model_validate(_paths(data, lambda p: str(ws.root / p) if p.startswith(_REL) else p))
-
-
-_REL = "./"  # how result.json marks a path inside the workspace
+    return stage.Result.model_validate(from_workspace(data, ws))
 
 
 def write_result(result: BaseModel, out_dir: Path, ws: Workspace) -> Path:
     """out_dir/result.json with every path inside the workspace written relative to it ("./checkpoints/...")."""
-    root = str(ws.root) + "/"
-    data = _paths(result.model_dump(mode="json"), lambda p: _REL + p[len(root):] if p.startswith(root) else p)
-    return write_json_atomic(out_dir / RESULT_FILE, data)
-
-
-def _paths(data: Any, change: Any) -> Any:
-    """`data` with `change` applied to each string (the JSON of a result: its paths are strings)."""
-    if isinstance(data, dict):
-        return {k: _paths(v, change) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_paths(v, change) for v in data]
-    return change(data) if isinstance(data, str) else data
+    return write_json_atomic(out_dir / RESULT_FILE, to_workspace(result.model_dump(mode="json"), ws))
 
 
 def write_launch(stage: LaunchedStage, spec: Launch, inputs: dict[str, Path | None], out_dir: Path, ws: Workspace,
@@ -222,7 +208,7 @@ def launch_settings(config: Any) -> dict[str, Any]:
     """The launcher's arguments from a stage's `launch` component."""
     launch_cfg = config.launch
     return {"num_procs": launch_cfg.num_procs, "hostfile": launch_cfg.hostfile,
-            "launcher_args": launch_cfg.launcher_args, "timeout_s": getattr(launch_cfg, "rank_timeout_s", None)}
+            "launcher_args": launch_cfg.launcher_args, "timeout_s": launch_cfg.rank_timeout_s}
 
 
 def prefect_task(fn: Any, name: str) -> Any:

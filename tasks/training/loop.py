@@ -258,7 +258,8 @@ def fit(
     engine = build_engine(model, cfg.optim, cfg.launch, micro_batch_size, grad_accum, cfg.steps, ds_config)
     client = load_latest(engine, ckpt_dir, rank, world, echo) if ckpt_dir is not None else {}
     progress = Progress.resumed(client, micro_batch_size * seq_len * grad_accum * world)
-    steps.load_state(client.get("stage") or {}) if client else None
+    if client:
+        steps.load_state(client.get("stage") or {})
     start = progress.step
     progress.clock = StepClock(start, cfg.steps)
     if start and echo:
