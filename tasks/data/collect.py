@@ -25,12 +25,12 @@ from tasks.data.documents import (
     removed_table,
 )
 from tasks.data.hf_source import hf_input_files, read_hf_rows
+from tasks.data.parquet_reader import parquet_records
 from tasks.data.readers import (
     Rejection,
     check_string,
     decode_utf8,
     jsonl_lines,
-    parquet_records,
     parse_json_line,
     read_capped_file,
 )

@@ -61,11 +61,6 @@ def _not_parquet(path: Path, exc: Exception) -> Rejection:
                          "re-export it, or fix the source's kind if it is not Parquet")
 
 
-def parquet_columns(path: Path) -> list[str]:
-    with open_parquet(path) as pf:
-        return [] if isinstance(pf, Rejection) else pf.schema_arrow.names
-
-
 def parquet_records(
     path: Path, columns: list[str], required: tuple[str, ...] = (),
     max_cell_bytes: int = MAX_CELL_BYTES, max_row_group_bytes: int = MAX_ROW_GROUP_BYTES,
@@ -167,10 +162,10 @@ def _cell(arr: pa.Array, i: int, column: str, group: int, first: int, bad: dict[
 def _too_long(cell: pa.Scalar, column: str, group: int, row: int, cap: int) -> Rejection:
     buf = cell.as_buffer()  # the cell's bytes in Arrow's memory: hashed in place, not copied into Python
     prefix = buf[:PREFIX_BYTES].to_pybytes()
-    return Rejection(
+    return Rejection.with_prefix(
         "cell_too_long",
         f"column {column!r}, {_where(group)}row {row}: {buf.size} bytes, over max_cell_bytes={cap}; "
         f"sha256 of the cell={hashlib.sha256(buf).hexdigest()}; raw holds its first {len(prefix)} bytes; "
         "raise max_cell_bytes in the source's catalog entry to read it",
-        raw=prefix, text=prefix.decode("utf-8", "replace"),
+        prefix,
     )

@@ -24,7 +24,6 @@ from typing import Any, NamedTuple
 
 from tasks.data.catalog import MAX_INFLATED_BYTES
 from tasks.data.input_files import NotARegularFile, UnsupportedCompression, open_decompressed, open_regular
-from tasks.data.parquet_reader import parquet_columns, parquet_records  # noqa: F401  (readers' public API)
 from tasks.data.rejection import Rejection
 from tasks.data.text_normalize import has_visible_text
 
@@ -178,21 +177,21 @@ def jsonl_lines(
 
 
 def _too_long(line: _Streamed, max_line_bytes: int) -> Rejection:
-    return Rejection(
+    return Rejection.with_prefix(
         "line_too_long",
         f"{line.size} bytes before its newline, over max_line_bytes={max_line_bytes} (newline counted); "
         f"sha256 of the line without its newline={line.sha256}; raw holds its first {len(line.prefix)} bytes",
-        raw=line.prefix, text=line.prefix.decode("utf-8", "replace"),
+        line.prefix,
     )
 
 
 def _oversize(prefix: bytes, cap: int | None, lineno: int) -> Rejection:
-    return Rejection(
+    return Rejection.with_prefix(
         "oversize_file",
         f"inflated past max_inflated_bytes={cap} inside line {lineno}; the rest of the file, from that line on, "
         f"was not read (raw holds its first {len(prefix)} bytes); raise max_inflated_bytes in the source's "
         "catalog entry to read it",
-        raw=prefix, text=prefix.decode("utf-8", "replace"),
+        prefix,
     )
 
 
@@ -208,11 +207,11 @@ def read_capped_file(path: Path, max_bytes: int) -> bytes | Rejection:
         if len(raw) <= max_bytes:
             return raw
         whole = stream_prefix_and_digest(raw, 0, _CappedReader(fh, None), stop_at_newline=False)
-    return Rejection(
+    return Rejection.with_prefix(
         "oversize_file",
         f"{whole.size} bytes > max_file_bytes={max_bytes}; sha256 of the file={whole.sha256}; raw holds its first "
         f"{len(whole.prefix)} bytes; raise max_file_bytes in the source's catalog entry to read it",
-        raw=whole.prefix, text=whole.prefix.decode("utf-8", "replace"),
+        whole.prefix,
     )
 
 

@@ -17,6 +17,11 @@ class Rejection(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason, self.detail, self.raw, self.text = reason, detail, raw, text
 
+    @classmethod
+    def with_prefix(cls, reason: str, detail: str, prefix: bytes) -> "Rejection":
+        """A rejection that keeps the first bytes of what was read (raw, and as text for a reader)."""
+        return cls(reason, detail, raw=prefix, text=prefix.decode("utf-8", "replace"))
+
     def removed(self, doc_id: str, source: Any, path: str, locator: str, stage: str) -> Removed:
         """This rejection as a quarantined row of `source` (a catalog source config)."""
         return Removed(
