@@ -1,8 +1,8 @@
 """The data flow: collect → exact dedup → near dedup → quality filters → PII → mix → shards.
 
-Each stage is a Prefect task from `tasks/data/` writing into its own content-addressed
-folder (`work/data/<stage>/<key>/`, infra/stage_cache.py), so a rerun with the same
-inputs, config and code reuses completed stages and a variant never overwrites another.
+Each stage is a stage object from `tasks/data/` (infra/stages.py) writing into its own
+content-addressed folder (`work/data/<stage>/<key>/`), so a rerun with the same inputs,
+config and code reuses completed stages and a variant never overwrites another.
 
 With `data.executor=ray` the same stages run on Prefect's Ray task runner, each a Ray task,
 their batch jobs spread over the cluster (tasks/data/parallel.py); the outputs are the same
@@ -21,20 +21,21 @@ from infra.config import config_hash
 from infra.paths import Workspace
 from flows.config import DataConfig, resolve_data_config
 from infra.ray_cluster import check_cluster, on_ray_task_runner, prefect_api_for_workers, ray_task_runner
-from infra.stage_cache import flow_key, OUT, run_cached, submit_cached
+from infra.stage_cache import flow_key
+from infra.stages import run, submit
 from infra.tracking import describe_overrides, stage_run
 from infra.run_signals import stop_on_cancel
 from infra.workspace_lock import workspace_lock
 from tasks.data.catalog import load_catalog
-from tasks.data.collect import collect_source_task, merge_collected_task, source_inputs
-from tasks.data.exact_dedup import exact_dedup_task
+from tasks.data.collect import Collect, MergeCollected, source_inputs
+from tasks.data.exact_dedup import ExactDedup
 from tasks.data.funnel import build_funnel
-from tasks.data.minhash_dedup import near_dedup_task
-from tasks.data.mix import rebalance_mix_task
-from tasks.data.pii_redact import pii_redact_task
-from tasks.data.quality_filter import quality_filter_task
+from tasks.data.minhash_dedup import NearDedup
+from tasks.data.mix import RebalanceMix
+from tasks.data.pii_redact import PiiRedact
+from tasks.data.quality_filter import QualityFilter
 from tasks.reports.data import data_report_markdown, log_data_run, publish_prefect_artifact
-from tasks.data.shards import write_shards_task
+from tasks.data.shards import WriteShards
 
 
 class DataResult(BaseModel):
@@ -57,39 +58,31 @@ def data_flow(config: DataConfig | None = None, workdir: str | None = None, pres
     ws = Workspace.locate(workdir).ensure_writable()
     catalog = load_catalog(config.catalog, only=config.sources)  # a bad catalog fails before any work
     # On Ray every stage is submitted (a Ray task); locally they run in this thread, where Ctrl-C lands.
-    run_stage = (lambda *a, **kw: submit_cached(*a, **kw).result()) if on_ray else run_cached
+    stage = (lambda st, **inputs: submit(st, ws, **inputs).result()) if on_ray else (lambda st, **inputs: run(st, ws, **inputs))
     with stop_on_cancel(), workspace_lock(ws), (prefect_api_for_workers() if on_ray else contextlib.nullcontext()) as api, stage_run(
         ws, "data", config, tags={"llmforge.config_hash": config_hash(config)},
         run_name=f"data {describe_overrides(overrides or [], 'data')}".strip(),
         run_key=flow_key("data", __name__, config, {s.name: source_inputs(catalog, s) for s in catalog.sources}),
-    ) as run:
+    ) as run_:
         if on_ray:
             print(f"data stages on Ray: {len(check_cluster(ws.root, api))} node(s) see the workspace {ws.root}")
         # Each source keyed on its own definition and files: editing one re-collects that one only.
-        pending = [
-            submit_cached(collect_source_task, ws, "data/collect", catalog, s, OUT, source_inputs(catalog, s),
-                          key_ignore=("catalog",))
-            for s in catalog.sources
-        ]
-        per_source = [p.result() for p in pending]
-        collected = run_stage(merge_collected_task, ws, "data/merge", per_source, OUT / "docs.parquet", OUT / "removed.parquet")
-        exact = run_stage(exact_dedup_task, ws, "data/exact", collected.output, OUT / "docs.parquet", OUT / "removed.parquet", config.exact)
-        near = run_stage(near_dedup_task, ws, "data/near", exact.output, OUT / "docs.parquet", OUT / "removed.parquet", config.near)
-        quality = run_stage(quality_filter_task, ws, "data/quality", near.output, OUT / "docs.parquet", OUT / "removed.parquet", catalog.filter_specs())
-        pii = run_stage(pii_redact_task, ws, "data/pii", quality.output, OUT / "docs.parquet", config.pii)
-        weights = catalog.weights()
-        epochs = {s.name: s.max_epochs for s in catalog.sources}
-        mixed = run_stage(rebalance_mix_task, ws, "data/mix", pii.output, OUT / "docs.parquet", OUT / "removed.parquet", weights, epochs, config.mix)
+        pending = [submit(Collect(s, catalog), ws, files=source_inputs(catalog, s)) for s in catalog.sources]
+        collected = stage(MergeCollected(), parts=[p.result() for p in pending])
+        exact = stage(ExactDedup(config.exact), docs=collected.output)
+        near = stage(NearDedup(config.near), docs=exact.output)
+        quality = stage(QualityFilter(catalog.filter_specs()), docs=near.output)
+        pii = stage(PiiRedact(config.pii), docs=quality.output)
+        mixed = stage(RebalanceMix(config.mix), docs=pii.output, weights=catalog.weights(),
+                      max_epochs={s.name: s.max_epochs for s in catalog.sources})
         funnel = build_funnel(collected, exact, near, quality, mixed)
-        removed_files = [r.removed for r in (collected, exact, near, quality, mixed)]
-        manifest = run_stage(
-            write_shards_task, ws, "data/shards", mixed.output, OUT, config.shards, funnel, mixed.report, removed_files,
-            config_hash(config.outputs_identity()),
-        )
+        manifest = stage(WriteShards(config.shards), docs=mixed.output, funnel=funnel, mix_report=mixed.report,
+                         removed_files=[r.removed for r in (collected, exact, near, quality, mixed)],
+                         config_hash=config_hash(config.outputs_identity()))
         publish_prefect_artifact(data_report_markdown(manifest))
-        log_data_run(manifest, ws.run_reports(run.info.run_id))
+        log_data_run(manifest, ws.run_reports(run_.info.run_id))
         print(data_report_markdown(manifest))
-        return DataResult(manifest=manifest, funnel=funnel, mlflow_run_id=run.info.run_id)
+        return DataResult(manifest=manifest, funnel=funnel, mlflow_run_id=run_.info.run_id)
 
 
 def flow_for(config: DataConfig) -> Flow:

@@ -6,11 +6,12 @@ from pathlib import Path
 from prefect import flow
 
 from infra.paths import Workspace
-from infra.stage_cache import flow_key, OUT, run_into
+from infra.stage_cache import flow_key
+from infra.stages import place
 from infra.tracking import stage_run
 from infra.run_signals import stop_on_cancel
 from infra.workspace_lock import workspace_lock
-from tasks.eval.evaluate import EvalConfig, EvalResult, evaluate_checkpoint_task
+from tasks.eval.evaluate import EvalConfig, EvalResult, Evaluate
 from tasks.reports.eval import log_comparison
 
 
@@ -20,10 +21,8 @@ def eval_flow(config: EvalConfig, models: dict[str, str], tokens: str, tokenizer
     ws = Workspace.locate(workdir).ensure_writable()
     with stop_on_cancel(), workspace_lock(ws), stage_run(ws, "evaluate", config, run_key=flow_key(
             "evaluate", __name__, config, {"models": [Path(m) for m in models.values()], "tokens": Path(tokens)})) as run:
-        done = {
-            name: run_into(evaluate_checkpoint_task, ws, "eval", Path(model_dir), Path(tokens), Path(tokenizer), config, OUT, name)
-            for name, model_dir in models.items()
-        }
-        results = {name: result for name, (result, _) in done.items()}
-        print(log_comparison(results, {name: folder for name, (_, folder) in done.items()}, ws.run_reports(run.info.run_id)))
+        placed = {name: place(Evaluate(config), ws, model=Path(model_dir), tokens=Path(tokens), tokenizer=Path(tokenizer),
+                              label=name) for name, model_dir in models.items()}
+        results = {name: p.run() for name, p in placed.items()}
+        print(log_comparison(results, {name: p.out_dir for name, p in placed.items()}, ws.run_reports(run.info.run_id)))
         return results

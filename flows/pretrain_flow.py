@@ -12,11 +12,10 @@ from pydantic import BaseModel
 
 from infra.paths import Workspace
 from infra.run_signals import stop_on_cancel
-from infra.stage_cache import OUT, run_cached, run_into
-from infra.stages import run
+from infra.stages import place, run
 from infra.workspace_lock import workspace_lock
-from tasks.tokenizer.tokenize_shards import TokenizeConfig, tokenize_shards_task
-from tasks.tokenizer.train import TokenizerConfig, train_tokenizer_task
+from tasks.tokenizer.tokenize_shards import TokenizeConfig, TokenizeShards
+from tasks.tokenizer.train import TokenizerConfig, TrainTokenizer
 from tasks.training.config import PretrainConfig
 from tasks.training.pretrain.stage import Pretrain, PretrainResult
 
@@ -30,9 +29,10 @@ class TokenizedData(BaseModel):
 
 def tokenized(ws: Workspace, manifest: Path, tokenizer: TokenizerConfig, tokenize: TokenizeConfig) -> TokenizedData:
     """Train the tokenizer on the manifest's shards and tokenize them (both cached stages)."""
-    tokenizer_path = run_cached(train_tokenizer_task, ws, "tokenizer", Path(manifest), OUT, tokenizer)
-    _, tokens = run_into(tokenize_shards_task, ws, "tokens", Path(manifest), tokenizer_path, OUT, tokenize)
-    return TokenizedData(tokenizer=tokenizer_path, tokens=tokens)
+    tokenizer_path = run(TrainTokenizer(tokenizer), ws, manifest=Path(manifest))
+    tokens = place(TokenizeShards(tokenize), ws, manifest=Path(manifest), tokenizer=tokenizer_path)
+    tokens.run()
+    return TokenizedData(tokenizer=tokenizer_path, tokens=tokens.out_dir)
 
 
 @flow(name="pretrain", log_prints=True)

@@ -1,12 +1,19 @@
-"""A stage is one object; one runner gives it its folder, cache check, MLflow run, Prefect task and launch.
+"""A stage is one object; one runner gives it its folder, cache check, Prefect task, MLflow run and launch.
 
-    class Pretrain(LaunchedStage):                        # tasks/training/pretrain/stage.py
+    class ExactDedup(Stage):                              # tasks/data/exact_dedup.py: runs in this process
+        name, store = "exact_dedup", "data/exact"
+        Config, Result = ExactDedupConfig, StageResult
+        inputs = ("docs",)                                # what the cache key covers, besides config and code
+        def compute(self, inputs, out_dir) -> StageResult
+
+    class Pretrain(LaunchedStage):                        # tasks/training/pretrain/stage.py: runs on DeepSpeed ranks
         name, store = "pretrain", "checkpoints/pretrain"
         Config, Result = PretrainConfig, PretrainResult
-        inputs = ("tokens", "tokenizer")                  # what the cache key covers, besides config and code
+        inputs = ("tokens", "tokenizer")
         def prepare(self, inputs, out_dir) -> Launch      # stage side: check the inputs, say what the ranks read
         ...                                               # rank side: model, steps, result (tasks/training/loop.py)
 
+    exact = run(ExactDedup(config.exact), ws, docs=collected.output)
     base = run(Pretrain(config.pretrain), ws, tokens=tokens_dir, tokenizer=tokenizer_json)
 
 The key of a stage's folder is a sha256 of its name, its code (its module and every project
@@ -15,7 +22,9 @@ module it reaches, infra/code_version.py), its config and the content of each de
 renamed parameter changes no key. A folder is reused only when it matches its record
 (infra/stage_record.py) and holds the stage's result.json, read back as JSON with its paths
 relative to the workspace: no pickle is ever loaded, and a copied or moved workspace reruns
-nothing. A launched stage's ranks read out_dir/job.json and train with out_dir/ds_config.json
+nothing. An in-process stage runs as a Prefect task inside the caller's MLflow run (`submit`
+puts it on the flow's task runner: Ray for the data stages on a cluster). A launched stage gets
+its own MLflow run; its ranks read out_dir/job.json and train with out_dir/ds_config.json
 exactly as written; a rerun into a folder with checkpoints resumes them, refused when the
 settings that change what is trained differ.
 """
@@ -26,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from infra.atomic import write_json_atomic
 from infra.config import StrictModel, flatten_params
@@ -34,35 +43,46 @@ from infra.deepspeed_launch import launch
 from infra.memory import release_freed_memory
 from infra.paths import Workspace, point_latest
 from infra.stage_cache import content_key, from_workspace, to_workspace
-from infra.stage_record import verify_record, write_record
+from infra.stage_record import read_record, verify_record, write_record
 from infra.tracking import stage_run, tag_active_run
 
 JOB_FILE = "job.json"  # what a launched stage's ranks read
-RESULT_FILE = "result.json"  # what its rank 0 writes last; the runner rewrites it with workspace-relative paths
+RESULT_FILE = "result.json"  # the stage's result, its paths relative to the workspace; written before the record
 DS_CONFIG_FILE = "ds_config.json"  # the DeepSpeed config the ranks train with, as written
 CHECKPOINTS_DIR = "checkpoints"
 RANK_MODULE = "tasks.training.loop"  # `deepspeed --module` of every launched stage: the one training loop
 
 
 class Stage:
-    """One stage: its config, its declared inputs, its output store and result type."""
+    """One stage: its config, its declared inputs, its output store and result type.
 
-    name: ClassVar[str]  # the MLflow stage and the Prefect task's name
+    An in-process stage implements `compute(inputs, out_dir)`; a launched one is a LaunchedStage.
+    """
+
+    name: ClassVar[str]  # the Prefect task's (and a launched stage's MLflow stage) name
     store: ClassVar[str]  # infra.paths.Workspace.STORES entry of its folders
-    Config: ClassVar[type[BaseModel]]
-    Result: ClassVar[type[BaseModel]]
-    inputs: ClassVar[tuple[str, ...]] = ()  # names of the upstream paths it reads; None allowed for optional ones
+    Config: ClassVar[Any]
+    Result: ClassVar[Any]  # a pydantic model or any type pydantic validates (a Path)
+    inputs: ClassVar[tuple[str, ...]] = ()  # names of what it reads besides its config: upstream paths, results, values
+    task_options: ClassVar[dict[str, Any]] = {}  # Prefect task options of an in-process stage (retries, ...)
+    # Its Prefect task runs' name, a template over `compute`'s arguments: "collect-{stage.config.name}".
+    run_name: ClassVar[str | None] = None
 
-    def __init__(self, config: BaseModel) -> None:
+    def __init__(self, config: Any = None) -> None:
         self.config = config
+
 
     @classmethod
     def path(cls) -> str:
         """`module:Class`, how a job names the stage for the ranks."""
         return f"{cls.__module__}:{cls.__qualname__}"
 
+    def compute(self, inputs: dict[str, Any], out_dir: Path) -> Any:
+        """In-process stages: do the work into out_dir; the result."""
+        raise NotImplementedError
+
     def after(self, result: BaseModel, inputs: dict[str, Path | None], reports: Path) -> BaseModel:
-        """Stage side, after a fresh run, inside its MLflow run: log a report; the result to record."""
+        """Launched stages, stage side, after a fresh run inside its MLflow run: log a report; the result to record."""
         return result
 
 
@@ -128,49 +148,143 @@ def stage_key(stage: Stage, inputs: dict[str, Any]) -> str:
     return content_key("stage", stage.name, modules, stage.config, inputs)
 
 
-def run(stage: Stage, ws: Workspace, **inputs: Path | None) -> Any:
+def run(stage: Stage, ws: Workspace, **inputs: Any) -> Any:
     """The stage's result: reused from its verified folder, or computed there (a launched stage on its ranks)."""
+    return place(stage, ws, **inputs).run()
+
+
+def submit(stage: Stage, ws: Workspace, **inputs: Any) -> "Pending":
+    """`run` on the flow's task runner (stages submitted together run concurrently); `.result()` waits."""
+    return place(stage, ws, **inputs).submit()
+
+
+def place(stage: Stage, ws: Workspace, **inputs: Any) -> "Placed":
+    """The stage with its key worked out: its folder (named in the active MLflow run before any work)."""
     if sorted(inputs) != sorted(stage.inputs):
         raise TypeError(f"stage {stage.name} declares inputs {sorted(stage.inputs)}, got {sorted(inputs)}")
     key = stage_key(stage, inputs)
-    out_dir, rel = ws.output(stage.store, key), f"{stage.store}/{key[: ws.KEY_CHARS]}"
-    tag = f"{stage.store.replace('/', '.')}.{out_dir.name}"
-    tag_active_run(f"llmforge.out.{tag}", rel)
-    reused = reuse(stage, out_dir, ws)
-    if reused is not None:
-        print(f"stage {stage.name}: reused {rel} (verified against its record)")
-        tag_active_run(f"llmforge.cache.{tag}", "hit")
-        point_latest(ws.latest(stage.store), out_dir)
-        return reused
-    with stage_run(ws, stage.name, stage.config, run_key=key, tags={f"llmforge.out.{tag}": rel}) as mlflow_run:
-        spec = stage.prepare(inputs, out_dir)  # a bad input fails here, before the folder or the ranks exist
-        job = write_launch(stage, spec, inputs, out_dir, ws, mlflow_run.info.run_id)
-        launched = prefect_task(launch, f"{stage.name}-launch")
-        launched(RANK_MODULE, ["--job", str(job)], **launch_settings(stage.config), log=_task_log)
-        result = stage.after(read_result(stage, out_dir), inputs, ws.run_reports(mlflow_run.info.run_id))
-    write_result(result, out_dir, ws)
-    write_record(out_dir, key, stage.name)
-    tag_active_run(f"llmforge.cache.{tag}", "miss")
-    point_latest(ws.latest(stage.store), out_dir)
-    release_freed_memory()
-    return result
+    placed = Placed(stage, ws, inputs, key, ws.output(stage.store, key))
+    tag_active_run(f"llmforge.out.{placed.tag}", placed.rel)
+    return placed
 
 
-def reuse(stage: Stage, out_dir: Path, ws: Workspace) -> Any | None:
-    """The result of a complete, verified earlier run of this key; None (and a line saying why) otherwise."""
-    if not (out_dir / RESULT_FILE).is_file():
-        return None
-    problem = verify_record(out_dir)
-    if problem is not None:
-        print(f"stage {stage.name}: output {out_dir} failed verification ({problem}); rerunning it")
-        return None
-    data = json.loads((out_dir / RESULT_FILE).read_text(encoding="utf-8"))
-    return stage.Result.model_validate(from_workspace(data, ws))
+@dataclass
+class Placed:
+    """One stage call: the stage, its workspace, its inputs, its key and folder."""
+
+    stage: Stage
+    ws: Workspace
+    inputs: dict[str, Any]
+    key: str
+    out_dir: Path
+    damaged: bool = False  # its folder failed verification: it reruns ("rerun" in the MLflow tag)
+
+    @property
+    def rel(self) -> str:
+        return str(self.out_dir.relative_to(self.ws.root))
+
+    @property
+    def tag(self) -> str:
+        # One tag per folder: a run can hold several of one store (collect per source, eval per model).
+        return f"{self.stage.store.replace('/', '.')}.{self.out_dir.name}"
+
+    def run(self) -> Any:
+        done = self.reused()
+        if done is not None:
+            return done
+        if isinstance(self.stage, LaunchedStage):
+            return self.finish(self._launched())
+        return self.finish(self._task()(self.stage, self.inputs, self.out_dir))
+
+    def submit(self) -> "Pending":
+        if isinstance(self.stage, LaunchedStage):  # its work is on its ranks already: wait for it here
+            return Pending(self, None, self.run())
+        done = self.reused()
+        if done is not None:
+            return Pending(self, None, done)
+        return Pending(self, self._task().submit(self.stage, self.inputs, self.out_dir), None)
+
+    def reused(self) -> Any | None:
+        """The result of a complete, verified earlier run of this key (a line says so); None otherwise."""
+        if read_record(self.out_dir) is None or not (self.out_dir / RESULT_FILE).is_file():
+            return None
+        problem = verify_record(self.out_dir)
+        if problem is not None:
+            print(f"stage {self.stage.name}: output {self.rel} failed verification ({problem}); rerunning it")
+            self.damaged = True
+            return None
+        data = json.loads((self.out_dir / RESULT_FILE).read_text(encoding="utf-8"))
+        result = TypeAdapter(self.stage.Result).validate_python(from_workspace(data, self.ws))
+        print(f"stage {self.stage.name}: reused {self.rel} (verified against its record)")
+        self._close("hit")
+        return result
+
+    def finish(self, result: Any) -> Any:
+        """Record a fresh result (result.json, then the record over every file); tag the run; point `latest`."""
+        data = to_workspace(TypeAdapter(self.stage.Result).dump_python(result, mode="json"), self.ws)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.out_dir / RESULT_FILE, data)
+        write_record(self.out_dir, self.key, self.stage.name)
+        self._close("rerun" if self.damaged else "miss")
+        release_freed_memory()  # the next stage starts from what this one freed, not from its peak
+        return result
+
+    def _close(self, cache: str) -> None:
+        tag_active_run(f"llmforge.cache.{self.tag}", cache)
+        point_latest(self.ws.latest(self.stage.store), self.out_dir)
+
+    def _task(self) -> Any:
+        """`compute` as a Prefect task inside a flow run (else the plain function); reuse is decided here,
+        so Prefect neither caches nor persists results."""
+        from prefect import task
+        from prefect.cache_policies import NO_CACHE
+        from prefect.context import FlowRunContext
+
+        if FlowRunContext.get() is None:
+            return _Direct()
+        return task(compute, name=self.stage.name, task_run_name=self.stage.run_name or self.stage.name, cache_policy=NO_CACHE,
+                    persist_result=False, **self.stage.task_options)
+
+    def _launched(self) -> Any:
+        """A launched stage's fresh run, in its own MLflow run: the launcher as the Prefect task."""
+        stage = self.stage
+        with stage_run(self.ws, stage.name, stage.config, run_key=self.key,
+                       tags={f"llmforge.out.{self.tag}": self.rel}) as mlflow_run:
+            spec = stage.prepare(self.inputs, self.out_dir)  # a bad input fails here, before the ranks exist
+            job = write_launch(stage, spec, self.inputs, self.out_dir, self.ws, mlflow_run.info.run_id)
+            launched = prefect_task(launch, f"{stage.name}-launch")
+            launched(RANK_MODULE, ["--job", str(job)], **launch_settings(stage.config), log=_task_log)
+            return stage.after(read_result(stage, self.out_dir), self.inputs, self.ws.run_reports(mlflow_run.info.run_id))
 
 
-def write_result(result: BaseModel, out_dir: Path, ws: Workspace) -> Path:
-    """out_dir/result.json with every path inside the workspace written relative to it ("./checkpoints/...")."""
-    return write_json_atomic(out_dir / RESULT_FILE, to_workspace(result.model_dump(mode="json"), ws))
+def compute(stage: Stage, inputs: dict[str, Any], out_dir: Path) -> Any:
+    """What an in-process stage's Prefect task runs (a module function, so a Ray worker can unpickle it)."""
+    return stage.compute(inputs, out_dir)
+
+
+class _Direct:
+    """`compute` called in this thread, shaped like a Prefect task (outside any flow run: tests, benches)."""
+
+    __call__ = staticmethod(compute)
+
+    def submit(self, *args: Any) -> Any:
+        from concurrent.futures import Future
+
+        done: Future = Future()
+        done.set_result(compute(*args))
+        return done
+
+
+@dataclass
+class Pending:
+    """A submitted stage (or one reused from its folder); `result()` waits, then records it like `run`."""
+
+    placed: Placed
+    future: Any
+    done: Any
+
+    def result(self) -> Any:
+        return self.done if self.future is None else self.placed.finish(self.future.result())
 
 
 def write_launch(stage: LaunchedStage, spec: Launch, inputs: dict[str, Path | None], out_dir: Path, ws: Workspace,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from prefect import task
+from infra.stages import Stage
 
 from tasks.data import builtin_corpus
 from tasks.data.catalog import Catalog, SourceConfig, source_files
@@ -228,12 +228,31 @@ def _retry_on_io_error(task_obj, task_run, state) -> bool:
     return False
 
 
-collect_source_task = task(
-    collect_source,
-    name="collect",
-    task_run_name="collect-{source.name}",
-    retries=3,
-    retry_delay_seconds=[1, 2, 4],
-    retry_condition_fn=_retry_on_io_error,
-)
-merge_collected_task = task(merge_results, name="merge-collected")
+class Collect(Stage):
+    """One source read into documents and quarantined rows: work/data/collect/<key>/<source>.parquet.
+
+    Its config is the source's definition; its input, the source's files (by size and mtime). The
+    catalog only locates and limits what is read, so it is not in the key. Transient I/O errors are
+    retried with backoff; bad data is quarantined and config errors fail at once."""
+
+    name, store, Config, Result = STAGE, "data/collect", SourceConfig, StageResult
+    inputs = ("files",)
+    run_name = "collect-{stage.config.name}"
+    task_options = {"retries": 3, "retry_delay_seconds": [1, 2, 4], "retry_condition_fn": _retry_on_io_error}
+
+    def __init__(self, source: SourceConfig, catalog: Catalog) -> None:
+        super().__init__(source)
+        self.catalog = catalog
+
+    def compute(self, inputs: dict, out_dir: Path) -> StageResult:
+        return collect_source(self.catalog, self.config, out_dir, inputs["files"])
+
+
+class MergeCollected(Stage):
+    """The sources' outputs (`parts`, catalog order) as one documents and one removed file: work/data/merge/<key>/."""
+
+    name, store, Config, Result = "merge-collected", "data/merge", type(None), StageResult
+    inputs = ("parts",)
+
+    def compute(self, inputs: dict, out_dir: Path) -> StageResult:
+        return merge_results(inputs["parts"], out_dir / "docs.parquet", out_dir / "removed.parquet")

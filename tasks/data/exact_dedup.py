@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from prefect import task
+from infra.stages import Stage
 
 from infra.config import StrictModel
 from tasks.data.documents import DOCUMENT_SCHEMA, as_documents, iter_batches, removed_from_documents
@@ -181,4 +181,11 @@ def _dedup_batch(step: DataStep, table: pa.Table, seen: DigestIndex, normalize: 
         step.remove(removed_from_documents(gone, STAGE, reasons, duplicate_of=dup_of))
 
 
-exact_dedup_task = task(exact_dedup, name="exact_dedup")
+class ExactDedup(Stage):
+    """Empty and exactly repeated documents out: work/data/exact/<key>/{docs,removed}.parquet."""
+
+    name, store, Config, Result = STAGE, "data/exact", ExactDedupConfig, StageResult
+    inputs = ("docs",)
+
+    def compute(self, inputs: dict, out_dir: Path) -> StageResult:
+        return exact_dedup(inputs["docs"], out_dir / "docs.parquet", out_dir / "removed.parquet", self.config)

@@ -54,7 +54,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from datasketch.lsh import _optimal_param
-from prefect import task
+from infra.stages import Stage
 from pydantic import Field, model_validator
 from tqdm.auto import tqdm
 
@@ -67,7 +67,7 @@ from tasks.data.lsh_buckets import (
 from tasks.data.minhash_signatures import DTYPE, Scheme, permutations, shingles, signature_job
 from tasks.data.step import DataStep, StageResult
 
-__all__ = ["NearDedupConfig", "compute_signatures", "near_dedup", "near_dedup_task", "plan_workers", "shingles", "banding"]
+__all__ = ["NearDedupConfig", "compute_signatures", "near_dedup", "NearDedup", "plan_workers", "shingles", "banding"]
 
 T = TypeVar("T")
 
@@ -386,4 +386,11 @@ def _stats(tally: _Tally, cfg: NearDedupConfig, bands: int, rows: int, seconds: 
     }
 
 
-near_dedup_task = task(near_dedup, name="near_dedup")
+class NearDedup(Stage):
+    """Near duplicates (MinHash + LSH) out: work/data/near/<key>/{docs,removed}.parquet."""
+
+    name, store, Config, Result = STAGE, "data/near", NearDedupConfig, StageResult
+    inputs = ("docs",)
+
+    def compute(self, inputs: dict, out_dir: Path) -> StageResult:
+        return near_dedup(inputs["docs"], out_dir / "docs.parquet", out_dir / "removed.parquet", self.config)

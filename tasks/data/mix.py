@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
-from prefect import task
+from infra.stages import Stage
 from pydantic import Field
 
 from infra.config import StrictModel
@@ -221,4 +221,13 @@ def rebalance_mix(
     return step.result({f"rows:{s}": rows_out[s] for s in names_all}, report=report)
 
 
-rebalance_mix_task = task(rebalance_mix, name="mix")
+class RebalanceMix(Stage):
+    """Sources sampled to their catalog weights (`weights`, capped at `max_epochs` repeats):
+    work/data/mix/<key>/{docs,removed}.parquet."""
+
+    name, store, Config, Result = STAGE, "data/mix", MixConfig, StageResult
+    inputs = ("docs", "weights", "max_epochs")
+
+    def compute(self, inputs: dict, out_dir: Path) -> StageResult:
+        return rebalance_mix(inputs["docs"], out_dir / "docs.parquet", out_dir / "removed.parquet", inputs["weights"],
+                             inputs["max_epochs"], self.config)

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from prefect import task
+from infra.stages import Stage
 from pydantic import Field
 
 from infra.config import StrictModel
@@ -205,4 +205,11 @@ def _redact_counted(text: str, source: str, cfg: PiiConfig, stats: Counter) -> s
     return new
 
 
-pii_redact_task = task(pii_redact, name="pii")
+class PiiRedact(Stage):
+    """E-mail addresses and IP addresses masked: work/data/pii/<key>/docs.parquet."""
+
+    name, store, Config, Result = STAGE, "data/pii", PiiConfig, StageResult
+    inputs = ("docs",)
+
+    def compute(self, inputs: dict, out_dir: Path) -> StageResult:
+        return pii_redact(inputs["docs"], out_dir / "docs.parquet", self.config)

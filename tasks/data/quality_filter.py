@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from prefect import task
+from infra.stages import Stage
 
 from tasks.data.documents import (
     DOCUMENT_SCHEMA,
@@ -115,4 +115,11 @@ def _write_judgement(step: DataStep, originals: TableWriter, batch: pa.RecordBat
         step.remove(removed_from_documents(dropped, STAGE, [g[0] for g in gone], [g[1] for g in gone]))
 
 
-quality_filter_task = task(quality_filter, name="quality")
+class QualityFilter(Stage):
+    """The catalog's quality rules (config: rule specs by source): work/data/quality/<key>/{docs,removed}.parquet."""
+
+    name, store, Config, Result = STAGE, "data/quality", dict, StageResult
+    inputs = ("docs",)
+
+    def compute(self, inputs: dict, out_dir: Path) -> StageResult:
+        return quality_filter(inputs["docs"], out_dir / "docs.parquet", out_dir / "removed.parquet", self.config)

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
-from prefect import task
+from infra.stages import Stage
 from pydantic import Field
 
 from infra.config import StrictModel
@@ -233,4 +233,13 @@ def _swap_into_place(staging: Path, final: Path) -> None:
         staging.rename(final)
 
 
-write_shards_task = task(write_shards, name="write-shards")
+class WriteShards(Stage):
+    """Shuffled Parquet shards and their manifest (with the funnel, the mix and where removed rows went):
+    work/data/shards/<key>/manifest.json; the manifest's path."""
+
+    name, store, Config, Result = "write-shards", "data/shards", ShardConfig, Path
+    inputs = ("docs", "funnel", "mix_report", "removed_files", "config_hash")
+
+    def compute(self, inputs: dict, out_dir: Path) -> Path:
+        return write_shards(inputs["docs"], out_dir, self.config, inputs["funnel"], inputs["mix_report"],
+                            inputs["removed_files"], inputs["config_hash"])

@@ -34,7 +34,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from prefect import task
+from infra.stages import Stage
 from pydantic import BaseModel, Field
 
 from tasks.eval.choices import ChoiceRecord, choice_records
@@ -268,4 +268,14 @@ def load_eval_result(out_dir: Path) -> EvalResult:
     return EvalResult.model_validate_json(path.read_text(encoding="utf-8"))
 
 
-evaluate_checkpoint_task = task(evaluate_checkpoint, name="evaluate")
+class Evaluate(Stage):
+    """One model's calibration and answers on the validation tokens and arithmetic questions:
+    work/eval/<key>/eval.json. `label` names the model (base, sft, grpo): the few-shot prompt depends on it."""
+
+    name, store, Config, Result = "evaluate", "eval", EvalConfig, EvalResult
+    inputs = ("model", "tokens", "tokenizer", "label")
+    run_name = "evaluate-{inputs[label]}"
+
+    def compute(self, inputs: dict, out_dir: Path) -> EvalResult:
+        return evaluate_checkpoint(inputs["model"], inputs["tokens"], inputs["tokenizer"], self.config, out_dir,
+                                   inputs["label"])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from prefect import task
+from infra.stages import Stage
 from pydantic import BaseModel, Field
 
 from infra.config import StrictModel
@@ -251,4 +251,11 @@ def unigram_perplexity(out_dir: Path) -> float:
     return unigram_perplexity_of(load_token_split(out_dir, "train"), load_token_split(out_dir, "val"), index.vocab_size)
 
 
-tokenize_shards_task = task(tokenize_shards, name="tokenize-shards")
+class TokenizeShards(Stage):
+    """The manifest's shards as token files with train/val splits: work/tokens/<key>/."""
+
+    name, store, Config, Result = "tokenize-shards", "tokens", TokenizeConfig, TokenShards
+    inputs = ("manifest", "tokenizer")
+
+    def compute(self, inputs: dict, out_dir: Path) -> TokenShards:
+        return tokenize_shards(inputs["manifest"], inputs["tokenizer"], out_dir, self.config)

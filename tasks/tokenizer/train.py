@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
-from prefect import task
+from infra.stages import Stage
 from pydantic import Field
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -133,4 +133,11 @@ def special_token_ids(tokenizer: Tokenizer, origin: str = "tokenizer") -> dict[s
     return ids  # type: ignore[return-value]
 
 
-train_tokenizer_task = task(train_tokenizer, name="train-tokenizer")
+class TrainTokenizer(Stage):
+    """A byte-level BPE tokenizer trained on the manifest's shards: work/tokenizer/<key>/; its path."""
+
+    name, store, Config, Result = "train-tokenizer", "tokenizer", TokenizerConfig, Path
+    inputs = ("manifest",)
+
+    def compute(self, inputs: dict, out_dir: Path) -> Path:
+        return train_tokenizer(inputs["manifest"], out_dir, self.config)

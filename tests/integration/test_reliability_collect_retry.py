@@ -20,7 +20,9 @@ import json, os, sys, time
 from pathlib import Path
 from prefect import flow
 from tasks.data.catalog import load_catalog
-from tasks.data.collect import collect_source_task
+from infra.paths import Workspace
+from infra.stages import run
+from tasks.data.collect import Collect, source_inputs
 
 root = Path(sys.argv[1])
 report = {}
@@ -47,7 +49,8 @@ for name, outage in (("flaky", 2), ("gone", 99)):
 
     @flow(name=f"collect-{name}")
     def collect_flow():
-        return collect_source_task(catalog, catalog.sources[0], root / f"out-{name}")
+        source = catalog.sources[0]
+        return run(Collect(source, catalog), Workspace(root / f"ws-{name}"), files=source_inputs(catalog, source))
 
     try:
         result = collect_flow()
