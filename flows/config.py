@@ -223,21 +223,19 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
 
 def resolve_pipeline_config(config: PipelineConfig | None, preset: str, overrides: list[str] | None,
                             workdir: str | Path | None = None) -> PipelineConfig:
-    """`config`, else the preset, with `overrides` (`key=value` strings, as `llmforge --set`) applied on top.
+    """The config a flow runs: `config` as given, else the preset with `overrides` (`key=value` strings, as
+    `llmforge --set`) applied, once.
 
+    With a `config`, its caller has applied the overrides already (the CLI, the pipeline calling the data
+    flow): they only name the MLflow runs, and are checked as keys, never applied a second time.
     `preset` comes from a flow's parameters, so a file must lie inside the checkout or the workspace at `workdir`.
     """
     parsed = parse_overrides(overrides or [])
     refuse_renamed(list(parsed), "override")
     if config is None:
         return load_pipeline_config(preset, parsed, within=preset_roots(workdir))
-    if not parsed:
-        return config
     check_override_keys(list(parsed))
-    data = config.model_dump(mode="json")
-    for dotted, value in parsed.items():
-        set_dotted(data, dotted, value)
-    return parse_config(PipelineConfig, data, "overrides")
+    return config
 
 
 def resolve_data_config(config: DataConfig | None, preset: str, overrides: list[str] | None,

@@ -47,7 +47,8 @@ class DataResult(BaseModel):
 @flow(name="data", log_prints=True)
 def data_flow(config: DataConfig | None = None, workdir: str | None = None, preset: str = "tiny",
               overrides: list[str] | None = None) -> DataResult:
-    """Run the data stages with `config`, else the data section of `preset`, plus `overrides` ("data.near.threshold=0.7").
+    """Run the data stages with `config`, else the data section of `preset` plus `overrides` ("data.near.threshold=0.7");
+    with a `config`, `overrides` are those already applied to it, naming the run.
 
     `workdir` None is the workspace of `Workspace.locate`: `$LLMFORGE_HOME`, else ./work.
     """

@@ -48,7 +48,8 @@ class PipelineResult(BaseModel):
 @flow(name="pipeline", log_prints=True)
 def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = None, preset: str = "tiny",
                   overrides: list[str] | None = None) -> PipelineResult:
-    """Run every stage with `config`, else `preset` (infra/presets/<name>.yaml), plus `overrides` ("key=value").
+    """Run every stage with `config`, else `preset` (infra/presets/<name>.yaml) plus `overrides` ("key=value");
+    with a `config`, `overrides` are those already applied to it, naming the runs.
 
     `workdir` None is the workspace of `Workspace.locate`: `$LLMFORGE_HOME`, else ./work.
     """

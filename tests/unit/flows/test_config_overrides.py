@@ -24,17 +24,18 @@ def test_parse_overrides_names_the_bad_item(bad):
         parse_overrides([bad])
 
 
-def test_overrides_apply_on_top_of_preset_or_given_config():
+def test_overrides_apply_once_on_top_of_the_preset_and_a_given_config_is_used_as_is():
     tiny = load_pipeline_config("tiny")
     cfg = resolve_pipeline_config(None, "tiny", ["data.near.threshold=0.7"])
     assert cfg.data.near.threshold == 0.7
     assert cfg.model_copy(update={"data": tiny.data}) == tiny  # nothing else moved
     given = tiny.model_copy(update={"name": "mine"})
-    assert resolve_pipeline_config(given, "ignored", ["pretrain.steps=3"]).name == "mine"
+    # A given config already holds its overrides (the CLI applied them): they name its runs, never reapplied.
+    assert resolve_pipeline_config(given, "ignored", ["pretrain.steps=3"]) is given
     assert resolve_pipeline_config(given, "ignored", None) is given
     data = resolve_data_config(None, "tiny", ["data.near.threshold=0.7"])
     assert data.near.threshold == 0.7 and data.mix == tiny.data.mix
-    assert resolve_data_config(tiny.data, "tiny", ["data.near.num_perm=64"]).near.num_perm == 64
+    assert resolve_data_config(tiny.data, "tiny", ["data.near.num_perm=64"]) is tiny.data
 
 
 def test_overrides_refuse_unknown_keys_like_the_cli(capsys):
