@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,17 +83,20 @@ def start_prefect_server(home: Path):
 def prefect_api(tmp_path_factory) -> Iterator[str]:
     """One real Prefect server (SQLite) for the session's CLI tests: each CLI run would otherwise
     start and migrate its own temporary server, ~10 s apiece on this machine."""
-    import subprocess
-
     server, api = start_prefect_server(tmp_path_factory.mktemp("prefect-server"))
     try:
         yield api
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_process(server, timeout=20)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM, then SIGKILL after `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 @pytest.fixture

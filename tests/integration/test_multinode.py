@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from infra.deepspeed_launch import free_port
-from tests.conftest import tiny_pretrain_config
+from tests.conftest import stop_process, tiny_pretrain_config
 
 pytestmark = pytest.mark.slow
 
@@ -87,11 +87,7 @@ def loopback_nodes(tmp_path_factory):
             time.sleep(0.3)
         yield d / "ssh_config"
     finally:
-        sshd.terminate()
-        try:
-            sshd.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            sshd.kill()
+        stop_process(sshd, timeout=10)
 
 
 def _loss_curve(ws: Path, run_id: str) -> list[tuple[int, float]]:

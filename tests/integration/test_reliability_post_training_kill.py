@@ -18,7 +18,7 @@ from tasks.training.config import SftDataConfig  # noqa: E402
 from tasks.training.sft.stage import Sft  # noqa: E402
 from tests.conftest import grpo_config, launch_into, saved_tokenizer, sft_config, small_alphabet_bpe, tiny_llama  # noqa: E402
 from tests.integration.test_grpo_stage import quick_sft  # noqa: E402
-from tests.integration.test_reliability_train_kill import run_killed, straight_and_killed  # noqa: E402
+from tests.integration.test_reliability_train_kill import killed_and_resumed, straight_and_killed  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -47,18 +47,8 @@ def test_sigkilled_sft_resumes_to_the_uninterrupted_loss(tmp_path, tok):
                     log_every=5, eval_batches=2, peak_flops=1e9, torch_threads=1, export_hf=False,
                     data=SftDataConfig(builtin=["arithmetic"], val_fraction=0.2,
                                        arithmetic=ArithmeticSftOptions(n=50, max_operand=9, ops="+")))
-    out = tmp_path / "killed"
     inputs = {"base": base_dir, "tokenizer": tok_path, "tokens": None}
-    straight, killed_at = straight_and_killed(
-        lambda: launch_into(Sft(cfg), tmp_path / "straight", tmp_path / "ws-straight", **inputs),
-        lambda: run_killed(Sft.path(), cfg, inputs, out, tmp_path / "ws", cfg.steps))
-
-    said: list[str] = []
-    resumed = launch_into(Sft(cfg), out, tmp_path / "ws", said.append, **inputs)
-    assert any(f"resuming from step {killed_at} " in line for line in said)
-    assert resumed.steps == straight.steps == cfg.steps
-    assert abs(resumed.final_train_loss - straight.final_train_loss) < 1e-5
-    assert abs(resumed.val_loss - straight.val_loss) < 1e-5
+    straight, resumed, killed_at = killed_and_resumed(Sft, cfg, inputs, tmp_path)
     _same_weights(resumed.model_dir, straight.model_dir, atol=1e-5)
     print(f"SFT killed with checkpoint step {killed_at} of {cfg.steps}; final loss "
           f"{resumed.final_train_loss:.6f} vs {straight.final_train_loss:.6f} uninterrupted")
@@ -70,11 +60,8 @@ def test_sigkilled_grpo_resumes_to_the_uninterrupted_rewards(tmp_path, tok):
     cfg = grpo_config(group_size=4, prompts_per_step=2, max_new_tokens=12, steps=16, lr=1e-3, eval_prompts=6,
                           n_train_problems=10, max_operand=9, ops="+", samples_every=3, ckpt_every=3,
                           torch_threads=1, export_hf=False)
-    out = tmp_path / "killed"
     inputs = {"sft": sft_dir, "tokenizer": tok_path}
-    straight, killed_at = straight_and_killed(
-        lambda: launch_into(Grpo(cfg), tmp_path / "straight", tmp_path / "ws-straight", **inputs),
-        lambda: run_killed(Grpo.path(), cfg, inputs, out, tmp_path / "ws", cfg.steps))
+    straight, killed_at, out = straight_and_killed(Grpo, cfg, inputs, tmp_path)
 
     resumed = launch_into(Grpo(cfg), out, tmp_path / "ws", **inputs)
     assert resumed.resumed_from == killed_at and straight.resumed_from is None

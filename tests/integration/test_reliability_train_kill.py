@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -104,13 +103,29 @@ def run_killed(stage: str, cfg: BaseModel, inputs: dict[str, Path | None], out: 
     return killed_at
 
 
-def straight_and_killed(straight: Callable[[], Any], killed: Callable[[], int]) -> tuple[Any, int]:
-    """The uninterrupted run (a thread here) and the killed one (a subprocess) side by side: two launches'
+def straight_and_killed(stage_cls: Any, cfg: Any, inputs: dict[str, Any], tmp_path: Path) -> tuple[Any, int, Path]:
+    """(uninterrupted result, the checkpoint step of a run SIGKILLed into tmp_path/killed, that folder).
+
+    The uninterrupted run (a thread here) and the killed one (a subprocess) go side by side: two launches'
     time for one on two cores."""
+    out = tmp_path / "killed"
     with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(straight)
-        killed_at = killed()
-        return future.result(), killed_at
+        future = pool.submit(launch_into, stage_cls(cfg), tmp_path / "straight", tmp_path / "ws-straight", **inputs)
+        killed_at = run_killed(stage_cls.path(), cfg, inputs, out, tmp_path / "ws", cfg.steps)
+        return future.result(), killed_at, out
+
+
+def killed_and_resumed(stage_cls: Any, cfg: Any, inputs: dict[str, Any], tmp_path: Path) -> tuple[Any, Any, int]:
+    """`straight_and_killed`, then the killed run resumed: (uninterrupted, resumed, resumed-from step), checking
+    that the resume said so and ended at the same step, train loss and validation loss."""
+    straight, killed_at, out = straight_and_killed(stage_cls, cfg, inputs, tmp_path)
+    said: list[str] = []
+    resumed = launch_into(stage_cls(cfg), out, tmp_path / "ws", said.append, **inputs)
+    assert any(f"resuming from step {killed_at} " in line for line in said)
+    assert resumed.steps == straight.steps == cfg.steps
+    assert abs(resumed.final_train_loss - straight.final_train_loss) < 1e-5
+    assert abs(resumed.val_loss - straight.val_loss) < 1e-5
+    return straight, resumed, killed_at
 
 
 @pytest.mark.slow
@@ -118,18 +133,7 @@ def test_sigkilled_pretraining_resumes_to_the_uninterrupted_loss(tmp_path, pretr
     tokenizer, tokens = pretrain_inputs
     cfg = tiny_pretrain_config(max_steps=40, warmup_steps=2, lr=3e-3, ckpt_every=5, keep_checkpoints=2, log_every=5,
                                eval_batches=2, zero="zero0", num_procs=1, peak_flops=1e11, export_hf=False)
-    out = tmp_path / "killed"
-    inputs = {"tokens": tokens, "tokenizer": tokenizer}
-    straight, killed_at = straight_and_killed(
-        lambda: launch_into(Pretrain(cfg), tmp_path / "straight", tmp_path / "ws-straight", **inputs),
-        lambda: run_killed(Pretrain.path(), cfg, inputs, out, tmp_path / "ws", cfg.steps))
-
-    said: list[str] = []
-    resumed = launch_into(Pretrain(cfg), out, tmp_path / "ws", said.append, **inputs)
-    assert any(f"resuming from step {killed_at} " in line for line in said)
-    assert resumed.steps == straight.steps == cfg.steps
-    assert abs(resumed.final_train_loss - straight.final_train_loss) < 1e-5
-    assert abs(resumed.val_loss - straight.val_loss) < 1e-5
+    straight, resumed, killed_at = killed_and_resumed(Pretrain, cfg, {"tokens": tokens, "tokenizer": tokenizer}, tmp_path)
     assert resumed.tokens_seen == straight.tokens_seen
     print(f"killed with checkpoint step {killed_at} of {cfg.steps}; final loss {resumed.final_train_loss:.6f} "
           f"vs {straight.final_train_loss:.6f} uninterrupted")
