@@ -20,6 +20,10 @@ from typing import Any
 import psutil
 
 LOCK_NAME = "lock"
+SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's CPU communication op, built on a machine's first launch
+# What rank 0 prints before it builds SHM_OP (tasks/training/engine.py): the launch then knows a stop leaves its lock.
+BUILDING_SHM_OP = ("building DeepSpeed's CPU shared-memory communication op (first launch on this machine only; "
+                   "it can take a few minutes)")
 # Taking the baton, checking the compiler and writing build.ninja take seconds; a minute is safe.
 STALE_AFTER_S = 60.0
 
@@ -84,4 +88,19 @@ def clear_stale_build_locks(env: Mapping[str, str] | None = None, log: Callable[
         removed.append(lock)
         log(f"removed a stale build lock {lock} ({age:.0f} s old, no build running: an earlier launch was "
             f"stopped while building the op '{lock.parent.name}'); the op is built or loaded again now")
+    return removed
+
+
+def clear_lock_of_stopped_build(env: Mapping[str, str] | None = None, log: Callable[[str], Any] = print) -> list[Path]:
+    """After a launch whose rank said BUILDING_SHM_OP has stopped: remove the lock it left, saying so (its
+    compilers die with it on Ctrl-C, and the next launch would wait STALE_AFTER_S before calling the lock
+    stale). A finished build has released it already."""
+    removed = []
+    for folder in [extensions_root(env) / SHM_OP]:
+        lock = folder / LOCK_NAME
+        if lock.exists() and not _builders(folder):
+            lock.unlink(missing_ok=True)
+            removed.append(lock)
+            log(f"removed the build lock {lock}: this launch was stopped while building the op "
+                f"'{folder.name}'; the next launch builds it again")
     return removed

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from infra.build_lock import clear_stale_build_locks
+from infra.build_lock import BUILDING_SHM_OP, clear_lock_of_stopped_build, clear_stale_build_locks
 from infra.process_tree import SUPERVISOR_ENV, stop_tree, supervisor_token
 from infra.rank_watch import DEFAULT_TIMEOUT_S, RankWatch
 
@@ -246,6 +246,8 @@ def launch(
         finally:
             # On an interrupt or error: the launcher and every rank; after a clean exit: stragglers.
             stop_tree(proc.pid)
+            if BUILDING_SHM_OP in tail:  # stopped while building, it may have left torch's lock
+                clear_lock_of_stopped_build(full_env, log)
             remove_shm_buffers(master_port)
             if env_dir is not None:
                 shutil.rmtree(env_dir, ignore_errors=True)

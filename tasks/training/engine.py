@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from infra.build_lock import BUILDING_SHM_OP
 from infra.deepspeed_launch import build_ds_config, free_port, remove_shm_buffers, resolve_precision
 from models.optim import GuardedAdamW, build_adamw, build_scheduler
 from tasks.training.config import LaunchConfig, OptimConfig
@@ -80,8 +81,7 @@ def init_distributed() -> tuple[int, int]:
             }.items():
                 os.environ.setdefault(key, value)
         if os.environ.get("DS_ACCELERATOR") == "cpu" and not _shm_op_built() and os.environ.get("RANK", "0") == "0":
-            print("building DeepSpeed's CPU shared-memory communication op (first launch on this machine only; "
-                  "it can take a few minutes)", flush=True)
+            print(BUILDING_SHM_OP, flush=True)
         deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
         _unlink_shm_names()
     return dist.get_rank(), dist.get_world_size()

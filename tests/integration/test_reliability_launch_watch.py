@@ -46,3 +46,50 @@ def test_a_launch_after_a_stale_build_lock_clears_it_and_joins(tmp_path):
     assert any(f"removed a stale build lock {lock}" in line for line in lines), lines
     assert any("rank 0/1 joined" in line for line in lines), lines[-20:]
     assert not lock.exists()
+
+
+_DRIVER = """
+import sys
+from infra.deepspeed_launch import launch
+try:
+    launch("tests.integration.op_loading_rank", [], num_procs=1, env={"TORCH_EXTENSIONS_DIR": sys.argv[1]}, timeout_s=600)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_op_build_leaves_no_lock_and_the_next_launch_joins(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) while DeepSpeed compiles its CPU op for the first time."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests.conftest import ROOT
+
+    root = tmp_path / "torch_extensions"
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, str(root)], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    folder = root / OP
+    deadline = time.monotonic() + 300
+    while not any(p.info["name"] in ("ninja", "c++", "cc1plus", "g++")
+                  for p in psutil.process_iter(["name", "cwd"]) if p.info["cwd"] == str(folder)):
+        assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()[0][-3000:]
+        time.sleep(0.2)
+    assert (folder / "lock").exists()  # torch's baton, taken for the build
+    os.killpg(driver.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends: every process of the group
+    out = driver.communicate(timeout=60)[0]
+    assert "interrupted" in out and f"removed the build lock {folder / 'lock'}" in out, out[-3000:]
+    assert not (folder / "lock").exists()
+
+    built = extensions_root({}) / OP / f"{OP}.so"
+    if not built.is_file():
+        return  # building it here would take minutes: the lock being gone is what the next launch needs
+    # The next launch: with the op's files as a finished build leaves them (mtimes kept: nothing to rebuild).
+    shutil.copytree(built.parent, folder, symlinks=True, dirs_exist_ok=True)
+    lines: list[str] = []
+    launch("tests.integration.op_loading_rank", [], num_procs=1, log=lines.append,
+           env={"TORCH_EXTENSIONS_DIR": str(root)}, timeout_s=120)
+    assert any("rank 0/1 joined" in line for line in lines), lines[-20:]
