@@ -8,7 +8,10 @@ each into its own folder of a scratch workspace (`--workdir`, default a temporar
 own MLflow runs, never the pipeline's), then asks the SFT model and every policy the preset's
 evaluation questions (`eval` section: held out, never trained on) and prints, per seed, the
 accuracy with its Wilson 95% interval and the paired GRPO - SFT difference, then the mean ± sd
-over seeds. One seed's gain means little when seeds spread as far as the gain.
+over seeds. One seed's gain means little when seeds spread as far as the gain. Per seed it also gives
+the hallucination rate (wrong and not abstained, of all questions) beside SFT's, and issue 28's goals as
+PASS/FAIL: the in-range gain significant above 0 on >= 200 questions; the hallucination rate at most half
+SFT's without in-range accuracy falling (paired interval).
 """
 from __future__ import annotations
 

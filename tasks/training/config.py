@@ -243,8 +243,8 @@ class GrpoConfig(StrictModel):
                              f"{self.max_operand} (got {self.abstain_max_operand})")
         # right > abstain > wrong: an abstention paying as much as a right answer would teach the policy
         # to abstain on everything, one paying nothing would not teach it to abstain at all.
-        right, unknown = self.rewards.get(self.accuracy_reward, 0.0), self.rewards.get("abstain")
-        if unknown is not None and not 0.0 < unknown < right:
+        right, unknown = self.rewards.get(self.accuracy_reward), self.rewards.get("abstain")
+        if right is not None and unknown is not None and not 0.0 < unknown < right:
             raise ValueError(f"grpo.rewards.abstain={unknown} must lie between 0 and grpo.rewards.{self.accuracy_reward}="
                              f"{right} so that right > abstain > wrong; e.g. abstain: {right * 0.3:g}")
         return self

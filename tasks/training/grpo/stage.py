@@ -14,10 +14,11 @@ and test splits, tasks/eval/gsm8k.py). GRPO runs single-rank here
 DeepSpeed engine (GrpoSteps in tasks/training/grpo/loop.py, the one loop's step), and on this project's scale there is nothing to
 gain from splitting a batch of a few hundred short sequences across ranks.
 
-Measured at the tiny preset's scale (the 2.4M-parameter demo model, 40 steps on 2 CPU
-cores, digits tokenised one per token): GRPO at lr 1e-5 lifts held-out sums a few
-problems at a time (27/59 -> 31/59 in the README run), and seeds differ by a few
-problems either way. At lr 5e-5 the policy drifts from the reference faster than the
+Measured at the tiny preset's scale before issue 28 (the 2.4M-parameter demo model, sums up to
+15, 40 steps on 2 CPU cores, digits tokenised one per token): GRPO at lr 1e-5 lifts held-out
+sums a few problems at a time (27/59 -> 31/59 in the README run), and seeds differ by a few
+problems either way; such a run now ends flagged `flat` when its rollouts' reward and KL did
+not move beyond noise. At lr 5e-5 the policy drifts from the reference faster than the
 KL term holds it and held-out accuracy falls below SFT's. A policy that gives one
 answer to every problem scores the share of problems with that sum, so result.json
 also counts the distinct greedy answers (`distinct_answers`): read an accuracy gain

@@ -80,9 +80,10 @@ def test_report_run_logs_each_models_bits_per_byte_under_the_eval_runs_name() ->
     from tasks.reports.card import _headline_metrics
 
     score = SimpleNamespace(accuracy=0.5, mean_reward=0.5)
-    metrics = _headline_metrics(SimpleNamespace(val_ppl=9.0, unigram_ppl=20.0), SimpleNamespace(before=score, after=score),
+    metrics = _headline_metrics(SimpleNamespace(val_ppl=9.0, unigram_ppl=20.0), SimpleNamespace(before=score, after=score, flat=False),
                                 60.0, _evals())
     assert (metrics["base.bpb"], metrics["sft.bpb"], metrics["grpo.bpb"]) == (1.25, 1.5, 1.75)
+    assert metrics["grpo.flat"] == 0.0  # the pipeline run says whether GRPO moved, beside the GRPO run's tag
 
 
 def test_eval_run_logs_intervals_differences_and_figures(tmp_path: Path, monkeypatch) -> None:
