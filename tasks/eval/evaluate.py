@@ -201,13 +201,15 @@ def scored_answers(confidences: Sequence[float], correct: Sequence[bool],
         "accuracy_lo": acc.accuracy_lo, "accuracy_hi": acc.accuracy_hi,
         "ece_lo": ece_lo, "ece_hi": ece_hi, "ece_equal_mass_lo": em_lo, "ece_equal_mass_hi": em_hi,
     })
-    conf, right = np.asarray(confidences, dtype=np.float64), np.asarray(correct, dtype=np.float64)
-    brier_lo, brier_hi = bootstrap_ratio_interval((conf - right) ** 2, np.ones_like(conf), cfg.bootstrap_resamples, cfg.seed)
-    report = report.model_copy(update={"brier_lo": brier_lo, "brier_hi": brier_hi})
     bins = reliability_bins(confidences, correct, cfg.n_bins, cfg.answer_bin_strategy)
     selective = selective_report(confidences, correct, cfg.target_accuracy)
-    aurc_lo, aurc_hi = bootstrap_interval(conf.size, lambda idx: aurc(conf[idx], right[idx]), cfg.bootstrap_resamples, cfg.seed)
-    return report, bins, selective.model_copy(update={"aurc_lo": aurc_lo, "aurc_hi": aurc_hi})
+    conf, right = np.asarray(confidences, dtype=np.float64), np.asarray(correct, dtype=np.float64)
+    if conf.size >= 2:  # one answer resamples to itself: no interval
+        lo, hi = bootstrap_ratio_interval((conf - right) ** 2, np.ones_like(conf), cfg.bootstrap_resamples, cfg.seed)
+        report = report.model_copy(update={"brier_lo": lo, "brier_hi": hi})
+        lo, hi = bootstrap_interval(conf.size, lambda idx: aurc(conf[idx], right[idx]), cfg.bootstrap_resamples, cfg.seed)
+        selective = selective.model_copy(update={"aurc_lo": lo, "aurc_hi": hi})
+    return report, bins, selective
 
 
 def in_train_range(question: str, max_operand: int) -> bool:

@@ -6,7 +6,8 @@ from tasks.eval.arithmetic import assign_split, make_problems, parse_question, s
 from tasks.eval.evaluate import few_shot_examples, in_train_range
 from tasks.training.sft.data import load_sft_examples
 from tasks.training.grpo.stage import grpo_problems
-from tasks.training.sft.stage import sft_sources
+from tasks.eval.rewards import ABSTENTION
+from tasks.training.sft.stage import is_val_example, sft_sources
 
 
 def _eval_questions(cfg) -> list[str]:
@@ -21,6 +22,9 @@ def test_tiny_preset_evaluates_at_least_500_questions_never_trained_on() -> None
 
     examples, _ = load_sft_examples(sft_sources(cfg.sft.data))
     sft_questions = {ex.instruction for ex in examples}
+    # SFT's validation loss rests on at least 50 held-out examples, some of them abstentions (issue 28).
+    val = [ex for ex in examples if is_val_example(ex.example_id, cfg.sft.data.val_fraction)]
+    assert len(val) >= 50 and any(ex.response == ABSTENTION for ex in val)
     g = cfg.grpo
     grpo_questions = {p.question for p in grpo_problems(g)[0]}  # with the problems beyond the range, to abstain on
     shots = {p.question for p in few_shot_examples(cfg.eval)}
