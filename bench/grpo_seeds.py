@@ -8,7 +8,10 @@ each into its own folder of a scratch workspace (`--workdir`, default a temporar
 own MLflow runs, never the pipeline's), then asks the SFT model and every policy the preset's
 evaluation questions (`eval` section: held out, never trained on) and prints, per seed, the
 accuracy with its Wilson 95% interval and the paired GRPO - SFT difference, then the mean ± sd
-over seeds. One seed's gain means little when seeds spread as far as the gain.
+over seeds. One seed's gain means little when seeds spread as far as the gain. Per seed it also gives
+the hallucination rate (wrong and not abstained, of all questions) beside SFT's, and issue 28's goals as
+PASS/FAIL: the in-range gain significant above 0 on >= 200 questions; the hallucination rate at most half
+SFT's without in-range accuracy falling (paired interval).
 """
 from __future__ import annotations
 
@@ -42,13 +45,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def answers_correct(model_dir: Path, tokenizer, problems, eval_cfg) -> dict[str, bool]:
-    """Whether the model's greedy chat answer to each question is right, by question."""
+def answers_of(model_dir: Path, tokenizer, problems, eval_cfg) -> dict[str, tuple[bool, bool]]:
+    """(right, abstained) of the model's greedy chat answer to each question, by question."""
     from models.export import load_model
     from tasks.eval.evaluate import answer_records
 
     model = load_model(model_dir)
-    return {a.question: a.correct for a in answer_records(model, tokenizer, problems, eval_cfg)}
+    return {a.question: (a.correct, a.abstained) for a in answer_records(model, tokenizer, problems, eval_cfg)}
+
+
+def hallucinated(answers: dict[str, tuple[bool, bool]], questions: list[str]):
+    """The share of `questions` answered wrong and not abstained on, with its Wilson interval."""
+    return proportion([not answers[q][0] and not answers[q][1] for q in questions])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,19 +81,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(problems)} held-out questions (preset {args.preset!r}, operands <= {e.arithmetic_max_operand}); "
           f"GRPO {grpo_cfg.steps} steps per seed, lr {grpo_cfg.optim.lr}; workspace {workdir}", flush=True)
 
-    sft = answers_correct(args.sft_model, tokenizer, problems, e)
+    sft_answers = answers_of(args.sft_model, tokenizer, problems, e)
+    sft = {q: right for q, (right, _) in sft_answers.items()}
     questions = list(sft)
+    sft_halluc = hallucinated(sft_answers, questions)
     # GRPO trains on operands <= train_max_operand: its effect, if any, shows there first.
     in_range = [q for q in questions if e.train_max_operand is not None and in_train_range(q, e.train_max_operand)]
     before = proportion([sft[q] for q in questions])
     before_in = proportion([sft[q] for q in in_range]) if in_range else None
-    print(f"SFT: {before.describe()}" + (f"; in the training range: {before_in.describe()}" if before_in else ""), flush=True)
+    print(f"SFT: {before.describe()}" + (f"; in the training range: {before_in.describe()}" if before_in else "")
+          + f"; hallucinated {sft_halluc.describe()}", flush=True)
     rows = []
     for seed in args.seeds:
         started = time.time()
         result = in_run(Grpo(grpo_cfg.model_copy(update={"seed": seed})), Workspace.locate(workdir), workdir / f"seed{seed}",
                         log=lambda line: None, sft=Path(args.sft_model), tokenizer=Path(args.tokenizer))
-        after = answers_correct(result.model_dir, tokenizer, problems, e)
+        after_answers = answers_of(result.model_dir, tokenizer, problems, e)
+        after = {q: right for q, (right, _) in after_answers.items()}
+        halluc = hallucinated(after_answers, questions)
         score = proportion([after[q] for q in questions])
         diff = paired_difference([sft[q] for q in questions], [after[q] for q in questions])
         score_in = proportion([after[q] for q in in_range]) if in_range else None
@@ -96,12 +109,20 @@ def main(argv: list[str] | None = None) -> int:
                         if in_range else {}),
                      "accuracy_lo": score.accuracy_lo, "accuracy_hi": score.accuracy_hi,
                      "diff": diff.difference, "diff_lo": diff.lo, "diff_hi": diff.hi,
+                     "hallucination": halluc.accuracy, "hallucination_lo": halluc.accuracy_lo,
+                     "hallucination_hi": halluc.accuracy_hi, "abstained": sum(a for _, a in after_answers.values()),
+                     # Issue 28's goals on this seed: (1) in range, GRPO - SFT significant above 0 on >= 200
+                     # questions; (2) hallucination at most half SFT's, in-range accuracy not lower (paired).
+                     "goal_gain": bool(in_range and len(in_range) >= 200 and diff_in.lo > 0),
+                     "goal_hallucination": bool(halluc.accuracy <= sft_halluc.accuracy / 2 and in_range and diff_in.hi >= 0),
                      "stage_before": f"{result.before.n_correct}/{result.before.n}",
                      "stage_after": f"{result.after.n_correct}/{result.after.n}", "seconds": time.time() - started})
-        print(f"seed {seed}: {score.describe()}; GRPO - SFT {diff.describe()}; "
-              + (f"in the training range {score_in.describe()}, GRPO - SFT {diff_in.describe()}; " if in_range else "") +
+        print(f"seed {seed}: {score.describe()}; GRPO - SFT {diff.describe('SFT', 'GRPO')}; "
+              + (f"in the training range {score_in.describe()}, GRPO - SFT {diff_in.describe('SFT', 'GRPO')}; " if in_range else "") +
+              f"hallucinated {halluc.describe()} (SFT {sft_halluc.accuracy:.1%}); "
               f"the stage's own check {rows[-1]['stage_before']} -> {rows[-1]['stage_after']} "
-              f"({rows[-1]['seconds']:.0f} s)", flush=True)
+              f"({rows[-1]['seconds']:.0f} s); goals: gain {'PASS' if rows[-1]['goal_gain'] else 'FAIL'}, "
+              f"hallucination {'PASS' if rows[-1]['goal_hallucination'] else 'FAIL'}", flush=True)
 
     accs, diffs = [r["accuracy"] for r in rows], [r["diff"] for r in rows]
     accs_in = [r["in_range_accuracy"] for r in rows if "in_range_accuracy" in r]
@@ -110,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.stdev(xs) if len(xs) > 1 else float("nan")
 
     summary = {"sft_accuracy": before.accuracy, "n_questions": before.n, "seeds": rows,
+               "sft_hallucination": sft_halluc.accuracy, "sft_hallucination_lo": sft_halluc.accuracy_lo,
+               "sft_hallucination_hi": sft_halluc.accuracy_hi, "sft_abstained": sum(a for _, a in sft_answers.values()),
                "accuracy_mean": statistics.fmean(accs), "accuracy_sd": sd(accs),
                "diff_mean": statistics.fmean(diffs), "diff_sd": sd(diffs)}
     if accs_in:

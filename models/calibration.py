@@ -59,13 +59,15 @@ class CalibrationReport(BaseModel):
     ece_heldout: float | None = None
     ece_after_temperature: float | None = None
     # 95% intervals, filled where the predictions are independent (answers, not tokens):
-    # Wilson for the accuracy, percentile bootstrap for the two ECEs (tasks/eval/intervals.py).
+    # Wilson for the accuracy, percentile bootstrap for the two ECEs and the Brier score (tasks/eval/intervals.py).
     accuracy_lo: float | None = None
     accuracy_hi: float | None = None
     ece_lo: float | None = None
     ece_hi: float | None = None
     ece_equal_mass_lo: float | None = None
     ece_equal_mass_hi: float | None = None
+    brier_lo: float | None = None  # percentile bootstrap over the predictions
+    brier_hi: float | None = None
 
 
 def prediction_arrays(confidences, correct, probabilities: bool = True) -> tuple[np.ndarray, np.ndarray]:

@@ -332,7 +332,10 @@ def eval_result_with_answers(questions: list[str], correct, confidences, answer_
                             mean_token_prob=float(p), n_tokens=4, finished=True, parsed=1, in_train_range=f)
                for q, c, p, f in zip(questions, correct, confidences, flags)]
     inside = [a.correct for a in answers if a.in_train_range]
+    from tasks.eval.abstention import abstention_report
+
     return EvalResult(n_tokens=10, seq_len=8, val_loss=1.0, perplexity=math.e, token_accuracy=0.5,
                       token_calibration=calibration, token_bins=bins, answer_format=answer_format, answers=answers,
                       answer_calibration=calibration, answer_bins=bins, answer_selective=selective,
-                      answer_in_range=proportion(inside) if inside else None)
+                      answer_in_range=proportion(inside) if inside else None,
+                      answer_abstention=abstention_report([a.correct for a in answers], [False] * len(answers)))

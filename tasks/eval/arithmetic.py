@@ -89,41 +89,50 @@ def space_size(max_operand: int, ops: str) -> int:
     return (max_operand + 1) ** 2 * len(set(ops))
 
 
-def make_problems(n: int, seed: int, max_operand: int = 20, ops: str = "+-", split: str | None = None) -> list[ArithmeticProblem]:
+def make_problems(n: int, seed: int, max_operand: int = 20, ops: str = "+-", split: str | None = None,
+                  outside: int | None = None) -> list[ArithmeticProblem]:
     """`n` distinct problems `a op b` with 0 <= a, b <= max_operand, the same for the same arguments.
 
-    With `split` ("sft", "grpo" or "eval") only questions of that split are drawn.
+    With `split` ("sft", "grpo" or "eval") only questions of that split are drawn; with `outside`, only
+    questions with an operand above it (out of a training range `outside`, e.g. to teach abstention).
     """
     _check_args(n, max_operand, ops)
     if split is not None and split not in SPLIT_FRACTIONS:
         raise ValueError(f"split {split!r} is not one of {list(SPLIT_FRACTIONS)}")
-    capacity = space_size(max_operand, ops)
+    if outside is not None and not 0 <= outside < max_operand:
+        raise ValueError(f"outside={outside} must be in [0, max_operand={max_operand}): no operand lies above it")
+    inner = 0 if outside is None else space_size(outside, ops)
+    capacity = space_size(max_operand, ops) - inner
     if split is not None:
         # The hash split is only approximately proportional; count exactly for small spaces.
         if capacity <= 200_000:
             capacity = sum(
                 1 for a in range(max_operand + 1) for b in range(max_operand + 1) for op in sorted(set(ops))
-                if assign_split(_question(a, op, b)) == split
+                if _outside(a, b, outside) and assign_split(_question(a, op, b)) == split
             )
         else:
             capacity = int(capacity * SPLIT_FRACTIONS[split] * 0.9)
     if n > capacity:
         raise ValueError(
             f"asked for {n} distinct problems but only {capacity} exist with max_operand={max_operand}, "
-            f"ops={ops!r}, split={split!r}; raise max_operand or add ops"
+            f"ops={ops!r}, split={split!r}, outside={outside}; raise max_operand or add ops"
         )
-    rng = random.Random(f"{seed}:{max_operand}:{ops}")
+    rng = random.Random(f"{seed}:{max_operand}:{ops}" + ("" if outside is None else f":outside {outside}"))
     seen: set[str] = set()
     out: list[ArithmeticProblem] = []
     while len(out) < n:
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
         op = rng.choice(ops)
         q = _question(a, op, b)
-        if q in seen or (split is not None and assign_split(q) != split):
+        if q in seen or not _outside(a, b, outside) or (split is not None and assign_split(q) != split):
             continue
         seen.add(q)
         out.append(ArithmeticProblem(question=q, answer=_solve(a, op, b)))
     return out
+
+
+def _outside(a: int, b: int, outside: int | None) -> bool:
+    return outside is None or max(a, b) > outside
 
 
 def split_unit(question: str, salt: str = SPLIT_SALT) -> float:

@@ -37,10 +37,12 @@ import torch
 from infra.stages import Stage
 from pydantic import BaseModel, Field
 
+from tasks.eval.abstention import AbstentionReport, abstention_report
 from tasks.eval.choices import ChoiceRecord, choice_records
 from tasks.eval.config import EvalConfig
-from tasks.eval.intervals import Proportion, bootstrap_ece_interval, proportion
-from tasks.eval.selective import SelectiveReport, selective_report
+from tasks.eval.intervals import (Proportion, bootstrap_ece_interval, bootstrap_interval, bootstrap_ratio_interval,
+                                  proportion)
+from tasks.eval.selective import SelectiveReport, aurc, selective_report
 from tasks.eval.tokens import token_metrics
 from models.bpb import token_bytes
 from models.calibration import CalibrationReport, ReliabilityBins, calibration_report, reliability_bins
@@ -57,16 +59,30 @@ class AnswerRecord(BaseModel):
     expected: int
     response: str
     correct: bool
-    confidence: float  # product of the response's token probabilities
-    mean_token_prob: float  # geometric mean of the same
+    abstained: bool = False  # the response says "I don't know" (tasks/eval/rewards.ABSTENTION)
+    # The probability the model gives the answer it states: the product of the response's token
+    # probabilities; 0 for an abstention, which states no answer (tasks/eval/abstention.py).
+    confidence: float
+    response_probability: float | None = None  # the product itself, abstention or not
+    mean_token_prob: float  # geometric mean of the response's token probabilities
     n_tokens: int
     finished: bool  # ended with <|end|> (the few-shot prompt: a newline) within max_answer_tokens
     parsed: int | None = None  # the integer the response states; None: it states none
     in_train_range: bool | None = None  # operands within EvalConfig.train_max_operand; None: not set
 
 
+class EvaluatedModel(BaseModel):
+    """Which model an eval.json is about: its stage, its folder and the sha256 of its weights."""
+
+    stage: str  # the name the evaluation gave it: base, sft, grpo
+    model_dir: str
+    weights_sha256: str  # of model_dir/model.safetensors: the same folder name never hides other weights
+
+
 class EvalResult(BaseModel):
     """Every number of one model's evaluation; `metrics()` flattens it for MLflow."""
+
+    model: EvaluatedModel | None = None  # set by evaluate_checkpoint
 
     n_tokens: int
     seq_len: int
@@ -89,6 +105,7 @@ class EvalResult(BaseModel):
     answer_bins: ReliabilityBins | None = None
     answer_selective: SelectiveReport | None = None
     answer_in_range: Proportion | None = None  # on the questions within EvalConfig.train_max_operand
+    answer_abstention: AbstentionReport | None = None  # accuracy, abstention, hallucination, answered accuracy
     answers: list[AnswerRecord] = Field(default_factory=list)
     choice_calibration: CalibrationReport | None = None
     choice_bins: ReliabilityBins | None = None
@@ -96,9 +113,13 @@ class EvalResult(BaseModel):
     choices: list[ChoiceRecord] = Field(default_factory=list)
 
     @property
-    def n_answered(self) -> int:
-        """Responses that state a parseable answer."""
+    def n_stated(self) -> int:
+        """Responses that state a parseable number (an abstention states none)."""
         return sum(a.parsed is not None for a in self.answers)
+
+    @property
+    def n_abstained(self) -> int:
+        return sum(a.abstained for a in self.answers)
 
     def metrics(self) -> dict[str, float]:
         """Flat numeric metrics (e.g. `token.ece`, `answer.accuracy`, `answer.accuracy_lo`), skipping ones not computed."""
@@ -120,8 +141,11 @@ class EvalResult(BaseModel):
             for key, value in report.model_dump().items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     out[f"{prefix}.{key}"] = float(value)
+        if self.answer_abstention is not None:
+            out.update({f"answer.{k}": v for k, v in self.answer_abstention.metrics().items() if k != "accuracy"
+                        and not k.startswith("accuracy_")})  # answer.accuracy is the calibration report's
         if self.answers:
-            out["answer.n_answered"] = float(self.n_answered)
+            out["answer.n_stated"] = float(self.n_stated)
         return out
 
 
@@ -141,29 +165,34 @@ def answer_records(model: Transformer, tokenizer, problems: Sequence, cfg: EvalC
     """Greedy response to each problem via the chat template, scored by `cfg.reward`; with `shots`, via the
     few-shot completion prompt, scored by `integer_exact`."""
     from tasks.eval.answers import greedy_answers
-    from tasks.eval.rewards import get_reward, parse_answer, parse_integer
+    from tasks.eval.rewards import get_reward, is_abstention, parse_answer, parse_integer
 
     reward = get_reward(cfg.reward if shots is None else "integer_exact")
     parse = parse_answer if shots is None else parse_integer
-    return [
-        AnswerRecord(
+    records = []
+    for a in greedy_answers(model, tokenizer, problems, cfg.max_answer_tokens, cfg.answer_batch_size, shots):
+        abstained = shots is None and is_abstention(a.text)  # the few-shot prompt has no way to abstain
+        probability = float(math.exp(a.logprob))
+        records.append(AnswerRecord(
             question=a.problem.question,
             expected=int(a.problem.answer),
             response=a.text,
-            correct=reward(a.text, a.problem) >= 1.0,
-            confidence=float(math.exp(a.logprob)),
+            correct=not abstained and reward(a.text, a.problem) >= 1.0,
+            abstained=abstained,
+            confidence=0.0 if abstained else probability,
+            response_probability=probability,
             mean_token_prob=float(math.exp(a.logprob / max(a.n_tokens, 1))),
             n_tokens=a.n_tokens,
             finished=a.finished,
             parsed=parse(a.text),
-        )
-        for a in greedy_answers(model, tokenizer, problems, cfg.max_answer_tokens, cfg.answer_batch_size, shots)
-    ]
+        ))
+    return records
 
 
 def scored_answers(confidences: Sequence[float], correct: Sequence[bool],
                    cfg: EvalConfig) -> tuple[CalibrationReport, ReliabilityBins, SelectiveReport]:
-    """Calibration with its intervals, reliability bins and the selective-prediction report of one set of answers."""
+    """Calibration with its intervals (accuracy, ECEs, Brier), reliability bins and the selective-prediction report
+    (AURC with its interval) of one set of answers."""
     report = calibration_report(confidences, correct, cfg.n_bins)
     acc = proportion(correct)
     ece_lo, ece_hi = bootstrap_ece_interval(confidences, correct, cfg.n_bins, "uniform", cfg.bootstrap_resamples, cfg.seed)
@@ -173,7 +202,14 @@ def scored_answers(confidences: Sequence[float], correct: Sequence[bool],
         "ece_lo": ece_lo, "ece_hi": ece_hi, "ece_equal_mass_lo": em_lo, "ece_equal_mass_hi": em_hi,
     })
     bins = reliability_bins(confidences, correct, cfg.n_bins, cfg.answer_bin_strategy)
-    return report, bins, selective_report(confidences, correct, cfg.target_accuracy)
+    selective = selective_report(confidences, correct, cfg.target_accuracy)
+    conf, right = np.asarray(confidences, dtype=np.float64), np.asarray(correct, dtype=np.float64)
+    if conf.size >= 2:  # one answer resamples to itself: no interval
+        lo, hi = bootstrap_ratio_interval((conf - right) ** 2, np.ones_like(conf), cfg.bootstrap_resamples, cfg.seed)
+        report = report.model_copy(update={"brier_lo": lo, "brier_hi": hi})
+        lo, hi = bootstrap_interval(conf.size, lambda idx: aurc(conf[idx], right[idx]), cfg.bootstrap_resamples, cfg.seed)
+        selective = selective.model_copy(update={"aurc_lo": lo, "aurc_hi": hi})
+    return report, bins, selective
 
 
 def in_train_range(question: str, max_operand: int) -> bool:
@@ -192,11 +228,12 @@ def answer_metrics(model: Transformer, tokenizer, problems: Sequence, cfg: EvalC
         answers = [a.model_copy(update={"in_train_range": in_train_range(a.question, cfg.train_max_operand)})
                    for a in answers]
     out: dict = {"answer_format": "few_shot" if few_shot else "chat", "answers": answers}
-    if any(a.parsed is not None for a in answers):  # else n/a: a model that gave no answer has no accuracy to calibrate
+    if any(a.parsed is not None or a.abstained for a in answers):  # else n/a: a model that gave no answer has no accuracy to calibrate
         conf, correct = [a.confidence for a in answers], [a.correct for a in answers]
         out["answer_calibration"], out["answer_bins"], out["answer_selective"] = scored_answers(conf, correct, cfg)
         inside = [a.correct for a in answers if a.in_train_range]
         out["answer_in_range"] = proportion(inside) if inside else None
+        out["answer_abstention"] = abstention_report(correct, [a.abstained for a in answers])
     if cfg.multiple_choice:
         choices = choice_records(model, tokenizer, problems, shots, cfg.answer_batch_size)
         out["choices"] = choices
@@ -241,7 +278,8 @@ def evaluate_checkpoint(
 ) -> EvalResult:
     """Evaluate a saved model (safetensors + config.json) on the val split; write eval.json (its reliability
     diagrams are the report's: tasks/reports/eval.write_reliability_diagrams)."""
-    from models.export import load_model
+    from infra.stage_record import sha256_file
+    from models.export import WEIGHTS, load_model
     from tasks.eval.arithmetic import make_problems
     from tasks.tokenizer.tokenize_shards import load_token_split
     from tasks.tokenizer.train import load_tokenizer
@@ -256,6 +294,8 @@ def evaluate_checkpoint(
         )
     label = name or Path(model_dir).name
     result = evaluate_model(model, val, tokenizer, problems, cfg, few_shot=label in cfg.few_shot_models)
+    result.model = EvaluatedModel(stage=label, model_dir=str(model_dir),
+                                  weights_sha256=sha256_file(Path(model_dir) / WEIGHTS))
     write_text_atomic(Path(out_dir) / EVAL_FILE, result.model_dump_json(indent=2))
     return result
 

@@ -3,7 +3,8 @@
     wilson_interval(k, n)                      an accuracy k/n (Wilson score interval)
     bootstrap_ece_interval(conf, correct, ...) an ECE (percentile bootstrap over the questions, seeded)
     bootstrap_ratio_interval(num, den, ...)    sum(num) / sum(den) over resampled windows, e.g. nats per
-                                               token (perplexity) or per byte (bits per byte)
+                                               token (perplexity) or per byte (bits per byte), or a mean (Brier)
+    bootstrap_interval(n, statistic, ...)      any statistic of n resampled items (AURC)
     paired_difference(correct_a, correct_b)    accuracy of b minus a on the same questions (Newcombe)
 
 Wilson rather than the normal approximation because accuracies near 0 or 1 on a few hundred
@@ -75,6 +76,12 @@ def _resampled(n: int, resamples: int, seed: int, level: float, statistic) -> np
     return np.concatenate(values)
 
 
+def bootstrap_interval(n: int, statistic, resamples: int = 1000, seed: int = 0, level: float = LEVEL) -> tuple[float, float]:
+    """Percentile bootstrap interval of `statistic(indices)` (a number of n items resampled by index), e.g. an AURC."""
+    values = _resampled(n, resamples, seed, level, lambda idx: np.array([statistic(row) for row in idx]))
+    return _percentiles(values, level)
+
+
 def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:
     lo, hi = np.quantile(values, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
     return float(lo), float(hi)
@@ -121,11 +128,11 @@ class PairedDifference(BaseModel):
         """False when the interval contains 0: the data cannot tell the two models apart."""
         return not self.lo <= 0.0 <= self.hi
 
-    def describe(self, scale: float = 100.0, unit: str = " pts") -> str:
-        """E.g. `+1.2 pts [-0.8, +3.1], not significant`."""
+    def describe(self, a: str = "a", b: str = "b", scale: float = 100.0, unit: str = " pts") -> str:
+        """E.g. `+1.2 pts [-0.8, +3.1], not significant: 5 questions right only by GRPO, 3 only by SFT` (a=SFT, b=GRPO)."""
         verdict = "significant" if self.significant else "not significant"
         return (f"{self.difference * scale:+.1f}{unit} [{self.lo * scale:+.1f}, {self.hi * scale:+.1f}], "
-                f"{verdict} (only {self.only_b} vs only {self.only_a} right)")
+                f"{verdict}: {self.only_b} questions right only by {b}, {self.only_a} only by {a}")
 
 
 def paired_difference(correct_a: Sequence[bool], correct_b: Sequence[bool], level: float = LEVEL) -> PairedDifference:

@@ -26,6 +26,10 @@ OPEN, CLOSE = "<answer>", "</answer>"
 # One block, ASCII digits only: [0-9] rather than \d, which would accept e.g. Arabic-Indic digits.
 _INTEGER = re.compile(rf"[ \t\r\n]*(-?[0-9]{{1,{MAX_ANSWER_DIGITS}}})[ \t\r\n]*")
 _BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# The one way to say "I don't know": an answer block holding this word instead of a number. Inside the
+# answer block, so a model learns one format and only chooses what the block holds.
+UNKNOWN = "unknown"
+ABSTENTION = f"{OPEN}{UNKNOWN}{CLOSE}"
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
@@ -70,6 +74,12 @@ def parse_answer(completion: Any) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def is_abstention(completion: Any) -> bool:
+    """True iff the completion's single answer block says "I don't know" (`ABSTENTION`, whitespace around the word allowed)."""
+    inner = _answer_block(completion)
+    return inner is not None and inner.strip(" \t\r\n") == UNKNOWN
+
+
 def reference_answer(reference: Any) -> int | None:
     """The expected integer of a reference: an ArithmeticProblem (its .answer), an int, or an integer string."""
     value = getattr(reference, "answer", reference)
@@ -112,9 +122,21 @@ def integer_exact(completion: str, reference: Any) -> float:
     return _exact(got, want)
 
 
+@register_reward("abstain")
+def abstain(completion: str, reference: Any = None) -> float:
+    """1.0 iff the completion abstains (`ABSTENTION`), else 0.0.
+
+    Weighted below the accuracy reward (`grpo.rewards: {arithmetic_exact: 1.0, abstain: 0.3}`) it orders
+    right > abstain > wrong: saying "I don't know" pays less than the answer and more than a wrong one,
+    so a policy learns to abstain where it is more likely wrong than the weight (GrpoConfig checks the order).
+    """
+    return 1.0 if is_abstention(completion) else 0.0
+
+
 @register_reward("format")
 def format_reward(completion: str, reference: Any = None) -> float:
-    """1.0 for exactly one well-formed <answer>integer</answer> block; 0.5 when the one block holds something else; 0.0 otherwise.
+    """1.0 for exactly one well-formed <answer>integer</answer> block (or the abstention); 0.5 when the one block holds
+    something else; 0.0 otherwise.
 
     The partial credit rewards learning the markers before the content, without paying
     anything for several or nested blocks (which would let a policy hedge its answers).
@@ -123,7 +145,7 @@ def format_reward(completion: str, reference: Any = None) -> float:
     inner = _answer_block(completion)
     if inner is None:
         return 0.0
-    return 1.0 if _INTEGER.fullmatch(inner) else 0.5
+    return 1.0 if _INTEGER.fullmatch(inner) or inner.strip(" \t\r\n") == UNKNOWN else 0.5
 
 
 # GSM8K (Cobbe et al. 2021) ends a worked solution with its final answer after "####": "... = 18 dollars.\n#### 18".

@@ -24,6 +24,8 @@ class SelectiveReport(BaseModel):
     """The accuracy-coverage curve of a set of answers, its AURC, and the threshold reaching `target_accuracy`."""
 
     aurc: float
+    aurc_lo: float | None = None  # percentile bootstrap 95% interval over the answers
+    aurc_hi: float | None = None
     e_aurc: float  # aurc minus the best AURC of a ranking that puts every right answer first
     target_accuracy: float
     # The lowest threshold whose answered part is at least target_accuracy right (largest coverage);

@@ -3,9 +3,9 @@
 The stream is cut into consecutive windows of `seq_len` predictions (the first `max_tokens`);
 every prediction is scored once. Bits per byte (models/bpb.py) counts the UTF-8 bytes of the
 predicted tokens, special tokens excluded, so that models with different tokenizers compare.
-The predictions of one window share their context, so perplexity's and bits per byte's
-intervals resample windows, not tokens (tasks/eval/intervals.bootstrap_ratio_interval); the
-calibration metrics get none. A temperature is fitted on one random part of the predictions
+The predictions of one window share their context, so the intervals of perplexity, bits per
+byte and the Brier score resample windows, not tokens (tasks/eval/intervals.bootstrap_ratio_interval);
+the ECEs get none here. A temperature is fitted on one random part of the predictions
 and judged on the other.
 """
 from __future__ import annotations
@@ -108,6 +108,16 @@ def loss_intervals(sums: np.ndarray, cfg: EvalConfig) -> dict:
     return out
 
 
+def brier_interval(conf: np.ndarray, correct: np.ndarray, seq_len: int, cfg: EvalConfig) -> dict:
+    """The top-1 Brier score's bootstrap interval over the same windows as perplexity's (empty for one window)."""
+    window = np.arange(conf.size) // seq_len  # the windows are consecutive runs of seq_len predictions
+    if window[-1] < 1:
+        return {}
+    squared = np.bincount(window, weights=(conf - correct.astype(np.float64)) ** 2)
+    lo, hi = bootstrap_ratio_interval(squared, np.bincount(window), cfg.bootstrap_resamples, cfg.seed)
+    return {"brier_lo": lo, "brier_hi": hi}
+
+
 def token_metrics(model: Transformer, val_tokens: np.ndarray, cfg: EvalConfig, byte_table: np.ndarray | None = None) -> dict:
     """Loss, perplexity, accuracy and calibration of next-token predictions on `val_tokens`; bits per byte too
     when given the tokenizer's `byte_table` (models.bpb.token_bytes)."""
@@ -131,7 +141,8 @@ def token_metrics(model: Transformer, val_tokens: np.ndarray, cfg: EvalConfig, b
         model.train(was_training)
     report = calibration_report(conf, correct, cfg.n_bins)
     t, before, after = _temperature_study(logits, labels, cfg, rng)
-    report = report.model_copy(update={"temperature": t, "ece_heldout": before, "ece_after_temperature": after})
+    report = report.model_copy(update={"temperature": t, "ece_heldout": before, "ece_after_temperature": after,
+                                       **brier_interval(conf, correct, seq_len, cfg)})
     loss = float(sums[:, 0].sum()) / n_pred
     return {
         **loss_intervals(sums, cfg),

@@ -83,9 +83,12 @@ def _headline_rows(totals: Mapping[str, int], pretrain_ppl: tuple[float | None, 
         f"| near duplicates / exact duplicates / filtered / rejected | {totals.get('near_duplicates', 0)} / {totals.get('exact_duplicates', 0)} / {totals.get('filtered', 0)} / {totals.get('rejected', 0)} |",
         f"| base model perplexity, pretraining's validation (random windows of the val split; unigram baseline) | "
         f"{val_ppl:.1f} ({unigram:.1f}) |" if val_ppl else f"| unigram baseline perplexity | {unigram:.1f} |",
-        f"| SFT validation loss | {sft.val_loss:.3f} |" if sft.val_loss is not None else "| SFT validation loss | - |",
+        (f"| SFT loss on its {sft.examples_val} held-out examples (assistant tokens, nats per token) | {sft.val_loss:.3f} |"
+         if sft.val_loss is not None else "| SFT loss on held-out examples | - (no example held out) |"),
         f"| held-out arithmetic accuracy SFT → GRPO, the GRPO stage's own check (95% CI) | {proportion_of(b.n_correct, b.n).describe()} → {proportion_of(a.n_correct, a.n).describe()} |",
         f"| held-out mean reward SFT → GRPO, the GRPO stage's own check | {b.mean_reward:.3f} → {a.mean_reward:.3f} |",
+        *([f"| **GRPO was flat** | its rollouts' reward and KL did not move beyond noise over {grpo.steps} steps: "
+           "the policy barely changed (raise grpo.optim.lr or grpo.steps) |"] if grpo.flat else []),
     ]
 
 
@@ -99,13 +102,19 @@ def _eval_headline_rows(evals: Mapping[str, EvalResult]) -> list[str]:
             f"{before.describe()} → {after.describe()} |"]
     diffs = stage_differences(evals)
     if "grpo_vs_sft.answer" in diffs:
-        rows.append(f"| GRPO − SFT accuracy (paired, 95% CI) | {diffs['grpo_vs_sft.answer'].describe()} |")
+        rows.append(f"| GRPO − SFT accuracy (paired, 95% CI) | {diffs['grpo_vs_sft.answer'].describe('SFT', 'GRPO')} |")
     if sft.answer_in_range is not None and grpo.answer_in_range is not None:
         rows.append(f"| of those, operands within the training range | "
                     f"{sft.answer_in_range.describe()} → {grpo.answer_in_range.describe()} |")
     if "grpo_vs_sft.answer_in_range" in diffs:
         rows.append(f"| GRPO − SFT within the training range (paired, 95% CI) | "
-                    f"{diffs['grpo_vs_sft.answer_in_range'].describe()} |")
+                    f"{diffs['grpo_vs_sft.answer_in_range'].describe('SFT', 'GRPO')} |")
+    if sft.answer_abstention is not None and grpo.answer_abstention is not None:
+        s, g = sft.answer_abstention, grpo.answer_abstention
+        rows.append(f"| hallucination rate SFT → GRPO: wrong and not abstained, of all {before.n} questions (95% CI) | "
+                    f"{s.hallucination.describe()} → {g.hallucination.describe()} |")
+        rows.append(f"| abstention rate SFT → GRPO (answered \"I don't know\", 95% CI) | "
+                    f"{s.abstention.describe()} → {g.abstention.describe()} |")
     return rows
 
 
@@ -292,6 +301,7 @@ def _headline_metrics(base, grpo: GrpoStageResult, wall_seconds: float,
         "grpo.heldout_accuracy": grpo.after.accuracy,
         "sft.heldout_reward": grpo.before.mean_reward,
         "grpo.heldout_reward": grpo.after.mean_reward,
+        "grpo.flat": float(grpo.flat),
         # The evaluation's bits per byte under the eval run's names (pretraining's validation: `val_bpb`).
         **{f"{name}.bpb": r.bpb for name, r in (evals or {}).items()},
     }

@@ -51,7 +51,7 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     # (label, metric key in EvalResult.metrics(), format); `<key>_lo`/`_hi`, where logged, print as [lo, hi]
     ("validation tokens scored (from the start of the val split)", "n_tokens", ".0f"),
     ("their text, UTF-8 bytes (special tokens excluded)", "n_bytes", ".0f"),
-    ("val loss", "val_loss", ".4f"),
+    ("next-token loss, nats per token (the evaluation's validation windows)", "val_loss", ".4f"),
     ("perplexity", "val_ppl", ".2f"),
     ("bits per byte (comparable across tokenizers)", "bpb", ".4f"),
     ("next-token accuracy", "token.accuracy", ".4f"),
@@ -65,6 +65,9 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     ("token ECE held-out, fitted T", "token.ece_after_temperature", ".4f"),
     ("answer accuracy [95% CI]", "answer.accuracy", ".3f"),
     ("answer accuracy, operands in the training range", "answer_in_range.accuracy", ".3f"),
+    ("abstention rate (answered \"I don't know\")", "answer.abstention_rate", ".3f"),
+    ("hallucination rate (wrong and not abstained, of all questions)", "answer.hallucination_rate", ".3f"),
+    ("accuracy on the questions not abstained on", "answer.answered_accuracy", ".3f"),
     ("answer ECE", "answer.ece", ".4f"),
     ("answer ECE (equal mass)", "answer.ece_equal_mass", ".4f"),
     ("answer Brier", "answer.brier", ".4f"),
@@ -79,7 +82,7 @@ _NOT_ANSWERED = "n/a (no answer)"
 
 
 def _cell(metrics: Mapping[str, float], key: str, fmt: str) -> str:
-    if key.startswith("answer") and metrics.get("answer.n_answered") == 0:
+    if key.startswith("answer") and metrics.get("answer.n_stated") == 0 and "answer.abstention_rate" not in metrics:
         return _NOT_ANSWERED
     if key not in metrics:
         return "-"
@@ -93,7 +96,7 @@ def _questions(r: EvalResult) -> str:
     if not r.answers:
         return "-"
     prompt = "few-shot" if r.answer_format == "few_shot" else "chat"
-    return f"{len(r.answers)} ({r.n_answered} answered, {prompt})"
+    return f"{len(r.answers)} ({r.n_stated} stated a number, {r.n_abstained} abstained, {prompt})"
 
 
 def comparison_table(results: Mapping[str, EvalResult]) -> str:
@@ -104,7 +107,7 @@ def comparison_table(results: Mapping[str, EvalResult]) -> str:
     lines = ["| metric | " + " | ".join(names) + " |", "|---" + "|---:" * len(names) + "|"]
     for label, key, fmt in _ROWS:
         lines.append(f"| {label} | " + " | ".join(_cell(metrics[n], key, fmt) for n in names) + " |")
-    lines.append("| questions (answered, prompt) | " + " | ".join(_questions(results[n]) for n in names) + " |")
+    lines.append("| questions (stated a number, abstained, prompt) | " + " | ".join(_questions(results[n]) for n in names) + " |")
     return "\n".join(lines)
 
 
@@ -115,7 +118,7 @@ def differences_table(results: Mapping[str, EvalResult]) -> str:
     lines = ["| accuracy difference (paired, 95% CI) | answers | answers, operands in the training range "
              "| multiple choice |", "|---|---|---|---|"]
     for a, b in zip(names, names[1:]):
-        cells = [diffs[f"{b}_vs_{a}.{level}"].describe() if f"{b}_vs_{a}.{level}" in diffs else "n/a"
+        cells = [diffs[f"{b}_vs_{a}.{level}"].describe(a, b) if f"{b}_vs_{a}.{level}" in diffs else "n/a"
                  for level in PAIRED_LEVELS]
         lines.append(f"| {b} − {a} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -126,7 +129,8 @@ def selective_table(results: Mapping[str, EvalResult]) -> str:
     target = next((s.target_accuracy for r in results.values() for s in (r.answer_selective, r.choice_selective)
                    if s is not None), None)
     head = f"threshold for accuracy ≥ {target:.2f}" if target is not None else "threshold"
-    lines = [f"| model, task | AURC (E-AURC) | {head} | coverage | accuracy there [95% CI] |", "|---|---:|---:|---:|---|"]
+    lines = [f"| model, task | AURC [95% CI] (E-AURC) | {head} | coverage | accuracy there [95% CI] |",
+             "|---|---:|---:|---:|---|"]
     for name, r in results.items():
         for what, sel in (("answers", r.answer_selective), ("multiple choice", r.choice_selective)):
             if sel is None:
@@ -138,7 +142,8 @@ def selective_table(results: Mapping[str, EvalResult]) -> str:
             else:
                 reach = (f"{sel.threshold_at_target:.3g} | {sel.coverage_at_target:.1%} ({sel.answered_at_target}) | "
                          f"{sel.accuracy_at_target:.3f} [{sel.accuracy_at_target_lo:.3f}, {sel.accuracy_at_target_hi:.3f}]")
-            lines.append(f"| {name}, {what} | {sel.aurc:.4f} ({sel.e_aurc:.4f}) | {reach} |")
+            band = f" [{sel.aurc_lo:.4f}, {sel.aurc_hi:.4f}]" if sel.aurc_lo is not None and sel.aurc_hi is not None else ""
+            lines.append(f"| {name}, {what} | {sel.aurc:.4f}{band} ({sel.e_aurc:.4f}) | {reach} |")
     return "\n".join(lines)
 
 

@@ -225,11 +225,29 @@ class GrpoConfig(StrictModel):
     n_train_problems: int = Field(default=200, gt=0)  # drawn from the task's training split
     max_operand: int = Field(default=20, ge=0)  # keep equal to the SFT arithmetic options
     ops: str = "+-"
+    # Abstention, as in the SFT arithmetic options: `abstain_n` more training problems with an operand in
+    # (max_operand, abstain_max_operand], where the policy is rarely right and the `abstain` reward teaches it
+    # to say "I don't know" instead of guessing.
+    abstain_n: int = Field(default=0, ge=0)
+    abstain_max_operand: int | None = Field(default=None, ge=0)
     problem_seed: int = 0
     optim: GrpoOptim = Field(default_factory=GrpoOptim)
     launch: GrpoLaunch = Field(default_factory=GrpoLaunch)
     checkpoint: GrpoCheckpoint = Field(default_factory=GrpoCheckpoint)
     log: GrpoLog = Field(default_factory=GrpoLog)
+
+    @model_validator(mode="after")
+    def _abstain_between(self) -> "GrpoConfig":
+        if self.abstain_n and (self.abstain_max_operand is None or self.abstain_max_operand <= self.max_operand):
+            raise ValueError(f"grpo.abstain_n={self.abstain_n} needs grpo.abstain_max_operand above grpo.max_operand="
+                             f"{self.max_operand} (got {self.abstain_max_operand})")
+        # right > abstain > wrong: an abstention paying as much as a right answer would teach the policy
+        # to abstain on everything, one paying nothing would not teach it to abstain at all.
+        right, unknown = self.rewards.get(self.accuracy_reward), self.rewards.get("abstain")
+        if right is not None and unknown is not None and not 0.0 < unknown < right:
+            raise ValueError(f"grpo.rewards.abstain={unknown} must lie between 0 and grpo.rewards.{self.accuracy_reward}="
+                             f"{right} so that right > abstain > wrong; e.g. abstain: {right * 0.3:g}")
+        return self
 
 
 # Keys of the configs before they were composed (issue 25), and where each went: a preset or

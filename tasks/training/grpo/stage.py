@@ -14,10 +14,11 @@ and test splits, tasks/eval/gsm8k.py). GRPO runs single-rank here
 DeepSpeed engine (GrpoSteps in tasks/training/grpo/loop.py, the one loop's step), and on this project's scale there is nothing to
 gain from splitting a batch of a few hundred short sequences across ranks.
 
-Measured at the tiny preset's scale (the 2.4M-parameter demo model, 40 steps on 2 CPU
-cores, digits tokenised one per token): GRPO at lr 1e-5 lifts held-out sums a few
-problems at a time (27/59 -> 31/59 in the README run), and seeds differ by a few
-problems either way. At lr 5e-5 the policy drifts from the reference faster than the
+Measured at the tiny preset's scale before issue 28 (the 2.4M-parameter demo model, sums up to
+15, 40 steps on 2 CPU cores, digits tokenised one per token): GRPO at lr 1e-5 lifts held-out
+sums a few problems at a time (27/59 -> 31/59 in the README run), and seeds differ by a few
+problems either way; such a run now ends flagged `flat` when its rollouts' reward and KL did
+not move beyond noise. At lr 5e-5 the policy drifts from the reference faster than the
 KL term holds it and held-out accuracy falls below SFT's. A policy that gives one
 answer to every problem scores the share of problems with that sum, so result.json
 also counts the distinct greedy answers (`distinct_answers`): read an accuracy gain
@@ -33,6 +34,7 @@ import torch
 from pydantic import BaseModel
 
 from infra.stages import Launch, LaunchedStage
+from infra.tracking import set_tag
 from tasks.eval.answers import AnswerScore
 from tasks.training import worker
 from tasks.training.config import RESUME_NEUTRAL, GrpoConfig
@@ -65,6 +67,9 @@ class GrpoStageResult(ExportedModel):
     after: HeldoutScore  # the GRPO policy
     final_train_reward: float | None  # mean reward of the last step's rollouts
     skipped_steps: int
+    # Reward and KL of the last quarter of steps within noise of the first quarter's: the policy did not
+    # move (see `flat_training`); the report and the MLflow run (tag llmforge.grpo_flat) say so.
+    flat: bool = False
     seconds: float  # training and scoring, summed over the launches of a resumed run
     resumed_from: int | None = None  # the checkpoint step the last launch resumed from
 
@@ -79,8 +84,31 @@ def grpo_problems(cfg: GrpoConfig) -> tuple[list[Any], list[Any]]:
                 load_problems(src, src.eval_split, cfg.eval_prompts, cfg.problem_seed))
     from tasks.eval.arithmetic import make_problems
 
-    return (make_problems(cfg.n_train_problems, cfg.problem_seed, cfg.max_operand, cfg.ops, split="grpo"),
-            make_problems(cfg.eval_prompts, cfg.problem_seed, cfg.max_operand, cfg.ops, split="eval"))
+    train = make_problems(cfg.n_train_problems, cfg.problem_seed, cfg.max_operand, cfg.ops, split="grpo")
+    if cfg.abstain_n:  # beyond the trained range: where abstaining pays
+        train += make_problems(cfg.abstain_n, cfg.problem_seed, cfg.abstain_max_operand, cfg.ops, split="grpo",
+                               outside=cfg.max_operand)
+    return train, make_problems(cfg.eval_prompts, cfg.problem_seed, cfg.max_operand, cfg.ops, split="eval")
+
+
+def _moved(values: list[float]) -> bool:
+    """Whether the mean of the last quarter of `values` differs from the first quarter's beyond noise
+    (the normal 95% interval of the difference of the two means excludes 0)."""
+    k = len(values) // 4
+    if k < 2:
+        return True  # too few steps to call anything flat
+    first, last = values[:k], values[-k:]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    var = lambda xs: sum((x - mean(xs)) ** 2 for x in xs) / (len(xs) - 1)  # noqa: E731
+    se = ((var(first) + var(last)) / k) ** 0.5
+    return abs(mean(last) - mean(first)) > 1.96 * se
+
+
+def flat_training(history: list[dict[str, float]]) -> bool:
+    """True when neither the rollouts' mean reward nor the KL to the reference moved beyond noise from the first
+    quarter of steps to the last: a GRPO run that changed nothing a reader could see."""
+    series = {key: [h[key] for h in history if key in h] for key in ("reward_mean", "kl")}
+    return not any(_moved(values) for values in series.values())
 
 
 def _heldout(score: AnswerScore, distinct_answers: int | None = None) -> HeldoutScore:
@@ -100,6 +128,7 @@ def heldout_metrics(out: GrpoStageResult) -> dict[str, float]:
         "heldout_problems": float(out.after.n),
         "heldout_distinct_answers_before": float(out.before.distinct_answers),
         "heldout_distinct_answers_after": float(out.after.distinct_answers),
+        "flat": float(out.flat),
     }
 
 
@@ -159,9 +188,13 @@ class Grpo(LaunchedStage):
             steps=cfg.steps, n_train_problems=len(self.train_problems),
             before=_heldout(res.eval_before, distinct_before), after=_heldout(res.eval_after),
             final_train_reward=res.history[-1]["reward_mean"] if res.history else None,
-            skipped_steps=res.skipped_steps, seconds=res.seconds, resumed_from=res.resumed_from,
+            skipped_steps=res.skipped_steps, flat=flat_training(res.history), seconds=res.seconds,
+            resumed_from=res.resumed_from,
         )
+        if run is not None:
+            set_tag("llmforge.grpo_flat", str(out.flat).lower())
         worker.publish(run, job.out_dir, out, heldout_metrics(out), cfg.steps, [out.samples_path])
         print(f"GRPO held-out: accuracy {out.before.n_correct}/{out.before.n} -> {out.after.n_correct}/{out.after.n}, "
               f"mean reward {out.before.mean_reward:.3f} -> {out.after.mean_reward:.3f}, "
-              f"distinct answers {out.before.distinct_answers} -> {out.after.distinct_answers}")
+              f"distinct answers {out.before.distinct_answers} -> {out.after.distinct_answers}"
+              + ("; FLAT: reward and KL did not move beyond noise (raise grpo.optim.lr or grpo.steps)" if out.flat else ""))

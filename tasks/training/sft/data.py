@@ -13,7 +13,8 @@ The built-in sets need no network and are honestly derived from local material:
   function's docstring, over a fixed list of standard-library modules that have no
   import side effects.
 * `arithmetic`: problems from the `sft` split of tasks/eval/arithmetic.py with
-  `<answer>n</answer>` responses (never the GRPO or eval questions).
+  `<answer>n</answer>` responses (never the GRPO or eval questions), and with `abstain_n`
+  questions beyond the trained range answered `<answer>unknown</answer>` (abstention).
 
 SFT source definitions are YAML files with an `sft_*` kind; `load_sft_catalog` reads them
 from a folder (e.g. `data_catalog/sft/`) and skips any pretraining definitions there.
@@ -34,6 +35,7 @@ from pydantic import Field, model_validator
 from infra.config import ConfigError, StrictModel, parse_config, read_yaml
 from models.special_tokens import SPECIAL_TOKENS
 from tasks.eval.arithmetic import make_problems
+from tasks.eval.rewards import ABSTENTION
 from tasks.data.catalog import SourceBase, check_hf_paths, folder_glob, is_within, match_files
 from tasks.data.documents import make_doc_id
 from tasks.data.parquet_reader import parquet_records
@@ -66,6 +68,17 @@ class ArithmeticSftOptions(StrictModel):
     seed: int = 0
     max_operand: int = Field(default=20, ge=0)
     ops: str = "+-"
+    # Abstention: `abstain_n` more questions with an operand in (max_operand, abstain_max_operand],
+    # answered "I don't know" (tasks/eval/rewards.ABSTENTION), so the model learns the one way to abstain.
+    abstain_n: int = Field(default=0, ge=0)
+    abstain_max_operand: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _abstain_range(self) -> "ArithmeticSftOptions":
+        if self.abstain_n and (self.abstain_max_operand is None or self.abstain_max_operand <= self.max_operand):
+            raise ValueError(f"abstain_n={self.abstain_n} needs abstain_max_operand above max_operand={self.max_operand} "
+                             f"(got {self.abstain_max_operand}): the abstained questions lie outside the trained range")
+        return self
 
 
 class SftSourceConfig(SourceBase):
@@ -280,6 +293,12 @@ def stdlib_docstring_examples() -> Iterator[tuple[str, str, Any]]:
 def _arithmetic_examples(opts: ArithmeticSftOptions) -> Iterator[tuple[str, str, Any]]:
     for i, p in enumerate(make_problems(opts.n, opts.seed, opts.max_operand, opts.ops, split="sft")):
         yield ARITHMETIC_ID_PATH, f"problem:{i}", {"instruction": p.question, "response": p.response}
+    if opts.abstain_n:
+        assert opts.abstain_max_operand is not None  # checked by ArithmeticSftOptions
+        unknown = make_problems(opts.abstain_n, opts.seed, opts.abstain_max_operand, opts.ops, split="sft",
+                                outside=opts.max_operand)
+        for i, p in enumerate(unknown):
+            yield ARITHMETIC_ID_PATH, f"abstain:{i}", {"instruction": p.question, "response": ABSTENTION}
 
 
 def iter_source_records(source: SftSourceConfig, root: Path) -> Iterator[tuple[str, str, Any]]:

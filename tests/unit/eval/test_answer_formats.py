@@ -144,9 +144,12 @@ def test_comparison_reports_intervals_differences_and_selective_prediction() -> 
     sel = selective_table(results)
     assert "threshold for accuracy ≥ 0.80" in sel
     s = results["sft"].answer_selective
-    assert s.threshold_at_target is not None and f"| sft, answers | {s.aurc:.4f} ({s.e_aurc:.4f}) | {s.threshold_at_target:.3g} |" in sel
-    assert "| base, answers | 1.0000 (0.0000) | not reached | 0 | - |" in sel
+    assert s.threshold_at_target is not None and f"| sft, answers | {s.aurc:.4f} [{s.aurc_lo:.4f}, {s.aurc_hi:.4f}] ({s.e_aurc:.4f}) | {s.threshold_at_target:.3g} |" in sel
+    assert s.aurc_lo < s.aurc < s.aurc_hi
+    a_cal = results["sft"].answer_calibration
+    assert a_cal.brier_lo < a_cal.brier < a_cal.brier_hi and "answer.brier_lo" in results["sft"].metrics()
+    assert "| base, answers | 1.0000 [1.0000, 1.0000] (0.0000) | not reached | 0 | - |" in sel
     cmp = comparison_table(results)
     a = results["sft"].answer_calibration
     assert f"| answer accuracy [95% CI] | 0.000 [0.000, 0.006] | {a.accuracy:.3f} [{a.accuracy_lo:.3f}, {a.accuracy_hi:.3f}] |" in cmp
-    assert "| 600 (600 answered, few-shot) | 600 (600 answered, chat) |" in cmp
+    assert "| 600 (600 stated a number, 0 abstained, few-shot) | 600 (600 stated a number, 0 abstained, chat) |" in cmp

@@ -1,6 +1,7 @@
 """The evaluation stage on tiny real models: token metrics, temperature scaling, answers, checkpoints."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -143,10 +144,10 @@ def test_answer_level_confidence_is_the_probability_of_the_response() -> None:
     assert [a.question for a in r.answers] == [p.question for p in problems]
     assert [a.in_train_range for a in r.answers] == [in_train_range(p.question, 10) for p in problems]
     # A random model states no answer: its answer metrics are n/a, never a 0.000 that reads as calibrated.
-    assert not any(a.correct for a in r.answers) and r.n_answered == 0
+    assert not any(a.correct for a in r.answers) and r.n_stated == 0
     assert r.answer_calibration is None and r.answer_bins is None and r.answer_selective is None
     metrics = r.metrics()
-    assert metrics["answer.n_answered"] == 0 and not any(k.startswith("answer.") and k != "answer.n_answered" for k in metrics)
+    assert metrics["answer.n_stated"] == 0 and not any(k.startswith("answer.") and k != "answer.n_stated" for k in metrics)
     # The multiple-choice task needs no parsing: every model has a row there.
     cc = r.choice_calibration
     assert cc is not None and cc.n == 8 and len(r.choices) == 8 and r.choice_selective is not None
@@ -170,7 +171,7 @@ def test_answer_level_confidence_is_the_probability_of_the_response() -> None:
         assert a.finished == (cont[-1] == sp.end_turn)
     table = comparison_table({"base": r, "again": r})
     assert "| answer accuracy [95% CI] | n/a (no answer) | n/a (no answer) |" in table
-    assert "| questions (answered, prompt) | 8 (0 answered, chat) | 8 (0 answered, chat) |" in table
+    assert "| questions (stated a number, abstained, prompt) | 8 (0 stated a number, 0 abstained, chat) | 8 (0 stated a number, 0 abstained, chat) |" in table
     assert f"| multiple-choice accuracy | {cc.accuracy:.3f} [{cc.accuracy_lo:.3f}, {cc.accuracy_hi:.3f}] |" in table
     assert table.count("\n") == len(_ROWS) + 2
 
@@ -235,6 +236,12 @@ def test_evaluate_checkpoint_writes_json_and_the_report_draws_its_figures(tmp_pa
     result = evaluate_checkpoint(model_dir, tmp_path / "tokens", tok_path.parent, cfg, out, name="base")
     saved = json.loads((out / EVAL_FILE).read_text())
     assert saved["n_tokens"] == 200 and len(saved["answers"]) == 5
+    # It names the model it is about, down to the bytes of its weights.
+    weights = hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
+    assert saved["model"] == {"stage": "base", "model_dir": str(model_dir), "weights_sha256": weights}
+    assert {"correct", "abstained", "confidence", "in_train_range"} <= set(saved["answers"][0])
+    tc = result.token_calibration  # the Brier score's interval resamples the same windows as perplexity's
+    assert tc.brier_lo < tc.brier < tc.brier_hi
     assert saved["bpb_lo"] <= saved["bpb"] <= saved["bpb_hi"] and saved["n_bytes"] > 0  # next to perplexity
     assert load_eval_result(out) == result
     assert sorted(p.name for p in out.iterdir()) == [EVAL_FILE]  # numbers only: the figures are the report's
@@ -250,7 +257,7 @@ def test_evaluate_checkpoint_writes_json_and_the_report_draws_its_figures(tmp_pa
     again = evaluate_model(tiny_llama(vocab=vocab), tokens, cfg=cfg.model_copy(update={"n_questions": 0}))
     assert again.val_loss == pytest.approx(result.val_loss, rel=1e-6)
     md, png = write_comparison({"base": result, "sft": result}, tmp_path / "eval")
-    assert "| val loss |" in md.read_text() and png.stat().st_size > 5_000
+    assert "| next-token loss, nats per token (the evaluation's validation windows) |" in md.read_text() and png.stat().st_size > 5_000
 
 
 def test_bad_inputs_are_refused() -> None:

@@ -124,7 +124,7 @@ def test_paired_difference_matches_the_reference_implementation() -> None:
     assert d.difference == pytest.approx(-0.0621, abs=5e-5)
     assert (d.lo, d.hi) == pytest.approx((-0.1186, -0.0046), abs=5e-5)
     assert (d.n, d.only_b, d.only_a, d.b_correct, d.a_correct) == (161, 6, 16, 65, 75)
-    assert d.significant and "significant (only 6 vs only 16 right)" in d.describe()
+    assert d.significant and "significant: 6 questions right only by b, 16 only by a" in d.describe()
     swapped = paired_difference(correct_a=first, correct_b=second)
     assert (swapped.lo, swapped.hi) == pytest.approx((-d.hi, -d.lo), abs=1e-12)
 

@@ -30,7 +30,7 @@ def _evals() -> dict:
     # The base model stated no parseable answer: n/a, never a perfect-looking 0.000.
     base = base.model_copy(update={
         "answers": [a.model_copy(update={"parsed": None}) for a in base.answers],
-        "answer_calibration": None, "answer_bins": None, "answer_selective": None,
+        "answer_calibration": None, "answer_bins": None, "answer_selective": None, "answer_abstention": None,
     })
     in_range = np.arange(520) < 60
     evals = {"base": base, "sft": eval_result_with_answers(questions, sft, conf, in_range=in_range),
@@ -45,10 +45,15 @@ def test_report_card_shows_intervals_significance_and_selective_prediction(tmp_p
     manifest = write_manifest(Manifest(funnel={"web": {"collected": 10, "kept": 8, "filtered": 2}}),
                               tmp_path / "manifest.json")
     stage_score = SimpleNamespace(n_correct=36, n=59, accuracy=36 / 59, mean_reward=0.7)
-    grpo = SimpleNamespace(before=stage_score, after=stage_score)
-    path = write_final_report(manifest, (None, 100.0), SimpleNamespace(val_loss=None), grpo, evals, {}, 60.0,
-                              tmp_path / "report.md")
+    grpo = SimpleNamespace(before=stage_score, after=stage_score, flat=True, steps=40)
+    path = write_final_report(manifest, (None, 100.0), SimpleNamespace(val_loss=0.25, examples_val=59), grpo, evals, {},
+                              60.0, tmp_path / "report.md")
     text = path.read_text()
+    assert "| SFT loss on its 59 held-out examples (assistant tokens, nats per token) | 0.250 |" in text
+    assert "| **GRPO was flat** | its rollouts' reward and KL did not move beyond noise over 40 steps" in text
+    wrong = 520 - sum(a.correct for a in evals["sft"].answers)
+    assert f"| hallucination rate SFT → GRPO: wrong and not abstained, of all 520 questions (95% CI) | {wrong}/520 (" in text
+    assert "| hallucination rate (wrong and not abstained, of all questions) |" in text
     sft_k, grpo_k = sum(a.correct for a in evals["sft"].answers), sum(a.correct for a in evals["grpo"].answers)
     assert f"| held-out arithmetic accuracy SFT → GRPO, evaluation (520 questions, 95% CI) | {sft_k}/520 (" in text
     assert f"→ {grpo_k}/520 (" in text
@@ -65,9 +70,9 @@ def test_report_card_shows_intervals_significance_and_selective_prediction(tmp_p
     assert "| sft − base | n/a |" in text  # no paired difference against a model with no answers
     assert "## Selective prediction" in text and "| grpo, answers |" in text and "threshold for accuracy ≥ 0.80" in text
     diffs = stage_differences(evals)
-    assert f"| GRPO − SFT accuracy (paired, 95% CI) | {diffs['grpo_vs_sft.answer'].describe()} |" in text
+    assert f"| GRPO − SFT accuracy (paired, 95% CI) | {diffs['grpo_vs_sft.answer'].describe('SFT', 'GRPO')} |" in text
     inside = diffs["grpo_vs_sft.answer_in_range"]
-    assert inside.n == 60 and f"| GRPO − SFT within the training range (paired, 95% CI) | {inside.describe()} |" in text
+    assert inside.n == 60 and f"| GRPO − SFT within the training range (paired, 95% CI) | {inside.describe('SFT', 'GRPO')} |" in text
     assert f"| of those, operands within the training range | {evals['sft'].answer_in_range.describe()} → " in text
 
 
@@ -75,9 +80,10 @@ def test_report_run_logs_each_models_bits_per_byte_under_the_eval_runs_name() ->
     from tasks.reports.card import _headline_metrics
 
     score = SimpleNamespace(accuracy=0.5, mean_reward=0.5)
-    metrics = _headline_metrics(SimpleNamespace(val_ppl=9.0, unigram_ppl=20.0), SimpleNamespace(before=score, after=score),
+    metrics = _headline_metrics(SimpleNamespace(val_ppl=9.0, unigram_ppl=20.0), SimpleNamespace(before=score, after=score, flat=False),
                                 60.0, _evals())
     assert (metrics["base.bpb"], metrics["sft.bpb"], metrics["grpo.bpb"]) == (1.25, 1.5, 1.75)
+    assert metrics["grpo.flat"] == 0.0  # the pipeline run says whether GRPO moved, beside the GRPO run's tag
 
 
 def test_eval_run_logs_intervals_differences_and_figures(tmp_path: Path, monkeypatch) -> None:
@@ -96,7 +102,7 @@ def test_eval_run_logs_intervals_differences_and_figures(tmp_path: Path, monkeyp
     assert logged["sft.answer.accuracy_lo"] < logged["sft.answer.accuracy"] < logged["sft.answer.accuracy_hi"]
     assert {"grpo.answer.ece_lo", "grpo.answer.ece_hi", "grpo.answer.aurc", "grpo_vs_sft.answer.accuracy_diff",
             "grpo_vs_sft.answer.accuracy_diff_lo", "grpo_vs_sft.answer.accuracy_diff_hi"} <= set(logged)
-    assert logged["base.answer.n_answered"] == 0 and "base.answer.accuracy" not in logged
+    assert logged["base.answer.n_stated"] == 0 and "base.answer.accuracy" not in logged
     assert logged["grpo.bpb_lo"] < logged["grpo.bpb"] == 1.75 < logged["grpo.bpb_hi"] and logged["sft.val_ppl_hi"] == 2.9
     assert "| accuracy difference (paired, 95% CI) |" in markdown
     assert (tmp_path / "out" / "accuracy_coverage.png").stat().st_size > 5_000

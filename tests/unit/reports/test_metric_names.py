@@ -73,7 +73,7 @@ def test_grpo_logs_its_held_out_score_under_the_heldout_names() -> None:
     assert set(curve) == {"heldout_accuracy", "heldout_reward", "heldout_problems"}
     before = SimpleNamespace(accuracy=0.4, mean_reward=0.5, n_correct=4, n=10, distinct_answers=6)
     after = SimpleNamespace(accuracy=0.5, mean_reward=0.6, n_correct=5, n=10, distinct_answers=7)
-    final = heldout_metrics(SimpleNamespace(before=before, after=after))
+    final = heldout_metrics(SimpleNamespace(before=before, after=after, flat=False))
     # The curve's names are the stems of the before/after summary, not a second vocabulary.
     assert {"heldout_accuracy_before", "heldout_accuracy_after", "heldout_reward_before", "heldout_problems"} <= set(final)
     names = [*curve, *final]

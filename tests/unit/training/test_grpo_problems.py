@@ -16,6 +16,12 @@ def test_arithmetic_by_default():
     train, held_out = grpo_problems(cfg)
     assert train == make_problems(20, 0, 9, "+", split="grpo")
     assert held_out == make_problems(7, 0, 9, "+", split="eval")
+    # Abstention: more problems beyond the trained range, where abstaining pays.
+    train, _ = grpo_problems(cfg.model_copy(update={"abstain_n": 6, "abstain_max_operand": 19}))
+    assert train[:20] == make_problems(20, 0, 9, "+", split="grpo") and len(train) == 26
+    assert all(max(int(t) for t in p.question[8:-1].split(" + ")) > 9 for p in train[20:])
+    with pytest.raises(ValueError, match="abstain_max_operand above grpo.max_operand=9"):
+        type(cfg)(**{**cfg.model_dump(), "abstain_n": 3})
 
 
 def test_gsm8k_splits_from_a_local_copy(tmp_path, monkeypatch):

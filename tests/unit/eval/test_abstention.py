@@ -1,0 +1,105 @@
+"""Abstention: the one way to say "I don't know", the data that teaches it, the reward that pays for it,
+and the evaluation's shares (accuracy, abstention, hallucination, accuracy of the answered)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from models.chat_template import encode_text, special_ids
+from tasks.eval.abstention import abstention_report
+from tasks.eval.arithmetic import make_problems
+from tasks.eval.config import EvalConfig
+from tasks.eval.evaluate import answer_metrics, answer_records
+from tasks.eval.rewards import ABSTENTION, combined_reward, format_reward, get_reward, is_abstention, parse_answer
+from tasks.training.config import GrpoConfig
+from tasks.training.sft.data import ArithmeticSftOptions, SftSourceConfig, load_sft_examples
+from tests.unit.eval.test_answer_formats import Parrot, tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_abstention_is_one_answer_block_and_pays_between_wrong_and_right() -> None:
+    problem = make_problems(1, 0, split="eval")[0]
+    right, wrong = f"<answer>{problem.answer}</answer>", f"<answer>{problem.answer + 1}</answer>"
+    assert ABSTENTION == "<answer>unknown</answer>"
+    assert is_abstention(ABSTENTION) and is_abstention("<answer> unknown </answer>") and parse_answer(ABSTENTION) is None
+    for not_one in ("unknown", "<answer>Unknown</answer>", ABSTENTION * 2, right, "<answer>unknown 3</answer>", None):
+        assert not is_abstention(not_one)
+    assert format_reward(ABSTENTION) == 1.0 and format_reward("<answer>dunno</answer>") == 0.5
+    assert get_reward("abstain")(ABSTENTION, problem) == 1.0 and get_reward("abstain")(right, problem) == 0.0
+    reward = combined_reward({"arithmetic_exact": 1.0, "abstain": 0.3, "format": 0.1})
+    assert reward(right, problem) > reward(ABSTENTION, problem) > reward(wrong, problem)
+    assert reward(ABSTENTION, problem) == pytest.approx(0.4)
+
+
+def test_grpo_refuses_an_abstain_weight_that_breaks_right_over_abstain_over_wrong() -> None:
+    GrpoConfig(rewards={"arithmetic_exact": 1.0, "abstain": 0.3})
+    for weight in (0.0, 1.0, 1.5, -0.2):
+        with pytest.raises(ValueError, match="right > abstain > wrong"):
+            GrpoConfig(rewards={"arithmetic_exact": 1.0, "abstain": weight})
+
+
+def test_out_of_range_problems_and_sft_examples_that_abstain() -> None:
+    outside = make_problems(40, 0, max_operand=20, ops="+", split="sft", outside=10)
+    assert len({p.question for p in outside}) == 40
+    assert all(max(int(t) for t in p.question[8:-1].split(" + ")) > 10 for p in outside)
+    assert make_problems(5, 0, 20, "+", split="sft") == make_problems(5, 0, 20, "+", split="sft", outside=None)
+    with pytest.raises(ValueError, match="outside=20"):
+        make_problems(1, 0, max_operand=20, outside=20)
+    with pytest.raises(ValueError, match="only"):
+        make_problems(10_000, 0, max_operand=20, ops="+", split="sft", outside=10)
+
+    opts = ArithmeticSftOptions(n=30, max_operand=10, ops="+", abstain_n=12, abstain_max_operand=20)
+    source = SftSourceConfig(name="arithmetic", kind="sft_builtin", builtin="arithmetic", licence="CC0-1.0", arithmetic=opts)
+    examples, rejected = load_sft_examples([source])
+    assert not rejected and len(examples) == 42
+    abstained = [e for e in examples if e.response == ABSTENTION]
+    assert len(abstained) == 12 and {e.locator for e in abstained} == {f"abstain:{i}" for i in range(12)}
+    assert all(max(int(t) for t in e.instruction[8:-1].split(" + ")) > 10 for e in abstained)
+    with pytest.raises(ValueError, match="abstain_max_operand above max_operand=10"):
+        ArithmeticSftOptions(max_operand=10, abstain_n=3, abstain_max_operand=10)
+
+
+def test_shares_of_right_abstained_and_hallucinated_answers() -> None:
+    correct = [True] * 6 + [False] * 14
+    abstained = [False] * 6 + [True] * 10 + [False] * 4
+    r = abstention_report(correct, abstained)
+    assert (r.accuracy.correct, r.abstention.correct, r.hallucination.correct) == (6, 10, 4)
+    assert r.accuracy.accuracy + r.abstention.accuracy + r.hallucination.accuracy == pytest.approx(1.0)
+    assert r.answered_accuracy.n == 10 and r.answered_accuracy.accuracy == 0.6
+    m = r.metrics()
+    assert m["hallucination_rate"] == 0.2 and m["hallucination_rate_lo"] < 0.2 < m["hallucination_rate_hi"]
+    assert m["abstention_rate"] == 0.5 and m["answered_accuracy"] == 0.6
+    assert abstention_report([False], [True]).answered_accuracy is None
+    with pytest.raises(ValueError, match="both correct and abstained"):
+        abstention_report([True], [True])
+
+
+def test_an_abstaining_model_states_no_answer_with_confidence_zero_and_hallucinates_nothing() -> None:
+    tok = tokenizer()
+    vocab = tok.get_vocab_size()
+    problems = make_problems(6, 3, max_operand=20, ops="+", split="eval")
+    script = [*encode_text(tok, ABSTENTION), special_ids(tok).end_turn]
+    cfg = EvalConfig(max_answer_tokens=len(script) + 2, answer_batch_size=4, n_bins=5, bootstrap_resamples=50,
+                     multiple_choice=False, train_max_operand=10)
+    records = answer_records(Parrot(vocab, script), tok, problems, cfg)
+    p = math.exp(3.0) / (math.exp(3.0) + vocab - 1)
+    for r in records:
+        assert r.abstained and not r.correct and r.parsed is None and r.confidence == 0.0
+        assert r.response_probability == pytest.approx(p ** len(script), rel=1e-5)
+    out = answer_metrics(Parrot(vocab, script), tok, problems, cfg)
+    a = out["answer_abstention"]
+    assert (a.abstention.accuracy, a.hallucination.accuracy, a.accuracy.accuracy) == (1.0, 0.0, 0.0)
+    assert a.answered_accuracy is None
+    # Calibration and selective prediction see each abstention as an answer at confidence 0 that is not right.
+    bins = out["answer_bins"]
+    assert out["answer_calibration"].ece == 0.0 and bins.n == len(problems)
+    assert {c for c, k in zip(bins.mean_confidence, bins.counts) if k} == {0.0}
+    assert out["answer_selective"].curve_coverage == [1.0] and out["answer_selective"].curve_accuracy == [0.0]
+    assert [x.in_train_range for x in out["answers"]] == [max(int(t) for t in q.question[8:-1].split(" + ")) <= 10
+                                                          for q in problems]
+    # The few-shot prompt has no way to abstain: the same text there is just not a number.
+    few = answer_records(Parrot(vocab, [*encode_text(tok, " unknown\n")]), tok, problems[:2], cfg,
+                         shots=make_problems(2, 0, split="sft"))
+    assert not any(r.abstained for r in few) and all(r.confidence > 0 for r in few)
