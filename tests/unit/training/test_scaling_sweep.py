@@ -130,3 +130,16 @@ def test_report_draws_the_sweep_and_tables_the_prediction(fitted, tmp_path):
     assert "not trained yet" in md and f"depth {pred.depth}" in md
     small = scale_report_markdown(points[:2], 10**6, None, None, None, [], "too few")
     assert "Not fitted: too few" in small and "## Fits" not in small
+
+
+def test_presets_sweeps_validate_and_the_cli_has_scale():
+    from flows.cli import build_parser
+    from flows.config import load_pipeline_config
+
+    args = build_parser().parse_args(["scale", "--set", "scale.budgets=[1e12,2e12]"])
+    assert args.command == "scale" and args.overrides == ["scale.budgets=[1e12,2e12]"]
+    tiny = load_pipeline_config("tiny")
+    assert len(plan_sweep(tiny.scale, tiny.pretrain, tiny.tokenizer.vocab_size)) == 12
+    gpu = load_pipeline_config("gpt-124m")
+    points = plan_sweep(gpu.scale, gpu.pretrain, gpu.tokenizer.vocab_size)
+    assert len(points) == 12 and all(p.steps >= 100 for p in points)  # whole schedules, not a few steps
