@@ -120,6 +120,9 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
             prediction = predict_run(sb, members, budget, per_step)
             intervals = sb.intervals(budget)
             write_prediction(folder, prediction)  # written down before the run exists
+            for line in epoch_warnings([prediction.point()], train_tokens):
+                print(f"WARNING: {line}")
+                warnings.append(line)
             log_metrics({"predicted_bpb": prediction.predicted_bpb, "predicted_bpb_low": prediction.interval[0],
                          "predicted_bpb_high": prediction.interval[1], "predicted_n_params": prediction.n_params,
                          "predicted_tokens": prediction.tokens})
