@@ -51,14 +51,16 @@ class ScaleResult(BaseModel):
 
 
 def record_point(run_id: str | None, point) -> None:
-    """The sweep's params and metrics on a point's own pretraining run (reused points keep theirs: same values)."""
+    """The sweep's params and metrics on a point's own pretraining run. Each is a function of the run's own config
+    (its key), so a point reused by another sweep logs the same values again, which MLflow accepts; the budget
+    label is left out for that reason (two budgets can round to the same steps)."""
     from mlflow.tracking import MlflowClient
 
     if run_id is None:
         return
     client = MlflowClient()
     for key, value in (("n_params", point.n_params), ("tokens", point.tokens), ("flops", f"{point.flops:.6g}"),
-                       ("budget", f"{point.budget:.6g}"), ("depth", point.depth)):
+                       ("depth", point.depth)):
         client.log_param(run_id, key, value)
     client.log_metric(run_id, "val_bpb", point.val_bpb)
     client.log_metric(run_id, "val_loss", point.val_loss)

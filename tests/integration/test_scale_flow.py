@@ -18,7 +18,7 @@ TWO_POINTS = ["tokenizer.vocab_size=1024", "data.mix.total=400000", "scale.budge
 def test_two_point_sweep_tracked_and_cached(tmp_path, prefect_env):
     work = tmp_path / "work"
     args = ["scale", "--preset", "tiny", "--workdir", str(work)] + [a for kv in TWO_POINTS for a in ("--set", kv)]
-    first = run_cli(args, prefect_env, timeout=900)
+    first = run_cli(args, prefect_env, timeout=1800)
     log = first.stdout + first.stderr
     assert "point 1/2 at C=4e+09: depth 1" in log and "point 2/2 at C=4e+09: depth 2" in log
     assert "no fit: sizes per budget {'4e+09': 2}" in log
@@ -50,7 +50,7 @@ def test_two_point_sweep_tracked_and_cached(tmp_path, prefect_env):
     assert {"scale/report.md", "scale/points.json"} <= artifacts
 
     # Rerun: both points are reused from their verified folders; nothing is launched.
-    second = run_cli(args, prefect_env, timeout=900)
+    second = run_cli(args, prefect_env, timeout=1800)
     log = second.stdout + second.stderr
     assert sum("stage pretrain: reused" in line for line in log.splitlines()) == 2, log[-3000:]
     assert "launching:" not in log
