@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("data", help="collect, dedup, filter, mix and shard the catalog's sources", description="Run the data flow: collect → exact dedup → MinHash near-dedup → quality filters → PII redaction → mix → Parquet shards.")
     _common(p)
     p.add_argument("--catalog", help="catalog folder of source YAML files (default: from the preset)")
+    p = sub.add_parser("scale", help="IsoFLOP sweep, scaling-law fits, and a larger run predicted then trained",
+                       description="Train the preset's `scale:` sweep (budgets x model sizes of one family, each an ordinary "
+                                   "cached pretraining run), fit Chinchilla's approaches 2 and 3 with bootstrap intervals, "
+                                   "predict the run at scale.predict_factor x the largest budget, train it and compare "
+                                   "(work/scale/<key>/prediction.json, report.md).")
+    _common(p)
     p = sub.add_parser("show-config", help="print the resolved config of a preset", description="Validate a preset and print it with overrides applied.")
     _common(p)
     p = sub.add_parser("runs", help="list the workspace's MLflow runs, grouped by pipeline run",
@@ -240,7 +246,7 @@ def _workspace_held(workdir: str) -> Iterator[None]:
 
 
 def _run_flow(args: argparse.Namespace) -> int:
-    """`data` or `run`: validate, check the services, start Prefect's server, run the flow, say where to see it."""
+    """`data`, `run` or `scale`: validate, check the services, start Prefect's server, run the flow, say where to see it."""
     from flows.config import load_pipeline_config
     from tasks.data.catalog import load_catalog
 
@@ -249,6 +255,12 @@ def _run_flow(args: argparse.Namespace) -> int:
     _start_flow_services()
     # The flows get the override strings too: they name the MLflow runs after them.
     pairs = list(args.overrides) + ([f"data.catalog={args.catalog}"] if getattr(args, "catalog", None) else [])
+    if args.command == "scale":
+        from flows.scale_flow import scale_flow
+
+        sweep = scale_flow(cfg, workdir=args.workdir, overrides=pairs)
+        _say_where(args.workdir, sweep.mlflow_run_id, f"report: {Path(sweep.report).resolve()}")
+        return 0
     if args.command == "data":
         from flows.data_flow import flow_for
 
@@ -283,7 +295,7 @@ def _show_config(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """The command, with the workspace held first where it writes outputs."""
-    if args.command in ("data", "run"):
+    if args.command in ("data", "run", "scale"):
         from infra.preflight import check_services
 
         _check_catalog_arg(args)

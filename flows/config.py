@@ -28,6 +28,7 @@ from tasks.data.mix import MixConfig
 from tasks.data.pii_redact import PiiConfig
 from tasks.training.config import RENAMED, GrpoConfig, PretrainConfig, SftConfig
 from tasks.data.shards import ShardConfig
+from tasks.training.scaling.config import ScaleConfig
 from tasks.tokenizer.tokenize_shards import TokenizeConfig
 from tasks.tokenizer.train import TokenizerConfig
 
@@ -65,6 +66,7 @@ class PipelineConfig(StrictModel):
     sft: SftConfig = Field(default_factory=SftConfig)
     grpo: GrpoConfig = Field(default_factory=GrpoConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)  # `llmforge scale`: the IsoFLOP sweep (flows/scale_flow.py)
     registered_model: str = "llmforge-tiny"  # MLflow model registry name of the final model
 
     # The GRPO worker looks its rewards up by name hours into a run; an unknown name fails here instead.

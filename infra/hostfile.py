@@ -52,3 +52,9 @@ def check_hostfile(path: Path) -> Path:
 
 
 HostfilePath = Annotated[Path, AfterValidator(check_hostfile)]
+
+
+def node_count(path: Path) -> int:
+    """The nodes a checked hostfile lists: DeepSpeed starts `launch.num_procs` ranks on each."""
+    lines = (line.strip() for line in check_hostfile(Path(path)).read_text(encoding="utf-8").splitlines())
+    return sum(1 for line in lines if line and not line.startswith("#"))

@@ -17,6 +17,13 @@ paper: log L-hat = LSE(a - alpha log N, b - beta log D, e) with A = e^a, B = e^b
 the Huber loss (delta = 1e-3) of its residual against log L, L-BFGS from a grid of starts.
 Under C = 6 N D its minimum has a closed form (`LossLaw.optimum`).
 
+Chinchilla's own numbers: the approach-3 constants printed in Hoffmann et al. (E=1.69, A=406.4,
+B=410.7, alpha=0.34, beta=0.28) put the optimum at Gopher's 5.76e23 FLOPs near 32B parameters on
+3.0T tokens, not at Chinchilla's 70B on 1.4T (which the paper sized from approaches 1 and 2).
+Besiroglu et al. 2024 (arXiv:2404.10102) refit approach 3 to runs reconstructed from the paper's
+plots (E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658); with those the closed form lands
+within 10% of 70B / 1.4T. tests/unit/models/test_scaling.py pins both, with where the figures came from.
+
 Loss is whatever unit the caller measured (nats per token, bits per byte): the law's form
 holds in either, and every number comes back in the same unit. All of it is numpy/scipy.
 """

@@ -1,0 +1,147 @@
+"""The scaling flow: an IsoFLOP sweep of ordinary pretraining runs, its fits, and a larger run predicted, then trained.
+
+    data → tokenizer → token shards (as the pipeline's: the same cached stages)
+    for each budget C and each size N of the family: run(Pretrain(point), ...)   cached: a rerun trains only what is missing
+    fit (Chinchilla approaches 2 and 3, bootstrap) → prediction.json at predict_factor x the largest C
+    run(Pretrain(the predicted run), ...) → prediction.json with measured_bpb → report
+
+One MLflow parent run (`scale`) with each point's pretraining run nested under it, tagged with
+`n_params`, `tokens`, `flops` (params) and `val_bpb`, `val_loss` (metrics): MLflow's chart view
+plots loss against size per budget. The points run one after another on this machine; on a
+cluster each is a DeepSpeed launch over `pretrain.launch.hostfile`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+from pydantic import BaseModel
+
+from flows.config import PipelineConfig, resolve_pipeline_config
+from flows.data_flow import data_flow
+from flows.pretrain_flow import tokenized
+from infra.atomic import write_json_atomic
+from infra.paths import Workspace, point_latest
+from infra.run_signals import stop_on_cancel
+from infra.stage_cache import flow_key
+from infra.stages import run
+from infra.tracking import describe_overrides, log_metrics, stage_run, tag_active_run
+from infra.workspace_lock import workspace_lock
+from tasks.data.catalog import load_catalog
+from tasks.data.collect import source_inputs
+from tasks.reports.scaling import publish_scale_report
+from tasks.training.scaling.prediction import Prediction, fit_problem, fit_sweep, predict_run, write_prediction
+from tasks.training.scaling.sweep import (MeasuredPoint, epoch_warnings, measured_point, plan_sweep, point_config,
+                                 sweep_members, world_size)
+from tasks.tokenizer.tokenize_shards import load_token_index
+from tasks.tokenizer.train import load_tokenizer
+from tasks.training.pretrain.stage import Pretrain
+
+STORE = "scale"
+
+
+class ScaleResult(BaseModel):
+    """What a sweep made: its measured points, the prediction (None when the sweep is too small to fit), the report."""
+
+    mlflow_run_id: str
+    folder: Path
+    points: list[MeasuredPoint]
+    prediction: Prediction | None
+    report: Path
+
+
+def record_point(run_id: str | None, point) -> None:
+    """The sweep's params and metrics on a point's own pretraining run. Each is a function of the run's own config
+    (its key), so a point reused by another sweep logs the same values again, which MLflow accepts; the budget
+    label is left out for that reason (two budgets can round to the same steps)."""
+    from mlflow.tracking import MlflowClient
+
+    if run_id is None:
+        return
+    client = MlflowClient()
+    for key, value in (("n_params", point.n_params), ("tokens", point.tokens), ("flops", f"{point.flops:.6g}"),
+                       ("depth", point.depth)):
+        client.log_param(run_id, key, value)
+    client.log_metric(run_id, "val_bpb", point.val_bpb)
+    client.log_metric(run_id, "val_loss", point.val_loss)
+
+
+@flow(name="scale", log_prints=True)
+def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None, preset: str = "tiny",
+               overrides: list[str] | None = None) -> ScaleResult:
+    """The sweep of `config`'s `scale` section, else `preset`'s, plus `overrides` ("scale.budgets=[1e12,2e12]")."""
+    config = resolve_pipeline_config(config, preset, overrides, workdir)
+    ws = Workspace.locate(workdir).ensure_writable()
+    root = str(ws.root)
+    catalog = load_catalog(config.data.catalog, only=config.data.sources)
+    sources = {s.name: source_inputs(catalog, s) for s in catalog.sources}
+    what = {"data": config.data.outputs_identity(), "tokenizer": config.tokenizer, "tokenize": config.tokenize,
+            "pretrain": config.pretrain, "scale": config.scale}
+    with stop_on_cancel(), workspace_lock(ws), stage_run(
+        ws, "scale", what, run_name=f"scale {describe_overrides(overrides or [])}".strip(),
+        run_key=flow_key("scale", __name__, what, sources),
+    ) as sweep_run:
+        data = data_flow(config.data, workdir=root, overrides=[o for o in overrides or [] if o.startswith("data.")])
+        tok = tokenized(ws, data.manifest, config.tokenizer, config.tokenize)
+        vocab_size = load_tokenizer(tok.tokenizer).get_vocab_size()
+        train_tokens = load_token_index(tok.tokens).tokens("train")
+        members = sweep_members(config.scale, config.pretrain, vocab_size)
+        plan = plan_sweep(config.scale, config.pretrain, vocab_size)
+        # The sweep's folder is keyed on what the sweep is, the data it trains on and this flow's code.
+        folder = ws.output(STORE, flow_key("scale", __name__, what, {"tokens": tok.tokens, "tokenizer": tok.tokenizer}))
+        folder.mkdir(parents=True, exist_ok=True)
+        tag_active_run(f"llmforge.out.{STORE}.{folder.name}", f"{STORE}/{folder.name}")
+        warnings = epoch_warnings(plan, train_tokens)
+        for line in warnings:
+            print(f"WARNING: {line}")
+
+        def train(point, label: str):
+            print(f"{label}: depth {point.depth}, N={point.n_params:,}, D={point.tokens:,} tokens "
+                  f"({point.tokens_per_param:.1f}/param, {point.tokens / train_tokens:.2f} epochs), C={point.flops:.3g}")
+            result = run(Pretrain(point_config(config.pretrain, point, config.scale)), ws, tokens=tok.tokens,
+                         tokenizer=tok.tokenizer)
+            return result, measured_point(point, result, train_tokens)
+
+        points = []
+        for i, point in enumerate(plan, start=1):
+            _, measured = train(point, f"point {i}/{len(plan)} at C={point.budget:.3g}")
+            record_point(measured.mlflow_run_id, measured)
+            points.append(measured)
+        write_json_atomic(folder / "points.json", [p.model_dump(mode="json") for p in points])
+
+        sb = intervals = prediction = None
+        note = fit_problem(points)
+        if note is None:
+            try:
+                sb = fit_sweep(points, members, config.scale)
+            except ValueError as exc:  # a budget whose curve has no minimum among its sizes, named
+                note = str(exc)
+        if sb is not None:
+            budget = config.scale.predict_factor * max(config.scale.budgets)
+            per_step = config.pretrain.batch.tokens_per_step(world_size(config.pretrain))
+            prediction = predict_run(sb, members, budget, per_step)
+            intervals = sb.intervals(budget)
+            write_prediction(folder, prediction)  # written down before the run exists
+            for line in epoch_warnings([prediction.point()], train_tokens):
+                print(f"WARNING: {line}")
+                warnings.append(line)
+            log_metrics({"predicted_bpb": prediction.predicted_bpb, "predicted_bpb_low": prediction.interval[0],
+                         "predicted_bpb_high": prediction.interval[1], "predicted_n_params": prediction.n_params,
+                         "predicted_tokens": prediction.tokens})
+            print(f"prediction at C={budget:.3g}: depth {prediction.depth}, N={prediction.n_params:,}, "
+                  f"D={prediction.tokens:,}: {prediction.predicted_bpb:.4f} bits/byte, 95% interval "
+                  f"[{prediction.interval[0]:.4f}, {prediction.interval[1]:.4f}] ({folder / 'prediction.json'})")
+            result, measured = train(prediction.point(), f"predicted run at C={budget:.3g}")
+            record_point(measured.mlflow_run_id, measured)
+            prediction = prediction.measured(result)
+            write_prediction(folder, prediction)
+            log_metrics({"measured_bpb": prediction.measured_bpb, "prediction_error": prediction.error})
+            print(f"predicted {prediction.predicted_bpb:.4f}, measured {prediction.measured_bpb:.4f} bits/byte "
+                  f"({prediction.error:+.2%}; {'inside' if prediction.inside else 'OUTSIDE'} the 95% interval)")
+        else:
+            print(f"no fit: {note}")
+        report = publish_scale_report(folder, points, train_tokens, sb, intervals, prediction, warnings, note)
+        point_latest(ws.latest(STORE), folder)
+        print(report.markdown)
+        return ScaleResult(mlflow_run_id=sweep_run.info.run_id, folder=folder, points=points, prediction=prediction,
+                           report=report.path)

@@ -1,0 +1,28 @@
+"""The `scale:` section of a preset (torch-free, as flows/config.py needs; tasks/training/scaling/sweep.py plans from it)."""
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from infra.config import StrictModel
+
+
+class ScaleConfig(StrictModel):
+    """The `scale:` section of a preset: the budgets, the family, and the run predicted before it is trained."""
+
+    budgets: list[float] = Field(default_factory=lambda: [2e12, 4e12, 8e12])  # training FLOPs (models/flops.py count)
+    sizes_per_budget: int = Field(default=4, ge=1)  # the fits need >= 3 per budget, and one budget with 4
+    depths: list[int] = Field(default_factory=lambda: list(range(1, 13)))  # the family members to choose from
+    aspect_ratio: int = Field(default=64, gt=0)  # width = depth * aspect_ratio (models/family.py ASPECT_RATIO)
+    head_dim: int = Field(default=64, gt=0)  # models/family.py HEAD_DIM
+    tokens_per_param: float = Field(default=20.0, gt=0)  # centres each budget's sizes (a guess, not a result)
+    predict_factor: float = Field(default=4.0, gt=1)  # the predicted, then trained run: this x the largest budget
+    warmup_fraction: float = Field(default=0.05, ge=0, lt=1)  # of each point's steps (the preset's warmup_steps is not used)
+    resamples: int = Field(default=200, ge=10)  # bootstrap resamples of the fits
+    seed: int = 0  # of the bootstrap
+
+    @field_validator("budgets")
+    @classmethod
+    def _budgets(cls, budgets: list[float]) -> list[float]:
+        if not budgets or any(b <= 0 for b in budgets) or len(set(budgets)) != len(budgets):
+            raise ValueError(f"scale.budgets={budgets} must be distinct positive FLOP counts, e.g. [2e12, 4e12, 8e12]")
+        return sorted(budgets)

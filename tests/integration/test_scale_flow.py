@@ -1,0 +1,57 @@
+"""End to end: `llmforge scale` through the real flow, DeepSpeed launcher and MLflow on a 2-point sweep, then a
+rerun that trains nothing. Two points cannot be fitted: the flow says so and writes no prediction (the fits and
+the prediction are tested on synthetic sweeps in tests/unit/training/test_scaling_sweep.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+# One budget, depths 1 and 2 of a 32-wide family on a 1,024-token vocabulary: 6 and 2 optimizer steps.
+TWO_POINTS = ["tokenizer.vocab_size=1024", "data.mix.total=400000", "scale.budgets=[4e9]", "scale.depths=[1,2]",
+              "scale.sizes_per_budget=2", "pretrain.log.every=1"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # measured 22 minutes on the 2-core machine at load 15-25 (idle: a few, estimated)
+def test_two_point_sweep_tracked_and_cached(tmp_path, prefect_env):
+    work = tmp_path / "work"
+    args = ["scale", "--preset", "tiny", "--workdir", str(work)] + [a for kv in TWO_POINTS for a in ("--set", kv)]
+    first = run_cli(args, prefect_env, timeout=1800)
+    log = first.stdout + first.stderr
+    assert "point 1/2 at C=4e+09: depth 1" in log and "point 2/2 at C=4e+09: depth 2" in log
+    assert "no fit: sizes per budget {'4e+09': 2}" in log
+
+    folder = work / "scale" / "latest"
+    points = json.loads((folder / "points.json").read_text())
+    assert [p["depth"] for p in points] == [1, 2] and [p["steps"] for p in points] == [6, 2]
+    assert all(p["tokens"] == p["steps"] * 16 * 128 and p["val_bpb"] > 0 for p in points)
+    assert not (folder / "prediction.json").exists()
+    report = (folder / "report.md").read_text()
+    assert "Not fitted:" in report and (folder / "isoflop.png").stat().st_size > 1000
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("llmforge").experiment_id])
+    sweep = [r for r in runs if r.data.tags.get("llmforge.stage") == "scale"]
+    assert len(sweep) == 1
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweep[0].info.run_id
+                and r.data.tags.get("llmforge.stage") == "pretrain"]
+    assert sorted(int(r.data.params["depth"]) for r in children) == [1, 2]
+    for child in children:
+        point = next(p for p in points if p["mlflow_run_id"] == child.info.run_id)
+        assert int(child.data.params["n_params"]) == point["n_params"] and int(child.data.params["tokens"]) == point["tokens"]
+        assert float(child.data.params["flops"]) == pytest.approx(point["flops"], rel=1e-5)
+        assert child.data.metrics["val_bpb"] == pytest.approx(point["val_bpb"])
+        assert child.data.metrics["val_loss"] == pytest.approx(point["val_loss"])
+    artifacts = {a.path for a in client.list_artifacts(sweep[0].info.run_id, "scale")}
+    assert {"scale/report.md", "scale/points.json"} <= artifacts
+
+    # Rerun: both points are reused from their verified folders; nothing is launched.
+    second = run_cli(args, prefect_env, timeout=1800)
+    log = second.stdout + second.stderr
+    assert sum("stage pretrain: reused" in line for line in log.splitlines()) == 2, log[-3000:]
+    assert "launching:" not in log

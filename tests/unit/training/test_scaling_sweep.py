@@ -1,0 +1,145 @@
+"""The scaling sweep's plan, its pretraining configs, its fits and the prediction, on synthetic points drawn
+from a known law (no launch: tests/integration/test_scale_flow.py runs the real flow)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from models.family import ASPECT_RATIO, HEAD_DIM, family_config
+from models.scaling import LossLaw
+from tasks.reports.scaling import scale_report_markdown
+from tasks.reports.scaling_plots import contours_png, frontier_png, isoflop_png
+from tasks.training.config import PretrainConfig
+from tasks.training.pretrain.stage import resolve_model_config
+from tasks.training.scaling.config import ScaleConfig
+from tasks.training.scaling.prediction import (PREDICTION_FILE, fit_problem, fit_sweep, predict_run,
+                                               read_prediction, write_prediction)
+from tasks.training.scaling.sweep import (MeasuredPoint, epoch_warnings, plan_sweep, point_config, sweep_members,
+                                          world_size)
+
+VOCAB = 4096
+PRETRAIN = PretrainConfig.model_validate({"batch": {"seq_len": 128, "micro_batch_size": 16}, "optim": {"lr": 0.002}})
+SCALE = ScaleConfig(budgets=[1e12, 2e12, 4e12], depths=list(range(1, 11)), aspect_ratio=32, head_dim=32,
+                    tokens_per_param=4, resamples=20)
+# A law whose optimum at these budgets lies inside the family, in bits per byte.
+TRUTH = LossLaw(E=0.8, A=20.0, B=30.0, alpha=0.30, beta=0.32)
+
+
+def measured(points, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    return [MeasuredPoint(**p.model_dump(), val_bpb=float(TRUTH.loss(p.n_params, p.tokens) * np.exp(rng.normal(0, noise))),
+                          val_loss=1.0, epochs=p.tokens / 1e6, mlflow_run_id=None, out_dir="x") for p in points]
+
+
+def test_config_defaults_are_the_familys():
+    assert (ScaleConfig().aspect_ratio, ScaleConfig().head_dim) == (ASPECT_RATIO, HEAD_DIM)
+    with pytest.raises(ValueError, match="distinct positive FLOP counts"):
+        ScaleConfig(budgets=[1e12, 1e12])
+
+
+def test_plan_spends_each_budget_on_whole_steps_around_the_guess():
+    points = plan_sweep(SCALE, PRETRAIN, VOCAB)
+    per_step = PRETRAIN.batch.tokens_per_step(world_size(PRETRAIN))
+    assert len(points) == 3 * SCALE.sizes_per_budget
+    for p in points:
+        assert p.tokens == p.steps * per_step and p.flops == p.tokens * p.flops_per_token
+        # Rounded to the nearest whole step: within half a step's FLOPs of the budget.
+        assert abs(p.flops - p.budget) <= 0.5 * per_step * p.flops_per_token
+    for budget in SCALE.budgets:
+        depths = [p.depth for p in points if p.budget == budget]
+        assert depths == list(range(depths[0], depths[0] + 4))  # neighbouring members, smallest first
+        ratios = [p.tokens_per_param for p in points if p.budget == budget]
+        nearest = int(np.argmin([abs(np.log(r / SCALE.tokens_per_param)) for r in ratios]))
+        assert nearest in (1, 2) or depths[0] == SCALE.depths[0] or depths[-1] == SCALE.depths[-1]
+    with pytest.raises(ValueError, match="less than half a step"):
+        plan_sweep(SCALE.model_copy(update={"budgets": [1e6]}), PRETRAIN, VOCAB)
+
+
+def test_point_config_is_the_presets_pretraining_with_the_members_shape():
+    point = plan_sweep(SCALE, PRETRAIN, VOCAB)[5]
+    cfg = point_config(PRETRAIN, point, SCALE)
+    arch = resolve_model_config(cfg, VOCAB)
+    assert arch == family_config(point.depth, VOCAB, 128, 32, 32).model_dump(mode="json")
+    assert cfg.steps == point.steps and cfg.optim.warmup_steps == round(0.05 * point.steps)
+    assert cfg.optim.lr == PRETRAIN.optim.lr and cfg.batch == PRETRAIN.batch and cfg.export_hf is False
+    assert cfg.log.eval_every == 0  # validated once, at the end, where the fits read it
+
+
+def test_epochs_past_four_are_warned():
+    points = plan_sweep(SCALE, PRETRAIN, VOCAB)
+    most = max(p.tokens for p in points)
+    assert epoch_warnings(points, train_tokens=most) == []
+    warned = epoch_warnings(points, train_tokens=most // 5)
+    assert warned and all("epochs, past 4 (Muennighoff" in w for w in warned)
+
+
+def test_too_small_a_sweep_says_why_it_is_not_fitted():
+    points = plan_sweep(SCALE.model_copy(update={"sizes_per_budget": 3}), PRETRAIN, VOCAB)
+    assert "one with 4" in fit_problem(points)
+    assert "at least 2 budgets" in fit_problem(points[:4])
+    assert fit_problem(plan_sweep(SCALE, PRETRAIN, VOCAB)) is None
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    members = sweep_members(SCALE, PRETRAIN, VOCAB)
+    points = measured(plan_sweep(SCALE, PRETRAIN, VOCAB), noise=0.002, seed=1)
+    return members, points, fit_sweep(points, members, SCALE)
+
+
+def test_prediction_picks_the_true_best_member_and_covers_its_loss(fitted, tmp_path):
+    members, points, sb = fitted
+    budget = SCALE.predict_factor * max(SCALE.budgets)
+    per_step = PRETRAIN.batch.tokens_per_step(1)
+    pred = predict_run(sb, members, budget, per_step)
+    # The member the true law puts lowest at this budget, each trained on whole steps.
+    truth = {m.depth: TRUTH.loss(m.n_params, round(budget / m.flops_per_token / per_step) * per_step) for m in members}
+    assert pred.depth == min(truth, key=truth.get)
+    low, high = pred.interval
+    assert low <= truth[pred.depth] <= high and low < pred.predicted_bpb < high
+    assert (high - low) / 2 / pred.predicted_bpb < 0.05
+    assert pred.flops == pytest.approx(budget, rel=0.02) and pred.tokens % per_step == 0
+    assert min(m.n_params for m in members) <= pred.law_n_params <= max(m.n_params for m in members)
+
+    path = write_prediction(tmp_path, pred)
+    data = json.loads(path.read_text())
+    assert path.name == PREDICTION_FILE and data["measured_bpb"] is None
+    assert {"flops", "n_params", "tokens", "predicted_bpb", "interval"} <= set(data) and len(data["interval"]) == 2
+
+    class Trained:  # what a PretrainResult offers the prediction
+        val_bpb, mlflow_run_id, out_dir = truth[pred.depth], "run", tmp_path
+
+    done = pred.measured(Trained())
+    write_prediction(tmp_path, done)
+    again = read_prediction(tmp_path)
+    assert again.measured_bpb == truth[pred.depth] and again.inside and abs(again.error) < 0.05
+
+
+def test_report_draws_the_sweep_and_tables_the_prediction(fitted, tmp_path):
+    members, points, sb = fitted
+    budget = SCALE.predict_factor * max(SCALE.budgets)
+    pred = predict_run(sb, members, budget, PRETRAIN.batch.tokens_per_step(1))
+    for draw, name in ((lambda p: isoflop_png(points, sb, p), "isoflop.png"),
+                       (lambda p: frontier_png(points, sb, pred, p), "frontier.png"),
+                       (lambda p: contours_png(points, sb, pred, p), "contours.png")):
+        assert draw(tmp_path / name).stat().st_size > 5000
+    md = scale_report_markdown(points, 10**6, sb, sb.intervals(budget), pred, ["a warning"], None)
+    assert "| a (N_opt ~ C^a) |" in md and "optimal tokens per parameter" in md and "WARNING: a warning" in md
+    assert "not trained yet" in md and f"depth {pred.depth}" in md
+    small = scale_report_markdown(points[:2], 10**6, None, None, None, [], "too few")
+    assert "Not fitted: too few" in small and "## Fits" not in small
+
+
+def test_presets_sweeps_validate_and_the_cli_has_scale():
+    from flows.cli import build_parser
+    from flows.config import load_pipeline_config
+
+    args = build_parser().parse_args(["scale", "--set", "scale.budgets=[1e12,2e12]"])
+    assert args.command == "scale" and args.overrides == ["scale.budgets=[1e12,2e12]"]
+    tiny = load_pipeline_config("tiny")
+    assert len(plan_sweep(tiny.scale, tiny.pretrain, tiny.tokenizer.vocab_size)) == 12
+    gpu = load_pipeline_config("gpt-124m")
+    points = plan_sweep(gpu.scale, gpu.pretrain, gpu.tokenizer.vocab_size)
+    assert len(points) == 12 and all(p.steps >= 100 for p in points)  # whole schedules, not a few steps
