@@ -161,7 +161,7 @@ class Grpo(LaunchedStage):
             final_train_reward=res.history[-1]["reward_mean"] if res.history else None,
             skipped_steps=res.skipped_steps, seconds=res.seconds, resumed_from=res.resumed_from,
         )
-        worker.publish(run, job.out_dir, out, heldout_metrics(out), cfg.steps, [out.samples_path])
+        worker.publish(run, job.out_dir, out, heldout_metrics(out), cfg.steps, [out.samples_path], trained.memory)
         print(f"GRPO held-out: accuracy {out.before.n_correct}/{out.before.n} -> {out.after.n_correct}/{out.after.n}, "
               f"mean reward {out.before.mean_reward:.3f} -> {out.after.mean_reward:.3f}, "
               f"distinct answers {out.before.distinct_answers} -> {out.after.distinct_answers}")
