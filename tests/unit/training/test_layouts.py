@@ -86,3 +86,23 @@ def test_pipeline_layers_hold_the_whole_models_weights_and_give_them_back():
     for k, v in state.items():
         torch.testing.assert_close(v, whole.state_dict()[k])
     assert dist.is_initialized()
+
+
+def test_layout_and_memory_reach_mlflow_and_the_report_card(tmp_path):
+    from tasks.reports.card import memory_row
+    from tasks.training.pretrain.stage import PretrainResult
+    from tasks.training.worker import memory_metrics
+
+    memory = {"layout": "dp1_tp2_pp1", "world_size": 2, "plan_bytes_per_device": 3 * 2**20,
+              "peak_bytes_per_rank": [500 * 2**20, 510 * 2**20]}
+    assert memory_metrics(memory) == {"plan_bytes_per_device": 3 * 2**20, "peak_bytes_max_rank": 510 * 2**20,
+                                      "peak_bytes_rank0": 500 * 2**20, "peak_bytes_rank1": 510 * 2**20}
+    base = PretrainResult(out_dir=tmp_path, model_dir=tmp_path, hf_dir=None, mlflow_run_id=None, checkpoint=None,
+                          loss_curve=None, steps=1, final_train_loss=1.0, val_loss=None, val_ppl=None, tokens_seen=1,
+                          tokens_per_s=None, skipped_steps=0, world_size=2, n_params=1, layout="dp1_tp2_pp1",
+                          world_size_used=2, plan_bytes_per_device=3 * 2**20,
+                          peak_bytes_per_rank=[500 * 2**20, 510 * 2**20])
+    assert memory_row(base) == ("| pretraining layout, 2 ranks: memory plan's estimate per device; measured peak per "
+                                "rank (on the CPU: RSS, with Python, torch and the data) | dp1_tp2_pp1: 3 MiB; "
+                                "500 / 510 MiB |")
+    assert memory_row(base.model_copy(update={"layout": None})) is None
