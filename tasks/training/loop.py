@@ -3,8 +3,9 @@
     engine = build_engine(model, our AdamW groups, our LambdaLR, the stage's ds_config.json)
     resume from ckpt_dir's latest checkpoint (engine, RNG states, the loop's counters, the stage's own state)
     for step in range(resumed_step, cfg.steps):
-        stats = steps.step(engine, step, data_rank, data_world)      # LossSteps: grad_accum micro-batches of loss_fn;
-                                                           # GRPO: rollouts, rewards, clipped updates
+        stats = steps.step(engine, step, data_rank, data_world)  # LossSteps: grad_accum micro-batches of loss_fn;
+                                                                 # GRPO: rollouts, rewards, clipped updates;
+                                                                 # pp > 1: PipelineSteps, engine.train_batch
         non-finite policy: a skipped step is counted; max_bad_steps in a row fail with the last good checkpoint
         log / validate / checkpoint on their schedules
 
@@ -367,7 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rank, world = init_distributed()
         layout = RankLayout.of(stage.config.launch, rank, world)
         with worker.rank0_run(job, stage.name, rank) as run:
-            trained = fit(stage.model(), stage.config, stage.steps(layout.data_rank, layout.data_world), job.out_dir / CHECKPOINTS_DIR,
+            steps = stage.steps(layout.data_rank, layout.data_world)
+            trained = fit(stage.model(), stage.config, steps, job.out_dir / CHECKPOINTS_DIR,
                           MlflowSink(rank) if rank == 0 else ListSink(), **stage.shape(), echo=print if rank == 0 else None,
                           ds_config=worker.read_ds_config(job))
             stage.finish(trained, run, rank, world)
