@@ -368,8 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rank, world = init_distributed()
         layout = RankLayout.of(stage.config.launch, rank, world)
         with worker.rank0_run(job, stage.name, rank) as run:
+            model = stage.model()  # before its steps: GRPO's steps copy the model as their reference
             steps = stage.steps(layout.data_rank, layout.data_world)
-            trained = fit(stage.model(), stage.config, steps, job.out_dir / CHECKPOINTS_DIR,
+            trained = fit(model, stage.config, steps, job.out_dir / CHECKPOINTS_DIR,
                           MlflowSink(rank) if rank == 0 else ListSink(), **stage.shape(), echo=print if rank == 0 else None,
                           ds_config=worker.read_ds_config(job))
             stage.finish(trained, run, rank, world)
