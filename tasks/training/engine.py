@@ -158,6 +158,11 @@ def _tensor_parallel_engine(model, layout, optimizer_of, schedule, ds_config):
                                            lr_scheduler=scheduler, config=ds_config, mpu=groups)
     engine.enable_backward_allreduce = False
     engine.optimizer.register_step_pre_hook(lambda *_: reduce_data_parallel_grads(model, groups.dp_group, layout.dp))
+    # DeepSpeed's checkpoint loaders pass torch.load a callable map_location, with which torch cannot unpickle a
+    # DTensor (weights and Adam moments here): the rank's own device instead.
+    load = engine.checkpoint_engine.load
+    engine.checkpoint_engine.load = lambda path, map_location=None: load(
+        path, map_location=engine.device if callable(map_location) else map_location)
     return engine
 
 
