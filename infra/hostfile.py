@@ -51,6 +51,12 @@ def check_hostfile(path: Path) -> Path:
     return path
 
 
+def hostfile_nodes(path: Path) -> list[str]:
+    """The hosts a checked hostfile names, in its order."""
+    lines = (line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines())
+    return [m.group(1) for line in lines if line and not line.startswith("#") and (m := _LINE.fullmatch(line))]
+
+
 HostfilePath = Annotated[Path, AfterValidator(check_hostfile)]
 
 

@@ -98,6 +98,41 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig) -> to
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(step, cfg))
 
 
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def _by_kind(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Tensor-parallel shards (DTensors, models/tensor_parallel.py) apart from plain tensors: torch's foreach
+    ops refuse a mix."""
+    split = [[t for t in tensors if _is_dtensor(t)], [t for t in tensors if not _is_dtensor(t)]]
+    return [kind for kind in split if kind]
+
+
+def clip_grad_norm(grads: list[torch.Tensor], max_norm: float, counted: list[torch.Tensor] | None = None,
+                   group=None) -> torch.Tensor:
+    """torch's clip_grad_norm_ (max_norm 0: the norm only) over plain tensors and DTensors alike; a DTensor's
+    norm is that of its whole matrix, not of this rank's shard. With `group` (pipeline stages: each holds
+    some of the layers) the norm is over every rank's `counted` gradients (default: all of them; a weight
+    two stages hold is counted by one). Returns the pre-clip norm."""
+    counted = grads if counted is None else counted
+    norms = [n.full_tensor() if _is_dtensor(n) else n for kind in _by_kind(counted) for n in torch._foreach_norm(kind)]
+    total = torch.linalg.vector_norm(torch.stack(norms)) if norms else grads[0].new_zeros(())
+    if group is not None:
+        import torch.distributed as dist
+
+        squares = total.double() ** 2
+        dist.all_reduce(squares, group=group)
+        total = squares.sqrt().to(total.dtype)
+    if max_norm > 0:
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for kind in _by_kind(grads):
+            torch._foreach_mul_(kind, float(coef) if _is_dtensor(kind[0]) else coef)
+    return total
+
+
 class GuardedAdamW(torch.optim.AdamW):
     """AdamW over `param_groups(model)` that clips, reports the pre-clip grad norm and skips non-finite steps.
 
@@ -116,11 +151,13 @@ class GuardedAdamW(torch.optim.AdamW):
         eps: float = 1e-8,
         max_grad_norm: float = 0.0,
         kernel: OptimizerKernel = "auto",
+        norm_group=None,
     ):
         groups = param_groups(model, weight_decay)
         params = [p for g in groups for p in g["params"]]
         super().__init__(groups, lr=lr, betas=betas, eps=eps, **adamw_kernel(params, kernel))
         self.max_grad_norm = max_grad_norm
+        self.norm_group = norm_group  # pipeline parallel: the norm is over every stage's gradients
         self.overflow = False
         self._global_grad_norm: float | None = None
 
@@ -130,13 +167,11 @@ class GuardedAdamW(torch.optim.AdamW):
         if not grads:
             self.overflow, self._global_grad_norm = False, 0.0
             return None
-        if self.max_grad_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(
-                [p for g in self.param_groups for p in g["params"] if p.grad is not None], self.max_grad_norm
-            )
-        else:
-            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        norm_value = float(norm)  # one host sync per step, as a logged grad norm needs anyway
+        # DeepSpeed marks the copy of a tied weight that a later pipeline stage holds: counted once.
+        counted = [p.grad for g in self.param_groups for p in g["params"]
+                   if p.grad is not None and not getattr(p, "ds_pipe_replicated", False)]
+        total = clip_grad_norm(grads, self.max_grad_norm, counted, self.norm_group)
+        norm_value = float(total)  # one host sync per step, as a logged grad norm needs anyway
         self._global_grad_norm = norm_value
         self.overflow = not math.isfinite(norm_value)
         if self.overflow:

@@ -92,6 +92,16 @@ def _headline_rows(totals: Mapping[str, int], pretrain_ppl: tuple[float | None, 
     ]
 
 
+def memory_row(base) -> str | None:
+    """The pretraining stage's layout and world size, the memory plan's estimate per device and the measured peak."""
+    if getattr(base, "layout", None) is None or not base.peak_bytes_per_rank:
+        return None
+    plan = f"{base.plan_bytes_per_device / 2**20:,.0f} MiB" if base.plan_bytes_per_device else "-"
+    peaks = " / ".join(f"{p / 2**20:,.0f}" for p in base.peak_bytes_per_rank)
+    return (f"| pretraining layout, {base.world_size_used} ranks: memory plan's estimate per device; measured peak per "
+            f"rank (on the CPU: RSS, with Python, torch and the data) | {base.layout}: {plan}; {peaks} MiB |")
+
+
 def _eval_headline_rows(evals: Mapping[str, EvalResult]) -> list[str]:
     """Held-out accuracy of SFT and GRPO on the evaluation's questions, with 95% intervals and the paired difference."""
     sft, grpo = evals.get("sft"), evals.get("grpo")
@@ -145,11 +155,14 @@ def write_final_report(
     wall_seconds: float,
     out: Path,
     all_attempts: tuple[float, int] | None = None,
+    layout_row: str | None = None,
 ) -> Path:
-    """Write the report card and return its path; `all_attempts` is (seconds, count) over this config's attempts."""
+    """Write the report card and return its path; `all_attempts` is (seconds, count) over this config's attempts,
+    `layout_row` pretraining's layout and memory (`memory_row`)."""
     m = load_manifest(manifest)
     lines = ["# llmforge report card", "", "| headline | value |", "|---|---|"]
     lines += _headline_rows(funnel_totals(m.funnel), pretrain_ppl, sft, grpo, wall_seconds, all_attempts)
+    lines += [layout_row] if layout_row else []
     lines += _eval_headline_rows(evals)
     lines += [_model_row(name, r) for name, r in evals.items()]
     lines += ["", "## Calibration", "", comparison_table(evals), "",
@@ -315,7 +328,7 @@ def publish_pipeline_report(ws: Workspace, config, data, tokenized, base, sft, g
     all_attempts = complete_attempt(ws, config, wall_seconds)
     path = write_final_report(
         Path(data.manifest), (base.val_ppl, base.unigram_ppl), sft, grpo, evals, images, wall_seconds, out / "report.md",
-        all_attempts,
+        all_attempts, memory_row(base),
     )
     page = write_report_html(path)
     point_latest(ws.reports / "latest", out)

@@ -3,7 +3,7 @@
 Every training stage (pretraining, SFT, GRPO) has the same keys for the same thing:
 
     <stage>.optim       lr, betas, weight_decay, warmup_steps, schedule, min_lr_ratio, grad_clip, kernel
-    <stage>.launch      num_procs, hostfile, launcher_args, zero, precision, torch_threads, torch_compile
+    <stage>.launch      num_procs, hostfile, launcher_args, dp, tp, pp, zero, precision, torch_threads, torch_compile
     <stage>.checkpoint  every, keep
     <stage>.log         every, eval_every, eval_batches, peak_flops
     <stage>.steps, <stage>.seed, <stage>.max_bad_steps, <stage>.export_hf
@@ -52,6 +52,12 @@ class LaunchConfig(StrictModel):
     hostfile: HostfilePath | None = None  # DeepSpeed hostfile for multi-node runs (checked on load)
     # More flags of DeepSpeed's runner for a multi-node run, e.g. ["--master_addr", "10.0.0.1", "--ssh_port", "2222"].
     launcher_args: list[str] = Field(default_factory=list)
+    # The layout of the ranks: dp x tp x pp = world size (num_procs x the hostfile's nodes). tp splits every
+    # matrix over tp ranks (models/tensor_parallel.py), pp gives each of pp ranks a run of layers (DeepSpeed's
+    # pipeline engine, tasks/training/pipeline.py), dp copies the rest; dp None: whatever tp and pp leave.
+    dp: int | None = Field(default=None, gt=0)
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
     zero: Zero = "zero0"
     precision: Precision = "auto"
     # Intra-op threads per rank; tiny models on a shared CPU run far faster on 1 than on many.
@@ -62,6 +68,37 @@ class LaunchConfig(StrictModel):
     # A rank that uses no CPU for this long (stopped, hung) ends the launch with a message naming it
     # (infra/rank_watch.py); None: never. Raise it for ranks that legitimately wait long.
     rank_timeout_s: float | None = Field(default=1800.0, gt=0)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in all: num_procs on each node of the hostfile (one node without one)."""
+        from infra.hostfile import hostfile_nodes
+
+        return self.num_procs * (len(hostfile_nodes(self.hostfile)) if self.hostfile is not None else 1)
+
+    @property
+    def data_parallel(self) -> int:
+        return self.dp if self.dp is not None else self.world_size // (self.tp * self.pp)
+
+    @model_validator(mode="after")
+    def _layout(self) -> "LaunchConfig":
+        world, split = self.world_size, self.tp * self.pp
+        layout = f"launch dp={self.dp or 'auto'} x tp={self.tp} x pp={self.pp} with zero={self.zero}"
+        if world % split or self.data_parallel * split != world:
+            raise ValueError(f"{layout}: dp x tp x pp must equal the world size {world} (num_procs={self.num_procs} "
+                             "x the hostfile's nodes); change dp, tp, pp or num_procs")
+        if self.pp > 1 and self.zero in ("zero2", "zero3", "zero2_offload"):
+            raise ValueError(f"{layout}: DeepSpeed's pipeline engine runs ZeRO-0 or ZeRO-1 only (ZeRO-2/3 split the "
+                             "gradients it accumulates over micro-batches); set zero: zero1 or pp: 1")
+        if self.tp > 1 and self.zero != "zero0":
+            raise ValueError(f"{layout}: tensor-parallel weights are DTensors, which ZeRO's flattened partitions "
+                             "cannot hold; set zero: zero0 (dp replicas then all-reduce their shards) or tp: 1")
+        if self.tp > 1 and self.pp > 1:
+            raise ValueError(f"{layout}: tensor and pipeline parallelism together are not built yet; "
+                             "use one of them (tp: 1 or pp: 1)")
+        if self.torch_compile and (self.tp > 1 or self.pp > 1):
+            raise ValueError(f"{layout}: torch_compile runs on plain data parallel only; set torch_compile: false")
+        return self
 
 
 class CheckpointConfig(StrictModel):
@@ -155,6 +192,13 @@ class SftConfig(StrictModel):
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+
+    @model_validator(mode="after")
+    def _no_pipeline(self) -> "SftConfig":
+        if self.launch.pp > 1:
+            raise ValueError(f"sft.launch.pp={self.launch.pp}: pipeline parallelism trains pretraining only (the "
+                             "pipeline computes next-token loss on every token; SFT masks prompts); set pp: 1")
+        return self
 
     @model_validator(mode="after")
     def _replay_rows(self) -> "SftConfig":

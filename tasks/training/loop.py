@@ -3,8 +3,9 @@
     engine = build_engine(model, our AdamW groups, our LambdaLR, the stage's ds_config.json)
     resume from ckpt_dir's latest checkpoint (engine, RNG states, the loop's counters, the stage's own state)
     for step in range(resumed_step, cfg.steps):
-        stats = steps.step(engine, step, rank, world)      # LossSteps: grad_accum micro-batches of loss_fn;
-                                                           # GRPO: rollouts, rewards, clipped updates
+        stats = steps.step(engine, step, data_rank, data_world)  # LossSteps: grad_accum micro-batches of loss_fn;
+                                                                 # GRPO: rollouts, rewards, clipped updates;
+                                                                 # pp > 1: PipelineSteps, engine.train_batch
         non-finite policy: a skipped step is counted; max_bad_steps in a row fail with the last good checkpoint
         log / validate / checkpoint on their schedules
 
@@ -28,6 +29,7 @@ from tasks.training.checkpoint import load_latest, save_checkpoint, seed_all, ta
 from tasks.training.config import TrainingConfig
 from tasks.training.engine import build_engine, init_distributed
 from tasks.training.metrics import MetricsSink, StepClock, perplexity
+from tasks.training.parallel import RankLayout, memory_record
 from tasks.training.progress import (  # noqa: F401 - NonFiniteLossError is the loop's own error
     Echo,
     NonFiniteLossError,
@@ -69,7 +71,8 @@ class Steps(Protocol):
     it shows every part (the loss's parts, e.g. SFT's sft_loss and replay_loss).
     """
 
-    def step(self, engine, step: int, rank: int, world: int) -> StepStats: ...
+    def step(self, engine, step: int, rank: int, world: int) -> StepStats:
+        """One optimizer step; rank and world are this rank's data-parallel ones (tasks/training/parallel.py)."""
 
     def validate(self, engine, rank: int, world: int) -> dict[str, float] | None:
         """Validation metrics (`val_loss` among them when there is one); None: nothing to validate."""
@@ -91,6 +94,12 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to_device(v, device) for v in batch)
     return batch
+
+
+def data_group(engine):
+    """The process group of this rank's data-parallel replicas (all ranks unless tensor parallel splits them):
+    a step's stats are summed over it, as each replica's tp ranks hold the same loss."""
+    return getattr(engine, "data_parallel_group", None)
 
 
 def split_loss(out: torch.Tensor | tuple[torch.Tensor, LossParts]) -> tuple[torch.Tensor, LossParts]:
@@ -124,7 +133,7 @@ def validation_losses(engine, eval_batches: BatchFn, loss_fn: LossFn, n_batches:
     names = sorted(part_sums)
     stats = torch.stack([total, *(part_sums[n].to(total.device) for n in names)])
     if world > 1:
-        dist.all_reduce(stats)
+        dist.all_reduce(stats, group=data_group(engine))
     means = (stats / (n_batches * world)).tolist()
     return means[0], dict(zip(names, means[1:]))
 
@@ -144,7 +153,7 @@ def validation_bits_per_byte(engine, eval_batches: BatchFn, bpb_fn: BpbFn, n_bat
             sums += torch.stack([nats.double(), n_bytes.double()])
     engine.train()
     if world > 1:
-        dist.all_reduce(sums)
+        dist.all_reduce(sums, group=data_group(engine))
     return bits_per_byte(float(sums[0]), int(sums[1]))
 
 
@@ -185,7 +194,7 @@ class LossSteps:
         names = sorted(part_sums)
         stats = torch.stack([loss_sum, nonfinite, fed, *(part_sums[n].to(device) for n in names)])
         if world > 1:
-            dist.all_reduce(stats)
+            dist.all_reduce(stats, group=data_group(engine))
         n_nonfinite = int(stats[1].item())
         tokens = int(stats[2].item())  # summed over ranks by the same all_reduce
         bad = n_nonfinite > 0 or not engine.was_step_applied()
@@ -251,13 +260,18 @@ def fit(
     log step to `echo`; the engine is built for micro-batches of `micro_batch_size` sequences of up to
     `seq_len` tokens, `grad_accum` to a step."""
     rank, world = init_distributed()
+    # launch.dp x tp x pp: the batches are cut by data_rank and data_world; pp's step is engine.train_batch.
+    layout = RankLayout.of(cfg.launch, rank, world)
+    data_rank, data_world = layout.data_rank, layout.data_world
     if ckpt_dir is not None:
         ckpt_dir = Path(ckpt_dir)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-    seed_all(cfg.seed + rank)
-    engine = build_engine(model, cfg.optim, cfg.launch, micro_batch_size, grad_accum, cfg.steps, ds_config)
+    seed_all(cfg.seed + data_rank)
+    steps = layout.steps(steps)
+    engine = build_engine(layout.wrap(model, cfg.seed), cfg.optim, cfg.launch, micro_batch_size, grad_accum,
+                          cfg.steps, ds_config, layout)
     client = load_latest(engine, ckpt_dir, rank, world, echo) if ckpt_dir is not None else {}
-    progress = Progress.resumed(client, micro_batch_size * seq_len * grad_accum * world)
+    progress = Progress.resumed(client, micro_batch_size * seq_len * grad_accum * data_world)
     if client:
         steps.load_state(client.get("stage") or {})
     start = progress.step
@@ -275,7 +289,7 @@ def fit(
             log.log_metrics(started, 0)
             progress.history.append({"step": 0.0, **started})
     for step in range(start, cfg.steps):
-        stats = steps.step(engine, step, rank, world)
+        stats = steps.step(engine, step, data_rank, data_world)
         progress.step = done = step + 1
         progress.tokens_seen += stats.tokens
         clock.add(stats.seconds, stats.tokens, stats.loss, stats.parts)
@@ -289,11 +303,14 @@ def fit(
                 log_window(engine, progress, clock, stats, cfg, world, log, echo, getattr(steps, "echoed", None))
             clock.reset_window()
         if on_schedule(done, cfg.log.eval_every, cfg.steps):
-            validate(engine, progress, steps, rank, world, log, echo)
+            validate(engine, progress, steps, data_rank, data_world, log, echo)
         if ckpt_dir is not None and on_schedule(done, cfg.checkpoint.every, cfg.steps):
             state = {**progress.client_state(world), "stage": steps.state()}
             checkpoint = save_checkpoint(engine, ckpt_dir, done, state, rank, world, cfg.checkpoint.keep)
 
+    precision = "bf16" if engine.bfloat16_enabled() else "fp32"
+    memory = memory_record(layout, cfg.launch.zero, getattr(model, "cfg", None), seq_len, micro_batch_size, precision,
+                           world)
     return TrainResult(
         steps=max(start, cfg.steps),
         final_loss=progress.last_loss,
@@ -309,6 +326,8 @@ def fit(
         final_val_parts=progress.last_val_parts,
         final_val_bpb=progress.last_val_bpb,
         engine=engine,
+        layout=layout,
+        memory=memory,
     )
 
 
@@ -347,8 +366,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     watch_supervisor(on_lost=lambda: remove_shm_buffers(int(port), rank_env) if port else None)
     try:
         rank, world = init_distributed()
+        layout = RankLayout.of(stage.config.launch, rank, world)
         with worker.rank0_run(job, stage.name, rank) as run:
-            trained = fit(stage.model(), stage.config, stage.steps(rank, world), job.out_dir / CHECKPOINTS_DIR,
+            model = stage.model()  # before its steps: GRPO's steps copy the model as their reference
+            steps = stage.steps(layout.data_rank, layout.data_world)
+            trained = fit(model, stage.config, steps, job.out_dir / CHECKPOINTS_DIR,
                           MlflowSink(rank) if rank == 0 else ListSink(), **stage.shape(), echo=print if rank == 0 else None,
                           ds_config=worker.read_ds_config(job))
             stage.finish(trained, run, rank, world)

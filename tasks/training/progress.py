@@ -40,6 +40,8 @@ class TrainResult:
     final_val_parts: dict[str, float] = field(default_factory=dict)  # the loss_fn's parts at the last validation
     final_val_bpb: float | None = None  # bits per byte at the last validation, when the stage measures it
     engine: Any = field(default=None, repr=False)  # the trained engine (its .module is the model)
+    layout: Any = field(default=None, repr=False)  # tasks/training/parallel.py's RankLayout the ranks trained in
+    memory: dict[str, Any] = field(default_factory=dict)  # parallel.memory_record: layout, planned and peak bytes
 
 
 @dataclass

@@ -37,6 +37,12 @@ class ExportedModel(BaseModel):
     model_dir: Path
     hf_dir: Path | None
     mlflow_run_id: str | None
+    # How the ranks were laid out (dp{n}_tp{n}_pp{n}), the memory plan's per-device estimate for that layout
+    # (models/memory_plan.py) and each rank's measured peak (RSS on the CPU, max_memory_allocated on a GPU).
+    layout: str | None = None
+    world_size_used: int | None = None
+    plan_bytes_per_device: int | None = None
+    peak_bytes_per_rank: list[int] = []
 
 
 @contextlib.contextmanager
@@ -92,9 +98,12 @@ class Exported:
 
 
 def exported(trained: TrainResult, job: Job, rank: int, zero: str, export_hf: bool, curve_title: str) -> Exported | None:
-    """Rank 0 exports the trained model and plots its loss curve; other ranks get None (ZeRO-3 gathers first)."""
-    model = trained.engine.module
-    with full_parameters(model, zero):
+    """Rank 0 exports the trained model and plots its loss curve; other ranks get None (ZeRO-3 gathers first;
+    tensor- and pipeline-parallel ranks send rank 0 their shards and stages, so every layout exports the same
+    whole model)."""
+    engine, layout = trained.engine, trained.layout
+    with full_parameters(engine.module, zero):
+        model = layout.whole_model(engine, engine.module.cfg) if layout is not None else engine.module
         if rank != 0:
             return None
         model_dir, hf_dir = export_model(model, job, export_hf)
@@ -107,15 +116,32 @@ def exported(trained: TrainResult, job: Job, rank: int, zero: str, export_hf: bo
 
 
 def publish(run: Any, out_dir: Path, result: BaseModel, metrics: dict[str, float | int | None], step: int,
-            artifacts: Sequence[Path | None] = ()) -> None:
-    """Write out_dir/result.json atomically, then log `metrics` and result.json + `artifacts` to `run`."""
+            artifacts: Sequence[Path | None] = (), memory: dict[str, Any] | None = None) -> None:
+    """Write out_dir/result.json atomically, then log `metrics` and result.json + `artifacts` to `run`; `memory`
+    (TrainResult.memory: layout, planned and measured bytes) goes into both."""
+    memory = memory or {}
+    if memory and isinstance(result, ExportedModel):
+        result = result.model_copy(update={"layout": memory["layout"], "world_size_used": memory["world_size"],
+                                           "plan_bytes_per_device": memory["plan_bytes_per_device"],
+                                           "peak_bytes_per_rank": memory["peak_bytes_per_rank"]})
     path = write_json_atomic(out_dir / RESULT_FILE, result)
     if run is None:
         return
-    log_metrics(metrics, step=step)
+    log_metrics({**metrics, **memory_metrics(memory)}, step=step)
+    if memory:
+        log_config({"layout": memory["layout"], "world_size": memory["world_size"]})
     for artifact in (path, *artifacts):
         if artifact is not None:
             log_artifact(artifact)
+
+
+def memory_metrics(memory: dict[str, Any]) -> dict[str, float | None]:
+    """The plan's per-device estimate beside the measured peak (the largest rank's, and each rank's)."""
+    if not memory:
+        return {}
+    peaks = memory["peak_bytes_per_rank"]
+    return {"plan_bytes_per_device": memory["plan_bytes_per_device"], "peak_bytes_max_rank": float(max(peaks)),
+            **{f"peak_bytes_rank{i}": float(p) for i, p in enumerate(peaks)}}
 
 
 def saved_model_config(model_dir: Path, tokenizer_path: Path, hint: str):

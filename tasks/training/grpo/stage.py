@@ -193,7 +193,7 @@ class Grpo(LaunchedStage):
         )
         if run is not None:
             set_tag("llmforge.grpo_flat", str(out.flat).lower())
-        worker.publish(run, job.out_dir, out, heldout_metrics(out), cfg.steps, [out.samples_path])
+        worker.publish(run, job.out_dir, out, heldout_metrics(out), cfg.steps, [out.samples_path], trained.memory)
         print(f"GRPO held-out: accuracy {out.before.n_correct}/{out.before.n} -> {out.after.n_correct}/{out.after.n}, "
               f"mean reward {out.before.mean_reward:.3f} -> {out.after.mean_reward:.3f}, "
               f"distinct answers {out.before.distinct_answers} -> {out.after.distinct_answers}"

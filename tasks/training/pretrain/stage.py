@@ -71,6 +71,13 @@ def resolve_model_config(cfg: PretrainConfig, vocab_size: int) -> dict[str, Any]
     if cfg.batch.seq_len > mcfg.max_seq_len:
         raise ValueError(f"batch.seq_len={cfg.batch.seq_len} exceeds the model's max_seq_len={mcfg.max_seq_len}; "
                          "lower batch.seq_len or override max_seq_len in model_overrides")
+    if cfg.launch.tp > 1:
+        from models.tensor_parallel import check_tensor_parallel
+
+        check_tensor_parallel(mcfg, cfg.launch.tp)
+    if cfg.launch.pp > mcfg.n_layers:
+        raise ValueError(f"launch.pp={cfg.launch.pp} exceeds the model's n_layers={mcfg.n_layers}: each pipeline stage "
+                         "needs a block; lower pp")
     return mcfg.model_dump(mode="json")
 
 
@@ -155,4 +162,4 @@ class Pretrain(LaunchedStage):
         final = {"final_train_loss": out.final_train_loss, "final_val_loss": out.val_loss,
                  "final_val_ppl": out.val_ppl, "final_val_bpb": out.val_bpb, "tokens_seen": float(out.tokens_seen),
                  "train_tokens_per_s": out.tokens_per_s, "n_params": float(out.n_params)}
-        worker.publish(run, self.job.out_dir, out, final, trained.steps, [done.loss_curve])
+        worker.publish(run, self.job.out_dir, out, final, trained.steps, [done.loss_curve], trained.memory)

@@ -349,4 +349,4 @@ class Sft(LaunchedStage):
                  "final_replay_val_loss": out.replay_val_loss, "final_replay_val_ppl": out.replay_val_ppl,
                  "examples_train": float(out.examples_train), "examples_val": float(out.examples_val),
                  "examples_rejected": float(len(data.rejected))}
-        worker.publish(run, out_dir, out, final, trained.steps, [out.rejected_path, done.loss_curve])
+        worker.publish(run, out_dir, out, final, trained.steps, [out.rejected_path, done.loss_curve], trained.memory)
