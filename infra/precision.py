@@ -51,10 +51,15 @@ def choose_precision(precision: str) -> PrecisionChoice:
         return PrecisionChoice("fp32", f"auto: {torch.cuda.get_device_name()} has no bf16")
     speedup = cpu_bf16_speedup()
     if speedup >= BF16_MIN_SPEEDUP:
-        return PrecisionChoice("bf16", f"auto: a bf16 matmul ran {speedup:.1f}x an fp32 one on this CPU "
-                                       f"(bf16 from {BF16_MIN_SPEEDUP:.1f}x)")
-    return PrecisionChoice("fp32", f"auto: a bf16 matmul ran only {speedup:.1f}x an fp32 one on this CPU "
-                                   f"(bf16 from {BF16_MIN_SPEEDUP:.1f}x)")
+        return PrecisionChoice("bf16", f"auto: a bf16 matmul ran {ratio_text(speedup)} an fp32 one on this CPU "
+                                       f"(bf16 from {ratio_text(BF16_MIN_SPEEDUP)})")
+    return PrecisionChoice("fp32", f"auto: a bf16 matmul ran only {ratio_text(speedup)} an fp32 one on this CPU "
+                                   f"(bf16 from {ratio_text(BF16_MIN_SPEEDUP)})")
+
+
+def ratio_text(ratio: float) -> str:
+    """A speed ratio with two significant digits, however small: 0.025x, 0.5x, 1.7x, 7.3x, 12x."""
+    return f"{ratio:.2g}x" if ratio < 10 else f"{ratio:.0f}x"
 
 
 def _machine_key() -> str:

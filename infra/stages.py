@@ -41,6 +41,7 @@ JOB_FILE = "job.json"  # what a launched stage's ranks read
 RESULT_FILE = "result.json"  # what its rank 0 writes last; the runner rewrites it with workspace-relative paths
 DS_CONFIG_FILE = "ds_config.json"  # the DeepSpeed config the ranks train with, as written
 CHECKPOINTS_DIR = "checkpoints"
+LAUNCH_LOG = "launch.log"  # every line of the stage's launches, DeepSpeed's INFO lines included
 RANK_MODULE = "tasks.training.loop"  # `deepspeed --module` of every launched stage: the one training loop
 
 
@@ -146,7 +147,8 @@ def run(stage: Stage, ws: Workspace, **inputs: Path | None) -> Any:
         spec = stage.prepare(inputs, out_dir)  # a bad input fails here, before the folder or the ranks exist
         job = write_launch(stage, spec, inputs, out_dir, ws, mlflow_run.info.run_id)
         launched = prefect_task(launch, f"{stage.name}-launch")
-        launched(RANK_MODULE, ["--job", str(job)], **launch_settings(stage.config), log=_task_log)
+        launched(RANK_MODULE, ["--job", str(job)], **launch_settings(stage.config), log=_task_log,
+                 log_file=out_dir / LAUNCH_LOG)
         result = stage.after(read_result(stage, out_dir), inputs, ws.run_reports(mlflow_run.info.run_id))
     write_result(result, out_dir, ws)
     write_record(out_dir, key, stage.name)
@@ -218,7 +220,7 @@ def prefect_task(fn: Any, name: str) -> Any:
 
     if FlowRunContext.get() is None:
         return fn
-    return task(fn, name=name, cache_policy=None)
+    return task(fn, name=name, task_run_name=name, cache_policy=None)
 
 
 def _task_log(line: str) -> None:
