@@ -62,18 +62,21 @@ def ratio_text(ratio: float) -> str:
     return f"{ratio:.2g}x" if ratio < 10 else f"{ratio:.0f}x"
 
 
-def _machine_key() -> str:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name ("AMD EPYC 7B13"), from /proc/cpuinfo where there is one."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{cpu} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    return platform.processor() or platform.machine()
+
+
+def _machine_key() -> str:
+    import torch
+
+    return f"{cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
 def _cache_file() -> Path:

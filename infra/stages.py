@@ -143,7 +143,8 @@ def run(stage: Stage, ws: Workspace, **inputs: Path | None) -> Any:
         tag_active_run(f"llmforge.cache.{tag}", "hit")
         point_latest(ws.latest(stage.store), out_dir)
         return reused
-    with stage_run(ws, stage.name, stage.config, run_key=key, tags={f"llmforge.out.{tag}": rel}) as mlflow_run:
+    with stage_run(ws, stage.name, stage.config, run_key=key, tags={f"llmforge.out.{tag}": rel},
+                   config_key=stage.name) as mlflow_run:
         spec = stage.prepare(inputs, out_dir)  # a bad input fails here, before the folder or the ranks exist
         job = write_launch(stage, spec, inputs, out_dir, ws, mlflow_run.info.run_id)
         launched = prefect_task(launch, f"{stage.name}-launch")
@@ -238,7 +239,7 @@ def in_run(stage: LaunchedStage, ws: Workspace, out_dir: Path, *, log: Any = pri
     """Launch `stage` into `out_dir` with no cache or folder key (tests, resumes into a chosen folder),
     inside its own MLflow stage run; the result its rank 0 wrote."""
     out_dir = Path(out_dir)
-    with stage_run(ws, stage.name, stage.config) as mlflow_run:
+    with stage_run(ws, stage.name, stage.config, config_key=stage.name) as mlflow_run:
         job = write_launch(stage, stage.prepare(inputs, out_dir), inputs, out_dir, ws, mlflow_run.info.run_id)
         launch(RANK_MODULE, ["--job", str(job)], **launch_settings(stage.config), log=log)
         return read_result(stage, out_dir)

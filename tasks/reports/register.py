@@ -84,7 +84,8 @@ def register_model(
         signature=signature,
         input_example=[input_example],
         prompt_template=prompt_template,
-        model_config={"max_new_tokens": max_new_tokens, "do_sample": False},
+        # No model_config: MLflow logs it as params of the run, where it would pass for pipeline configuration;
+        # the signature's params carry the same defaults (greedy, max_new_tokens) to every predict.
         # A card of our own: MLflow would otherwise look the local folder up on the Hugging Face Hub.
         model_card=ModelCard(f"---\nlicense: other\n---\n{description}\n"),
         # Pinned here: MLflow's own default list asks for torchvision, which we do not install.
@@ -103,8 +104,9 @@ def register_model(
     return str(version.version)
 
 
-def register_final_model(hf_dir: Path | None, name: str, lineage: dict[str, str]) -> str:
-    """Log the transformers folder `hf_dir` to the active (pipeline) run and register it as the new `champion` version of `name`; returns the version."""
+def register_final_model(hf_dir: Path | None, name: str, lineage: dict[str, str], what: str = "") -> str:
+    """Log the transformers folder `hf_dir` to the active (pipeline) run and register it as the new `champion` version
+    of `name`, its description saying `what` the run was; returns the version."""
     active_run()
     if hf_dir is None:
         raise ValueError(
@@ -112,6 +114,6 @@ def register_final_model(hf_dir: Path | None, name: str, lineage: dict[str, str]
             "(the default), which writes <grpo out_dir>/hf"
         )
     return register_model(
-        Path(hf_dir), name, tags=lineage, description=DESCRIPTION, artifact_path="final_model",
+        Path(hf_dir), name, tags=lineage, description=f"{DESCRIPTION}. {what}".strip(), artifact_path="final_model",
         prompt_template=PROMPT_TEMPLATE, input_example=INPUT_EXAMPLE,
     )

@@ -289,9 +289,9 @@ def test_readme_deployment_sequence_on_another_port(deployed):
     data = [r for r in runs if stage[r.info.run_id] == "data"]
     assert len(data) == 3 and all(r.info.status == "FINISHED" for r in data)  # 2 deployed + the pipeline's
     # As deployed: the preset's threshold; with the override: 0.7 and the other keys still the preset's.
-    assert data[0].data.params["near.threshold"] == "0.8" and data[1].data.params["near.threshold"] == "0.7"
-    assert data[1].data.params["near.num_perm"] == data[0].data.params["near.num_perm"] == "128"
-    assert data[1].data.params["catalog"] == str(deployed["catalog"])
+    assert data[0].data.params["data.near.threshold"] == "0.8" and data[1].data.params["data.near.threshold"] == "0.7"
+    assert data[1].data.params["data.near.num_perm"] == data[0].data.params["data.near.num_perm"] == "128"
+    assert data[1].data.params["data.catalog"] == str(deployed["catalog"])
     m = data[1].data.metrics
     assert (m["funnel.news.collected"], m["funnel.news.rejected"], m["funnel.news.exact_duplicates"]) == (19, 4, 1)
     (pipeline,) = [r for r in runs if stage[r.info.run_id] == "pipeline"]
