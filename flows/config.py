@@ -56,6 +56,14 @@ class DataConfig(StrictModel):
         return self.model_copy(update={"executor": "local", "ray_address": None})
 
 
+class RegistryConfig(StrictModel):
+    """`@champion` moves to a new version only when it beats the champion on `metric` (a metric of the
+    pipeline run, e.g. `evaluate/grpo.answer.accuracy`: the final model on the held-out evaluation)."""
+
+    metric: str = "evaluate/grpo.answer.accuracy"
+    greater_is_better: bool = True
+
+
 class PipelineConfig(StrictModel):
     name: str = "llmforge"
     data: DataConfig = Field(default_factory=DataConfig)
@@ -66,6 +74,7 @@ class PipelineConfig(StrictModel):
     grpo: GrpoConfig = Field(default_factory=GrpoConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     registered_model: str = "llmforge-tiny"  # MLflow model registry name of the final model
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)  # when `@champion` moves
 
     # The GRPO worker looks its rewards up by name hours into a run; an unknown name fails here instead.
     @field_validator("grpo")

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from infra.atomic import write_json_atomic, write_text_atomic
 from infra.config import ConfigError, config_hash, read_json
 from infra.paths import Workspace, point_latest
+from infra.provenance import mlflow_ui_url
 from infra.tracking import active_run, describe_stage_runs, log_artifact, log_metrics, metric_history, set_tag
 from infra.tracking_history import StageTime, child_run, stage_times
 from infra.tracking_identity import RunIdentity, stage_precision
@@ -305,15 +306,20 @@ def publish_pipeline_report(ws: Workspace, config, data, tokenized, base, sft, g
     page = write_report_html(path)
     point_latest(ws.reports / "latest", out)
     markdown = path.read_text()
-    publish_prefect_artifact(inline_images(markdown, path.parent), key="pipeline-report")
+    experiment_id = active_run().info.experiment_id
+    link = f"[MLflow run {run_id}]({mlflow_ui_url(experiment_id, run_id)})\n\n"  # clickable in Prefect's UI
+    publish_prefect_artifact(link + inline_images(markdown, path.parent), key="report")
     log_artifact(path, artifact_path="report")
     log_artifact(page, artifact_path="report")
     for img in images.values():
         if img is not None:
             log_artifact(img, artifact_path="report")
-    log_metrics(headline_metrics(funnel_totals(load_manifest(Path(data.manifest)).funnel), base, sft, grpo, evals, times,
-                                 wall_seconds, all_attempts[0]))
+    headlines = headline_metrics(funnel_totals(load_manifest(Path(data.manifest)).funnel), base, sft, grpo, evals, times,
+                                 wall_seconds, all_attempts[0])
+    log_metrics(headlines)
     lineage = lineage_tags(Path(data.manifest), Path(tokenized.tokenizer), config_hash(config), stage_runs)
     version = register_final_model(grpo.hf_dir, config.registered_model, {**lineage, **(identity.tags() if identity else {})},
-                                   identity.description() if identity else "")
+                                   identity.description() if identity else "",
+                                   (config.registry.metric, headlines.get(config.registry.metric)),
+                                   config.registry.greater_is_better)
     return PipelineReport(path=path, markdown=markdown, model_version=version)
