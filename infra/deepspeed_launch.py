@@ -18,12 +18,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from infra.build_lock import clear_stale_build_locks
-from infra.process_tree import SUPERVISOR_ENV, stop_tree, supervisor_token
+from infra.process_tree import STOP_GRACE_S, SUPERVISOR_ENV, TrackedTree, stop_processes, supervisor_token
 from infra.rank_watch import DEFAULT_TIMEOUT_S, RankWatch
 
 DS_CONFIG_DIR = Path(__file__).parent / "deepspeed"
@@ -242,16 +243,22 @@ def launch(
         assert proc.stdout is not None
         show(f"launching: {' '.join(cmd)}")
         watch = RankWatch(proc.pid, timeout_s) if timeout_s is not None else contextlib.nullcontext()
+        tree = TrackedTree(proc.pid)
         try:
-            with watch:
+            with tree, watch:
                 for line in proc.stdout:
                     line = line.rstrip("\n")
                     tail.append(line)
                     show(line)
                 rc = proc.wait()
+        except BaseException:
+            # Interrupted (Ctrl-C, SIGTERM, a cancel): the ranks finish their step and save it meanwhile
+            # (tasks/training/stop.py); wait for them, showing what they say, SIGKILL after the grace period.
+            _stop_showing(tree, proc.stdout, show)
+            raise
         finally:
-            # On an interrupt or error: the launcher and every rank; after a clean exit: stragglers.
-            stop_tree(proc.pid)
+            # After a clean exit or an error: stragglers, also those the runner's death left to init.
+            stop_processes(tree.alive())
             remove_shm_buffers(master_port)
             if env_dir is not None:
                 shutil.rmtree(env_dir, ignore_errors=True)
@@ -260,6 +267,22 @@ def launch(
         raise RuntimeError(f"deepspeed launch of '{module}': {silent}")
     if rc != 0:
         raise launch_failure(module, num_procs, rc, list(tail))
+
+
+def _stop_showing(tree: TrackedTree, out: Any, show: Callable[[str], Any]) -> None:
+    """Stop the launch's processes (SIGTERM, SIGKILL after STOP_GRACE_S) while passing their last lines to `show`."""
+    stopper = threading.Thread(target=stop_processes, args=(tree.alive(), STOP_GRACE_S), name="stop-launch", daemon=True)
+    stopper.start()
+
+    def drain() -> None:
+        with contextlib.suppress(Exception):  # a closed pipe or a bad line: what was said is said
+            for line in out:
+                show(line.rstrip("\n"))
+
+    reader = threading.Thread(target=drain, name="launch-last-lines", daemon=True)
+    reader.start()
+    stopper.join()
+    reader.join(timeout=2.0)  # a process outside the tree may hold the pipe open: do not wait on it
 
 
 @contextlib.contextmanager
