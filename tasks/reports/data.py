@@ -2,7 +2,6 @@
 artifacts (manifest, funnel table and chart) and the shards as a dataset input."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from infra.atomic import write_text_atomic
