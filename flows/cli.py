@@ -270,7 +270,7 @@ def _run_flow(args: argparse.Namespace) -> int:
         return 0
     from flows.pipeline_flow import pipeline_flow
 
-    result = pipeline_flow(cfg, workdir=args.workdir, overrides=pairs)
+    result = pipeline_flow(cfg, workdir=args.workdir, preset=args.preset, overrides=pairs)  # the run says its preset
     _say_where(args.workdir, result.mlflow_run_id, f"report: {Path(result.report).resolve()}")
     return 0
 

@@ -17,8 +17,8 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from infra.config import (ConfigError, StrictModel, YamlAliasRefused, format_validation_error, parse_config, parse_yaml,
-                          read_yaml, set_dotted, unknown_key_error)
+from infra.config import (ConfigError, StrictModel, YamlAliasRefused, flatten_params, format_validation_error, parse_config,
+                          parse_yaml, read_yaml, set_dotted, unknown_key_error)
 from infra.paths import Workspace
 from tasks.eval.rewards import REWARDS
 from tasks.eval.config import EvalConfig
@@ -57,6 +57,14 @@ class DataConfig(StrictModel):
         return self.model_copy(update={"executor": "local", "ray_address": None})
 
 
+class RegistryConfig(StrictModel):
+    """`@champion` moves to a new version only when it beats the champion on `metric` (a metric of the
+    pipeline run, e.g. `evaluate/grpo.answer.accuracy`: the final model on the held-out evaluation)."""
+
+    metric: str = "evaluate/grpo.answer.accuracy"
+    greater_is_better: bool = True
+
+
 class PipelineConfig(StrictModel):
     name: str = "llmforge"
     data: DataConfig = Field(default_factory=DataConfig)
@@ -68,6 +76,7 @@ class PipelineConfig(StrictModel):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     scale: ScaleConfig = Field(default_factory=ScaleConfig)  # `llmforge scale`: the IsoFLOP sweep (flows/scale_flow.py)
     registered_model: str = "llmforge-tiny"  # MLflow model registry name of the final model
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)  # when `@champion` moves
 
     # The GRPO worker looks its rewards up by name hours into a run; an unknown name fails here instead.
     @field_validator("grpo")
@@ -248,3 +257,15 @@ def resolve_data_config(config: DataConfig | None, preset: str, overrides: list[
         raise ConfigError(f"overrides {outside}: the data flow only reads keys under 'data.' (e.g. data.near.threshold=0.7)")
     whole = None if config is None else PipelineConfig(data=config)
     return resolve_pipeline_config(whole, preset, overrides, workdir).data
+
+
+def preset_differences(config: PipelineConfig, preset: str, workdir: str | Path | None = None) -> dict[str, tuple[str, str]]:
+    """`{key: (the preset's value, config's)}` for every key where `config` differs from `preset`; empty when the
+    preset cannot be read (a run given a whole config may name no preset of this checkout)."""
+    try:
+        base = flatten_params(load_pipeline_config(preset, within=preset_roots(workdir)))
+    except ConfigError:
+        return {}
+    mine = flatten_params(config)
+    return {k: (base.get(k, "(absent)"), mine.get(k, "(absent)")) for k in sorted(set(base) | set(mine))
+            if base.get(k) != mine.get(k)}

@@ -61,7 +61,7 @@ def data_flow(config: DataConfig | None = None, workdir: str | None = None, pres
     # On Ray every stage is submitted (a Ray task); locally they run in this thread, where Ctrl-C lands.
     stage = (lambda st, **inputs: submit(st, ws, **inputs).result()) if on_ray else (lambda st, **inputs: run(st, ws, **inputs))
     with stop_on_cancel(), workspace_lock(ws), (prefect_api_for_workers() if on_ray else contextlib.nullcontext()) as api, stage_run(
-        ws, "data", config, tags={"llmforge.config_hash": config_hash(config)},
+        ws, "data", config, config_key="data", tags={"llmforge.config_hash": config_hash(config)},
         run_name=f"data {describe_overrides(overrides or [], 'data')}".strip(),
         run_key=flow_key("data", __name__, config, {s.name: source_inputs(catalog, s) for s in catalog.sources}),
     ) as run_:

@@ -19,7 +19,7 @@ from tasks.reports.eval import log_comparison
 def eval_flow(config: EvalConfig, models: dict[str, str], tokens: str, tokenizer: str, workdir: str = "work") -> dict[str, EvalResult]:
     """Evaluate each named model (cached per model) and log their comparison; results by name."""
     ws = Workspace.locate(workdir).ensure_writable()
-    with stop_on_cancel(), workspace_lock(ws), stage_run(ws, "evaluate", config, run_key=flow_key(
+    with stop_on_cancel(), workspace_lock(ws), stage_run(ws, "evaluate", config, config_key="eval", run_key=flow_key(
             "evaluate", __name__, config, {"models": [Path(m) for m in models.values()], "tokens": Path(tokens)})) as run:
         placed = {name: place(Evaluate(config), ws, model=Path(model_dir), tokens=Path(tokens), tokenizer=Path(tokenizer),
                               label=name) for name, model_dir in models.items()}

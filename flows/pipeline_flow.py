@@ -11,7 +11,7 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel
 
-from flows.config import PipelineConfig, resolve_pipeline_config
+from flows.config import PipelineConfig, preset_differences, resolve_pipeline_config
 from flows.data_flow import DataResult, data_flow
 from flows.eval_flow import eval_flow
 from flows.pretrain_flow import TokenizedData, tokenized
@@ -19,7 +19,8 @@ from infra.config import config_hash
 from infra.paths import Workspace
 from infra.stage_cache import flow_key
 from infra.stages import run
-from infra.tracking import describe_overrides, stage_run
+from infra.tracking import describe_overrides, describe_run, stage_run
+from infra.tracking_identity import RunIdentity
 from infra.run_signals import stop_on_cancel
 from infra.workspace_lock import workspace_lock
 from tasks.eval.evaluate import EvalResult
@@ -54,6 +55,7 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = No
     `workdir` None is the workspace of `Workspace.locate`: `$LLMFORGE_HOME`, else ./work.
     """
     config = resolve_pipeline_config(config, preset, overrides, workdir)
+    identity = RunIdentity.here(preset, overrides, preset_differences(config, preset, workdir))
     started = time.time()
     ws = Workspace.locate(workdir).ensure_writable()
     record_attempt(ws, config, started)  # the report sums the attempts of this config
@@ -61,10 +63,11 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = No
     catalog = load_catalog(config.data.catalog, only=config.data.sources)
     sources = {s.name: source_inputs(catalog, s) for s in catalog.sources}
     with stop_on_cancel(), workspace_lock(ws), stage_run(
-        ws, "pipeline", config, tags={"llmforge.config_hash": config_hash(config)},
+        ws, "pipeline", config, tags={"llmforge.config_hash": config_hash(config), **identity.tags()},
         run_name=f"pipeline {describe_overrides(overrides or [])}".strip(),
         run_key=flow_key("pipeline", __name__, config, sources),
     ) as pipeline_run:
+        describe_run(pipeline_run, identity)
         print("stage 1/5 data: collect, dedup, filter, mix, shard")
         data = data_flow(config.data, workdir=root, overrides=[o for o in overrides or [] if o.startswith("data.")])
         print("stage 2/5 pretrain: tokenizer, token shards, DeepSpeed pretraining")
@@ -77,7 +80,7 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = No
         print("stage 5/5 evaluate: calibration of base, SFT and GRPO; report card")
         models = {"base": str(base.model_dir), "sft": str(sft.model_dir), "grpo": str(grpo.model_dir)}
         evals = eval_flow(config.eval, models, tokens=str(tok.tokens), tokenizer=str(tok.tokenizer), workdir=root)
-        report = publish_pipeline_report(ws, config, data, tok, base, sft, grpo, evals, time.time() - started)
+        report = publish_pipeline_report(ws, config, data, tok, base, sft, grpo, evals, time.time() - started, identity)
         print(report.markdown)
         return PipelineResult(
             mlflow_run_id=pipeline_run.info.run_id, data=data, tokenized=tok, pretrain=base, sft=sft, grpo=grpo,

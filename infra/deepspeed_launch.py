@@ -18,12 +18,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from infra.build_lock import BUILDING_SHM_OP, clear_lock_of_stopped_build, clear_stale_build_locks
-from infra.process_tree import SUPERVISOR_ENV, stop_tree, supervisor_token
+from infra.process_tree import STOP_GRACE_S, SUPERVISOR_ENV, TrackedTree, stop_processes, supervisor_token
 from infra.rank_watch import DEFAULT_TIMEOUT_S, RankWatch
 
 DS_CONFIG_DIR = Path(__file__).parent / "deepspeed"
@@ -37,6 +38,9 @@ _LOG_TAIL_LINES = 60
 # deepspeed_allreduce_buffer_<uid>_<master addr>_<master port>_<rank>, and never unlinks it.
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "deepspeed_allreduce_buffer"
+# DeepSpeed's own INFO lines ("[2026-01-01 12:00:00,000] [INFO] [launch.py:174:main] Setting CUDA_VISIBLE_DEVICES=0"):
+# with a log file they go there only; its warnings, errors and every line of the ranks stay on screen.
+_DS_INFO = re.compile(r"^\[[^\]]*\] \[INFO\] ")
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE")
 
 
@@ -199,8 +203,11 @@ def launch(
     cwd: Path | None = None,
     launcher_args: list[str] | None = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    log_file: Path | None = None,
 ) -> None:
     """Run `deepspeed --module module args...`, streaming its output line by line to `log`.
+
+    With `log_file`, every line is appended there too, and DeepSpeed's INFO lines go there only.
 
     Raises RuntimeError with the last lines of output when the launcher exits non-zero, or
     naming the rank when one of this machine's ranks is silent (no CPU work) for `timeout_s`
@@ -218,9 +225,8 @@ def launch(
     full_env[SUPERVISOR_ENV] = supervisor_token()
     # A launch killed while building DeepSpeed's op leaves torch's lock; the next would wait on it forever.
     clear_stale_build_locks(full_env, log)
-    log(f"launching: {' '.join(cmd)}")
     tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
-    with subprocess.Popen(
+    with _launch_log(log, log_file) as show, subprocess.Popen(
         # The launcher gets SIGTERM when this process dies: set through an exec wrapper, as
         # preexec_fn is unsafe in a threaded process (Prefect runs tasks in threads).
         [sys.executable, "-m", "infra.process_tree", *cmd],
@@ -235,17 +241,24 @@ def launch(
         # together with this process, and a kill of this process group takes them all.
     ) as proc:
         assert proc.stdout is not None
+        show(f"launching: {' '.join(cmd)}")
         watch = RankWatch(proc.pid, timeout_s) if timeout_s is not None else contextlib.nullcontext()
+        tree = TrackedTree(proc.pid)
         try:
-            with watch:
+            with tree, watch:
                 for line in proc.stdout:
                     line = line.rstrip("\n")
                     tail.append(line)
-                    log(line)
+                    show(line)
                 rc = proc.wait()
+        except BaseException:
+            # Interrupted (Ctrl-C, SIGTERM, a cancel): the ranks finish their step and save it meanwhile
+            # (tasks/training/stop.py); wait for them, showing what they say, SIGKILL after the grace period.
+            _stop_showing(tree, proc.stdout, show)
+            raise
         finally:
-            # On an interrupt or error: the launcher and every rank; after a clean exit: stragglers.
-            stop_tree(proc.pid)
+            # After a clean exit or an error: stragglers, also those the runner's death left to init.
+            stop_processes(tree.alive())
             if BUILDING_SHM_OP in tail:  # stopped while building, it may have left torch's lock
                 clear_lock_of_stopped_build(full_env, log)
             remove_shm_buffers(master_port)
@@ -256,6 +269,38 @@ def launch(
         raise RuntimeError(f"deepspeed launch of '{module}': {silent}")
     if rc != 0:
         raise launch_failure(module, num_procs, rc, list(tail))
+
+
+def _stop_showing(tree: TrackedTree, out: Any, show: Callable[[str], Any]) -> None:
+    """Stop the launch's processes (SIGTERM, SIGKILL after STOP_GRACE_S) while passing their last lines to `show`."""
+    stopper = threading.Thread(target=stop_processes, args=(tree.alive(), STOP_GRACE_S), name="stop-launch", daemon=True)
+    stopper.start()
+
+    def drain() -> None:
+        with contextlib.suppress(Exception):  # a closed pipe or a bad line: what was said is said
+            for line in out:
+                show(line.rstrip("\n"))
+
+    reader = threading.Thread(target=drain, name="launch-last-lines", daemon=True)
+    reader.start()
+    stopper.join()
+    reader.join(timeout=2.0)  # a process outside the tree may hold the pipe open: do not wait on it
+
+
+@contextlib.contextmanager
+def _launch_log(log: Callable[[str], Any], log_file: Path | None) -> Any:
+    """The launch's line sink: `log` alone, or `log_file` for every line and `log` for all but DeepSpeed's INFO."""
+    if log_file is None:
+        yield log
+        return
+    Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+    log(f"launcher log (DeepSpeed's INFO lines): {Path(log_file).resolve()}")
+    with open(log_file, "a", encoding="utf-8", buffering=1) as file:
+        def show(line: str) -> None:
+            file.write(line + "\n")
+            if not _DS_INFO.match(line):
+                log(line)
+        yield show
 
 
 class LaunchDiskFull(OSError, RuntimeError):

@@ -51,24 +51,32 @@ def choose_precision(precision: str) -> PrecisionChoice:
         return PrecisionChoice("fp32", f"auto: {torch.cuda.get_device_name()} has no bf16")
     speedup = cpu_bf16_speedup()
     if speedup >= BF16_MIN_SPEEDUP:
-        return PrecisionChoice("bf16", f"auto: a bf16 matmul ran {speedup:.1f}x an fp32 one on this CPU "
-                                       f"(bf16 from {BF16_MIN_SPEEDUP:.1f}x)")
-    return PrecisionChoice("fp32", f"auto: a bf16 matmul ran only {speedup:.1f}x an fp32 one on this CPU "
-                                   f"(bf16 from {BF16_MIN_SPEEDUP:.1f}x)")
+        return PrecisionChoice("bf16", f"auto: a bf16 matmul ran {ratio_text(speedup)} an fp32 one on this CPU "
+                                       f"(bf16 from {ratio_text(BF16_MIN_SPEEDUP)})")
+    return PrecisionChoice("fp32", f"auto: a bf16 matmul ran only {ratio_text(speedup)} an fp32 one on this CPU "
+                                   f"(bf16 from {ratio_text(BF16_MIN_SPEEDUP)})")
+
+
+def ratio_text(ratio: float) -> str:
+    """A speed ratio with two significant digits, however small: 0.025x, 0.5x, 1.7x, 7.3x, 12x."""
+    return f"{ratio:.2g}x" if ratio < 10 else f"{ratio:.0f}x"
+
+
+def cpu_model() -> str:
+    """The CPU's model name ("AMD EPYC 7B13"), from /proc/cpuinfo where there is one."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _machine_key() -> str:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    return f"{cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
 def _cache_file() -> Path:

@@ -24,6 +24,9 @@ import psutil
 # What a supervised process reads to know whom it serves: "<pid>:<create time>", so a
 # recycled pid is not mistaken for the run.
 SUPERVISOR_ENV = "LLMFORGE_SUPERVISOR"
+# Seconds a stopped run's processes get between SIGTERM and SIGKILL: a training rank finishes its step and
+# saves a checkpoint in them (tasks/training/stop.py); the bound for a whole stop is 30 s.
+STOP_GRACE_S = 25.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -64,7 +67,7 @@ def descendants(pid: int | None = None, exclude: Iterable[int] = ()) -> list[psu
     return out
 
 
-def stop_processes(procs: list[psutil.Process], grace_s: float = 10.0) -> list[psutil.Process]:
+def stop_processes(procs: list[psutil.Process], grace_s: float = STOP_GRACE_S) -> list[psutil.Process]:
     """SIGTERM `procs`, SIGKILL those still alive after `grace_s`; the ones that were still alive."""
     for p in procs:
         try:
@@ -81,13 +84,58 @@ def stop_processes(procs: list[psutil.Process], grace_s: float = 10.0) -> list[p
     return alive
 
 
-def stop_tree(pid: int, grace_s: float = 10.0) -> None:
+def stop_tree(pid: int, grace_s: float = STOP_GRACE_S) -> None:
     """Stop process `pid` and everything under it (children listed first, so none escapes re-parenting)."""
     try:
         root = psutil.Process(pid)
     except psutil.NoSuchProcess:
         return
     stop_processes(descendants(pid) + [root], grace_s)
+
+
+class TrackedTree:
+    """The processes under `pid`, remembered as they appear (polled every `every_s`): a parent that dies first
+    leaves its children to init, out of reach of `descendants` (DeepSpeed's runner dies at once on SIGTERM,
+    its launcher and ranks live on to save their work), and a stop must still wait for them.
+
+        with TrackedTree(proc.pid) as tree: ...
+        stop_processes(tree.alive())
+    """
+
+    def __init__(self, pid: int, every_s: float = 0.5) -> None:
+        self.pid, self.every_s = pid, every_s
+        self.seen: dict[tuple[int, float], psutil.Process] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="tree-tracker", daemon=True)
+
+    def _remember(self) -> None:
+        for p in descendants(self.pid):
+            try:
+                self.seen.setdefault((p.pid, p.create_time()), p)
+            except psutil.NoSuchProcess:
+                continue
+
+    def _poll(self) -> None:
+        while not self._done.wait(self.every_s):
+            self._remember()
+
+    def __enter__(self) -> "TrackedTree":
+        self._remember()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+
+    def alive(self) -> list[psutil.Process]:
+        """Every process of the tree still running (children before the root, as `stop_tree` lists them)."""
+        self._remember()
+        found = list(self.seen.values())
+        try:
+            found.append(psutil.Process(self.pid))
+        except psutil.NoSuchProcess:
+            pass
+        return [p for p in found if p.is_running()]
 
 
 def supervisor_token(pid: int | None = None) -> str:

@@ -96,6 +96,22 @@ def origin_tags(flow_run: Mapping[str, str] | None = None) -> dict[str, str]:
     return tags
 
 
+LOCAL_MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` (and infra/scripts/start_mlflow_server.sh) listens
+
+
+def artifact_key(*parts: str) -> str:
+    """A Prefect artifact key from its parts (lowercase letters, digits and dashes, as Prefect requires).
+
+    Built from the flow and the stage only, never the flow run, so every run of a pipeline's stage adds a
+    version to one artifact, and Prefect shows its history."""
+    return re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-") or "llmforge"
+
+
+def mlflow_ui_url(experiment_id: str, run_id: str, uri: str | None = None) -> str:
+    """The run's address in the MLflow UI: on the tracking server when one is set, else the local `mlflow ui`."""
+    return mlflow_run_url(experiment_id, run_id, uri) or f"{LOCAL_MLFLOW_UI}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
 def mlflow_run_url(experiment_id: str, run_id: str, uri: str | None = None) -> str | None:
     """The MLflow UI address of a run when the tracking URI is an http(s) server, else None."""
     import mlflow
@@ -113,8 +129,8 @@ def link_prefect_to_run(stage: str, run: Any, flow_run: Mapping[str, str]) -> No
     import mlflow
 
     exp_id, run_id = run.info.experiment_id, run.info.run_id
-    slug = re.sub(r"[^a-z0-9]+", "-", stage.lower()).strip("-") or "stage"
-    key = f"mlflow-{slug}-{run_id[:12]}"  # lowercase, digits and dashes, as Prefect requires
+    # One key per flow and stage, so the artifact keeps a version per run (Prefect's history of it).
+    key = artifact_key(flow_run.get("flow_name", "llmforge"), "mlflow", stage)
     description = f"MLflow run of stage {stage}"
     url = mlflow_run_url(exp_id, run_id)
     try:
@@ -128,9 +144,9 @@ def link_prefect_to_run(stage: str, run: Any, flow_run: Mapping[str, str]) -> No
                 key=key,
                 description=description,
                 markdown=(
-                    f"MLflow run `{run_id}` (stage {stage}) is in a local store. To open it, run\n\n"
-                    f"    mlflow ui --backend-store-uri {store}\n\n"
-                    f"and go to `http://127.0.0.1:5000/#/experiments/{exp_id}/runs/{run_id}`."
+                    f"[MLflow run {run_id}]({mlflow_ui_url(exp_id, run_id)}) (stage {stage}), in a local store: "
+                    f"the link opens once the MLflow UI runs:\n\n"
+                    f"    mlflow ui --backend-store-uri {store}\n"
                 ),
             )
     except Exception as exc:  # the link is a convenience; never fail a stage over it

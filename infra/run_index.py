@@ -27,7 +27,7 @@ NOTE_TAG = "mlflow.note.content"
 SUMMARY_TAGS = (PARENT_TAG, NOTE_TAG, "llmforge.stage", "llmforge.repeat_of")
 # A run's headline: the first of these it logged. The pipeline's and GRPO's held-out accuracy,
 # the evaluation's accuracy of the final model, training's validation perplexity, the data's rows.
-HEADLINE_METRICS = ("grpo.heldout_accuracy", "heldout_accuracy_after", "grpo.answer.accuracy", "answer.accuracy",
+HEADLINE_METRICS = ("grpo/heldout_accuracy", "grpo.heldout_accuracy", "heldout_accuracy_after", "grpo.answer.accuracy", "answer.accuracy",
                     "final_val_ppl", "val_ppl", "shards.rows")
 
 

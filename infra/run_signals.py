@@ -20,11 +20,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.process_tree import descendants, stop_processes
+from infra.process_tree import STOP_GRACE_S, descendants, stop_processes
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# Seconds the children get between SIGTERM and SIGKILL; the bound for a stop is 30 s.
-STOP_GRACE_S = 10.0
 CANCEL_POLL_S = 2.0
 
 

@@ -50,6 +50,7 @@ JOB_FILE = "job.json"  # what a launched stage's ranks read
 RESULT_FILE = "result.json"  # the stage's result, its paths relative to the workspace; written before the record
 DS_CONFIG_FILE = "ds_config.json"  # the DeepSpeed config the ranks train with, as written
 CHECKPOINTS_DIR = "checkpoints"
+LAUNCH_LOG = "launch.log"  # every line of the stage's launches, DeepSpeed's INFO lines included
 RANK_MODULE = "tasks.training.loop"  # `deepspeed --module` of every launched stage: the one training loop
 
 
@@ -249,11 +250,12 @@ class Placed:
         """A launched stage's fresh run, in its own MLflow run: the launcher as the Prefect task."""
         stage = self.stage
         with stage_run(self.ws, stage.name, stage.config, run_key=self.key,
-                       tags={f"llmforge.out.{self.tag}": self.rel}) as mlflow_run:
+                       tags={f"llmforge.out.{self.tag}": self.rel}, config_key=stage.name) as mlflow_run:
             spec = stage.prepare(self.inputs, self.out_dir)  # a bad input fails here, before the ranks exist
             job = write_launch(stage, spec, self.inputs, self.out_dir, self.ws, mlflow_run.info.run_id)
             launched = prefect_task(launch, f"{stage.name}-launch")
-            launched(RANK_MODULE, ["--job", str(job)], **launch_settings(stage.config), log=_task_log)
+            launched(RANK_MODULE, ["--job", str(job)], **launch_settings(stage.config), log=_task_log,
+                     log_file=self.out_dir / LAUNCH_LOG)
             return stage.after(read_result(stage, self.out_dir), self.inputs, self.ws.run_reports(mlflow_run.info.run_id))
 
 
@@ -332,7 +334,7 @@ def prefect_task(fn: Any, name: str) -> Any:
 
     if FlowRunContext.get() is None:
         return fn
-    return task(fn, name=name, cache_policy=None)
+    return task(fn, name=name, task_run_name=name, cache_policy=None)
 
 
 def _task_log(line: str) -> None:
@@ -350,7 +352,7 @@ def in_run(stage: LaunchedStage, ws: Workspace, out_dir: Path, *, log: Any = pri
     """Launch `stage` into `out_dir` with no cache or folder key (tests, resumes into a chosen folder),
     inside its own MLflow stage run; the result its rank 0 wrote."""
     out_dir = Path(out_dir)
-    with stage_run(ws, stage.name, stage.config) as mlflow_run:
+    with stage_run(ws, stage.name, stage.config, config_key=stage.name) as mlflow_run:
         job = write_launch(stage, stage.prepare(inputs, out_dir), inputs, out_dir, ws, mlflow_run.info.run_id)
         launch(RANK_MODULE, ["--job", str(job)], **launch_settings(stage.config), log=log)
         return read_result(stage, out_dir)

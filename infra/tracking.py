@@ -85,6 +85,7 @@ def stage_run(
     run_id: str | None = None,
     run_name: str | None = None,
     run_key: str | None = None,
+    config_key: str | None = None,
 ) -> Iterator[Any]:
     """One MLflow run for a stage, nested under the active (pipeline) run when there is one.
 
@@ -93,6 +94,9 @@ def stage_run(
     to it. `run_id` resumes an existing run (e.g. a DeepSpeed rank-0 process continuing the
     run its Prefect task opened) and leaves its name and tags alone. The run ends FINISHED,
     FAILED on an exception, KILLED on an interrupt, signal or Prefect cancellation (`end_status`).
+
+    `config_key` is where `config` sits in the pipeline's config (`data`, `pretrain`, `eval`): its params are
+    logged under it (`data.near.threshold`, as the pipeline run logs it), so every run has one key space.
 
     `run_key` names what the run computes (infra/stage_cache.flow_key): an earlier attempt
     with that key that did not finish is continued (one loss curve per model, not one per
@@ -106,6 +110,8 @@ def stage_run(
     parent = mlflow.active_run()
     flow_run = {} if run_id else prefect_flow_run()
     all_tags = None if run_id else {"llmforge.stage": stage, **origin_tags(flow_run), **(tags or {})}
+    if all_tags is not None and config_key:
+        all_tags[CONFIG_KEY_TAG] = config_key
     run = mlflow.start_run(
         run_id=run_id,
         # Without it a new run lands in MLflow's "Default" experiment, not ours.
@@ -117,7 +123,7 @@ def stage_run(
     try:
         if run_id is None:
             if config is not None:
-                log_config(config)
+                log_config(config, f"{config_key}." if config_key else "")
             link_prefect_to_run(stage, run, flow_run)
         yield run
     except BaseException as exc:
@@ -190,6 +196,39 @@ def _end_run(ws: Workspace, run: Any, status: str, after: BaseException | None =
             if full is None:
                 raise
             raise full from exc
+
+
+NOTE_TAG = "mlflow.note.content"  # MLflow shows it as the run's description
+CONFIG_KEY_TAG = "llmforge.config_key"  # where a stage run's config sits in the pipeline's (stage_run's config_key)
+
+
+def describe_run(run: Any, identity: Any, config_key: str | None = None) -> None:
+    """Give `run` what `identity` (infra/tracking_identity.RunIdentity) says: its params (the ones the run lacks:
+    a continued run keeps its own) and, first in its description, the preset and what differs from it (the keys
+    under `config_key` only, when given: a stage run)."""
+    from mlflow.entities import Param
+    from mlflow.tracking import MlflowClient
+
+    client, run_id = MlflowClient(), run.info.run_id
+    current = client.get_run(run_id).data
+    if config_key is None:
+        params = {k: v for k, v in identity.params().items() if k not in current.params}
+        if params:
+            client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
+    text = identity.description(config_key)
+    note = current.tags.get(NOTE_TAG, "")
+    if not note.startswith(text):
+        client.set_tag(run_id, NOTE_TAG, text + (f"\n\n{note}" if note else ""))
+
+
+def describe_stage_runs(parent_run_id: str, identity: Any) -> None:
+    """Describe every stage run nested under `parent_run_id` (`describe_run` with its config's keys)."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    experiment_id = mlflow.get_run(parent_run_id).info.experiment_id
+    for child in MlflowClient().search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'"):
+        describe_run(child, identity, child.data.tags.get(CONFIG_KEY_TAG, ""))
 
 
 def describe_overrides(overrides: list[str] | Mapping[str, Any], stage: str | None = None) -> str:

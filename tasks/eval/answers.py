@@ -12,7 +12,7 @@ text up to the first newline, scored by the `integer_exact` reward.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,13 +78,14 @@ def _first_line(tokenizer: Any, ids: list[int], stop_ids: set[int]) -> tuple[lis
 
 @torch.no_grad()
 def greedy_answers(model: torch.nn.Module, tokenizer: Any, problems: Sequence[Any], max_new_tokens: int,
-                   batch_size: int, shots: Sequence[Any] | None = None) -> list[GreedyAnswer]:
+                   batch_size: int, shots: Sequence[Any] | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> list[GreedyAnswer]:
     """Greedy response to each problem's chat prompt (`problem.question`), in problem order.
 
     With `shots`, each problem is asked with the few-shot completion prompt instead, and the
     response is the first line of the continuation. At most max_new_tokens are generated, fewer
     where the prompt leaves less room in the model's max_seq_len. The model is put in eval mode
-    and restored afterwards.
+    and restored afterwards. `progress(done, total)` after each batch.
     """
     from models.chat_template import decode_completion, encode_text, special_ids
     from models.sampling import equal_length_batches, generate
@@ -100,7 +101,8 @@ def greedy_answers(model: torch.nn.Module, tokenizer: Any, problems: Sequence[An
     was_training = model.training
     model.eval()
     try:
-        for idx in equal_length_batches(prompts, batch_size):
+        batches = list(equal_length_batches(prompts, batch_size))
+        for done, idx in enumerate(batches, 1):
             length = len(prompts[idx[0]])
             max_new = min(max_new_tokens, max_seq_len - length)
             if max_new < 1:
@@ -121,6 +123,8 @@ def greedy_answers(model: torch.nn.Module, tokenizer: Any, problems: Sequence[An
                     ids, finished = _first_line(tokenizer, ids, {sp.end_turn, sp.eos, sp.pad})
                     text = decode_completion(tokenizer, ids).split("\n", 1)[0]
                 answers[i] = GreedyAnswer(problems[i], ids, text, float(logprobs[row, : len(ids)].sum()), finished)
+            if progress is not None:
+                progress(done, len(batches))
     finally:
         model.train(was_training)
     return [a for a in answers if a is not None]

@@ -12,7 +12,7 @@ few-shot prompt); the confidence is the chosen option's share of the softmax ove
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,11 +61,12 @@ def options_for(problem: Any, n_options: int = N_OPTIONS) -> list[int]:
 
 @torch.no_grad()
 def sequence_logprobs(model: torch.nn.Module, prompts: Sequence[list[int]], continuations: Sequence[list[int]],
-                      pad_id: int, batch_size: int) -> np.ndarray:
+                      pad_id: int, batch_size: int, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """Sum of log p(continuation | prompt) for each (prompt, continuation) pair, by teacher forcing.
 
     Rows are right-padded: under a causal mask no real token sees the padding after it. The
     vocabulary projection runs only at the positions that predict a continuation token.
+    `progress(done, total)` after each batch.
     """
     device = next(model.parameters()).device
     max_seq_len = model.cfg.max_seq_len
@@ -79,7 +80,8 @@ def sequence_logprobs(model: torch.nn.Module, prompts: Sequence[list[int]], cont
     was_training = model.training
     model.eval()
     try:
-        for start in range(0, len(seqs), batch_size):
+        starts = range(0, len(seqs), batch_size)
+        for done, start in enumerate(starts, 1):
             rows = range(start, min(start + batch_size, len(seqs)))
             width = max(len(seqs[k]) for k in rows)
             batch = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -95,13 +97,16 @@ def sequence_logprobs(model: torch.nn.Module, prompts: Sequence[list[int]], cont
             sums = torch.zeros(len(rows), dtype=torch.float64).index_add_(
                 0, torch.tensor(row_of), token_logp.double().cpu())
             out[start : start + len(rows)] = sums.numpy()
+            if progress is not None:
+                progress(done, len(starts))
     finally:
         model.train(was_training)
     return out
 
 
 def choice_records(model: torch.nn.Module, tokenizer: Any, problems: Sequence[Any], shots: Sequence[Any] | None = None,
-                   batch_size: int = 64, n_options: int = N_OPTIONS) -> list[ChoiceRecord]:
+                   batch_size: int = 64, n_options: int = N_OPTIONS,
+                   progress: Callable[[int, int], None] | None = None) -> list[ChoiceRecord]:
     """Each problem as a multiple-choice question, asked with the chat template (or the few-shot prompt with `shots`)."""
     from models.chat_template import special_ids
 
@@ -109,7 +114,7 @@ def choice_records(model: torch.nn.Module, tokenizer: Any, problems: Sequence[An
     prompts = [prompt_ids(tokenizer, p, shots) for p in problems]
     pairs = [(prompts[i], answer_ids(tokenizer, o, shots)) for i, opts in enumerate(options) for o in opts]
     scores = sequence_logprobs(model, [p for p, _ in pairs], [c for _, c in pairs], special_ids(tokenizer).pad,
-                               batch_size).reshape(len(problems), n_options)
+                               batch_size, progress).reshape(len(problems), n_options)
     probs = np.exp(scores - scores.max(axis=1, keepdims=True))
     probs /= probs.sum(axis=1, keepdims=True)
     return [ChoiceRecord(question=p.question, options=opts, expected=int(p.answer), probs=row.tolist())

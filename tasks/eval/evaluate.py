@@ -42,6 +42,7 @@ from tasks.eval.choices import ChoiceRecord, choice_records
 from tasks.eval.config import EvalConfig
 from tasks.eval.intervals import (Proportion, bootstrap_ece_interval, bootstrap_interval, bootstrap_ratio_interval,
                                   proportion)
+from tasks.eval.progress import EvalProgress, Tracker
 from tasks.eval.selective import SelectiveReport, aurc, selective_report
 from tasks.eval.tokens import token_metrics
 from models.bpb import token_bytes
@@ -161,7 +162,7 @@ def few_shot_examples(cfg: EvalConfig) -> list:
 
 
 def answer_records(model: Transformer, tokenizer, problems: Sequence, cfg: EvalConfig,
-                   shots: Sequence | None = None) -> list[AnswerRecord]:
+                   shots: Sequence | None = None, progress: Tracker | None = None) -> list[AnswerRecord]:
     """Greedy response to each problem via the chat template, scored by `cfg.reward`; with `shots`, via the
     few-shot completion prompt, scored by `integer_exact`."""
     from tasks.eval.answers import greedy_answers
@@ -170,7 +171,7 @@ def answer_records(model: Transformer, tokenizer, problems: Sequence, cfg: EvalC
     reward = get_reward(cfg.reward if shots is None else "integer_exact")
     parse = parse_answer if shots is None else parse_integer
     records = []
-    for a in greedy_answers(model, tokenizer, problems, cfg.max_answer_tokens, cfg.answer_batch_size, shots):
+    for a in greedy_answers(model, tokenizer, problems, cfg.max_answer_tokens, cfg.answer_batch_size, shots, progress):
         abstained = shots is None and is_abstention(a.text)  # the few-shot prompt has no way to abstain
         probability = float(math.exp(a.logprob))
         records.append(AnswerRecord(
@@ -220,10 +221,11 @@ def in_train_range(question: str, max_operand: int) -> bool:
     return 0 <= a <= max_operand and 0 <= b <= max_operand
 
 
-def answer_metrics(model: Transformer, tokenizer, problems: Sequence, cfg: EvalConfig, few_shot: bool = False) -> dict:
+def answer_metrics(model: Transformer, tokenizer, problems: Sequence, cfg: EvalConfig, few_shot: bool = False,
+                   progress: EvalProgress | None = None) -> dict:
     """The answer-level and multiple-choice fields of an EvalResult."""
     shots = few_shot_examples(cfg) if few_shot else None
-    answers = answer_records(model, tokenizer, problems, cfg, shots)
+    answers = answer_records(model, tokenizer, problems, cfg, shots, progress.part("answers") if progress else None)
     if cfg.train_max_operand is not None:
         answers = [a.model_copy(update={"in_train_range": in_train_range(a.question, cfg.train_max_operand)})
                    for a in answers]
@@ -235,7 +237,8 @@ def answer_metrics(model: Transformer, tokenizer, problems: Sequence, cfg: EvalC
         out["answer_in_range"] = proportion(inside) if inside else None
         out["answer_abstention"] = abstention_report(correct, [a.abstained for a in answers])
     if cfg.multiple_choice:
-        choices = choice_records(model, tokenizer, problems, shots, cfg.answer_batch_size)
+        choices = choice_records(model, tokenizer, problems, shots, cfg.answer_batch_size,
+                                 progress=progress.part("choices") if progress else None)
         out["choices"] = choices
         conf, correct = [c.confidence for c in choices], [c.correct for c in choices]
         out["choice_calibration"], out["choice_bins"], out["choice_selective"] = scored_answers(conf, correct, cfg)
@@ -252,13 +255,21 @@ def evaluate_model(
     problems: Sequence | None = None,
     cfg: EvalConfig | None = None,
     few_shot: bool = False,
+    label: str | None = None,
 ) -> EvalResult:
     """Token-level metrics on `val_tokens` (bits per byte with a tokenizer), plus answer-level metrics when
-    tokenizer and problems are given (asked with the few-shot completion prompt when `few_shot`, else the chat template)."""
+    tokenizer and problems are given (asked with the few-shot completion prompt when `few_shot`, else the chat template).
+    With `label` (the model's name), progress lines with an ETA say how far it is."""
     cfg = cfg or EvalConfig()
-    fields = token_metrics(model, val_tokens, cfg, token_bytes(tokenizer) if tokenizer is not None else None)
-    if tokenizer is not None and problems:
-        fields.update(answer_metrics(model, tokenizer, problems, cfg, few_shot))
+    asks = tokenizer is not None and bool(problems)
+    parts = ["tokens"] + (["answers"] + (["choices"] if cfg.multiple_choice else []) if asks else [])
+    progress = EvalProgress(label, parts) if label is not None else None
+    fields = token_metrics(model, val_tokens, cfg, token_bytes(tokenizer) if tokenizer is not None else None,
+                           progress.part("tokens") if progress else None)
+    if asks:
+        fields.update(answer_metrics(model, tokenizer, problems, cfg, few_shot, progress))
+    if progress is not None:
+        progress.done()
     return EvalResult(**fields)
 
 
@@ -293,7 +304,7 @@ def evaluate_checkpoint(
             cfg.n_questions, cfg.seed, max_operand=cfg.arithmetic_max_operand, ops=cfg.arithmetic_ops, split="eval"
         )
     label = name or Path(model_dir).name
-    result = evaluate_model(model, val, tokenizer, problems, cfg, few_shot=label in cfg.few_shot_models)
+    result = evaluate_model(model, val, tokenizer, problems, cfg, few_shot=label in cfg.few_shot_models, label=label)
     result.model = EvaluatedModel(stage=label, model_dir=str(model_dir),
                                   weights_sha256=sha256_file(Path(model_dir) / WEIGHTS))
     write_text_atomic(Path(out_dir) / EVAL_FILE, result.model_dump_json(indent=2))

@@ -11,6 +11,7 @@ and judged on the other.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ def _batches(windows: list[tuple[int, int]], batch_size: int) -> list[list[tuple
 
 @torch.inference_mode()
 def _token_pass(model: Transformer, tokens: np.ndarray, n_pred: int, seq_len: int, cfg: EvalConfig, keep: np.ndarray,
-                byte_table: np.ndarray | None = None):
+                byte_table: np.ndarray | None = None, progress: Callable[[int, int], None] | None = None):
     """One pass over the windows: per window [nats, tokens, nats of text tokens, bytes] (the last two 0 without
     `byte_table`), top-1 confidence/correctness, and logits of the `keep` predictions."""
     device = next(model.parameters()).device
@@ -49,7 +50,8 @@ def _token_pass(model: Transformer, tokens: np.ndarray, n_pred: int, seq_len: in
     kept_labels = torch.empty(len(keep), dtype=torch.long)
     sums = []
     offset = 0
-    for batch in _batches(_windows(n_pred, seq_len), cfg.batch_size):
+    batches = _batches(_windows(n_pred, seq_len), cfg.batch_size)
+    for done, batch in enumerate(batches, 1):
         length = batch[0][1]
         rows = np.stack([np.asarray(tokens[s : s + length + 1], dtype=np.int64) for s, _ in batch])
         x = torch.from_numpy(rows[:, :-1]).to(device)
@@ -72,6 +74,8 @@ def _token_pass(model: Transformer, tokens: np.ndarray, n_pred: int, seq_len: in
             kept_logits[lo:hi] = logits[local].half().cpu()
             kept_labels[lo:hi] = y[local].cpu()
         offset += n
+        if progress is not None:
+            progress(done, len(batches))
     return torch.cat(sums).cpu().numpy(), conf, correct, kept_logits, kept_labels
 
 
@@ -118,9 +122,10 @@ def brier_interval(conf: np.ndarray, correct: np.ndarray, seq_len: int, cfg: Eva
     return {"brier_lo": lo, "brier_hi": hi}
 
 
-def token_metrics(model: Transformer, val_tokens: np.ndarray, cfg: EvalConfig, byte_table: np.ndarray | None = None) -> dict:
+def token_metrics(model: Transformer, val_tokens: np.ndarray, cfg: EvalConfig, byte_table: np.ndarray | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> dict:
     """Loss, perplexity, accuracy and calibration of next-token predictions on `val_tokens`; bits per byte too
-    when given the tokenizer's `byte_table` (models.bpb.token_bytes)."""
+    when given the tokenizer's `byte_table` (models.bpb.token_bytes). `progress(done, total)` after each batch."""
     n_pred = min(cfg.max_tokens, len(val_tokens) - 1)
     if n_pred < 1:
         raise ValueError(f"val_tokens holds {len(val_tokens)} tokens; need at least 2 to score one prediction")
@@ -136,7 +141,7 @@ def token_metrics(model: Transformer, val_tokens: np.ndarray, cfg: EvalConfig, b
     was_training = model.training
     model.eval()
     try:
-        sums, conf, correct, logits, labels = _token_pass(model, val_tokens, n_pred, seq_len, cfg, keep, byte_table)
+        sums, conf, correct, logits, labels = _token_pass(model, val_tokens, n_pred, seq_len, cfg, keep, byte_table, progress)
     finally:
         model.train(was_training)
     report = calibration_report(conf, correct, cfg.n_bins)

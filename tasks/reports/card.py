@@ -13,7 +13,7 @@ import html
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,10 +23,13 @@ from pydantic import BaseModel
 from infra.atomic import write_json_atomic, write_text_atomic
 from infra.config import ConfigError, config_hash, read_json
 from infra.paths import Workspace, point_latest
-from infra.tracking import active_run, log_artifact, log_metrics, metric_history
+from infra.provenance import mlflow_ui_url
+from infra.tracking import active_run, describe_stage_runs, log_artifact, log_metrics, metric_history, set_tag
+from infra.tracking_history import StageTime, child_run, stage_times
+from infra.tracking_identity import RunIdentity, stage_precision
 from tasks.data.funnel import funnel_markdown, funnel_totals
 from tasks.data.manifest import load_manifest
-from tasks.eval.differences import difference_metrics, stage_differences
+from tasks.eval.differences import stage_differences
 from tasks.eval.evaluate import EvalResult
 from tasks.eval.intervals import proportion, proportion_of
 from tasks.reports.data import publish_prefect_artifact
@@ -38,7 +41,9 @@ from tasks.reports.eval import (
     write_comparison,
 )
 from tasks.reports.plots import loss_curve_png
+from tasks.reports.headline import headline_metrics
 from tasks.reports.register import lineage_tags, register_final_model
+from tasks.reports.run_header import identity_lines, stage_lines, wall_row
 
 if TYPE_CHECKING:  # only for annotations: the report reads results, it never runs a training stage
     from tasks.training.grpo.stage import GrpoStageResult
@@ -66,19 +71,13 @@ def reward_curve(run_id: str, out: Path) -> Path | None:
     return loss_curve_png(steps, series, out, title="GRPO reward and accuracy on training prompts")
 
 
-def _wall_row(wall_seconds: float, all_attempts: tuple[float, int] | None) -> str:
-    total, n = all_attempts or (wall_seconds, 1)
-    if n <= 1:
-        return f"| pipeline wall time | {wall_seconds / 60:.1f} min |"
-    return f"| pipeline wall time, {n} attempts of this config (last attempt) | {total / 60:.1f} min ({wall_seconds / 60:.1f} min) |"
-
-
 def _headline_rows(totals: Mapping[str, int], pretrain_ppl: tuple[float | None, float], sft: SftResult,
-                   grpo: GrpoStageResult, wall_seconds: float, all_attempts: tuple[float, int] | None = None) -> list[str]:
+                   grpo: GrpoStageResult, wall_seconds: float, all_attempts: tuple[float, int] | None = None,
+                   times: Sequence[StageTime] = ()) -> list[str]:
     val_ppl, unigram = pretrain_ppl
     b, a = grpo.before, grpo.after
     return [
-        _wall_row(wall_seconds, all_attempts),
+        wall_row(wall_seconds, all_attempts, times),
         f"| documents collected → kept → sampled rows | {totals.get('collected', 0)} → {totals.get('kept', 0)} → {totals.get('sampled_rows', 0)} |",
         f"| near duplicates / exact duplicates / filtered / rejected | {totals.get('near_duplicates', 0)} / {totals.get('exact_duplicates', 0)} / {totals.get('filtered', 0)} / {totals.get('rejected', 0)} |",
         f"| base model perplexity, pretraining's validation (random windows of the val split; unigram baseline) | "
@@ -156,12 +155,17 @@ def write_final_report(
     out: Path,
     all_attempts: tuple[float, int] | None = None,
     layout_row: str | None = None,
+    identity: RunIdentity | None = None,
+    times: Sequence[StageTime] = (),
 ) -> Path:
     """Write the report card and return its path; `all_attempts` is (seconds, count) over this config's attempts,
-    `layout_row` pretraining's layout and memory (`memory_row`)."""
+    `layout_row` pretraining's layout and memory (`memory_row`), `identity` what the run was, `times` what each
+    stage took (reused ones: the run that did their work)."""
     m = load_manifest(manifest)
-    lines = ["# llmforge report card", "", "| headline | value |", "|---|---|"]
-    lines += _headline_rows(funnel_totals(m.funnel), pretrain_ppl, sft, grpo, wall_seconds, all_attempts)
+    lines = ["# llmforge report card", ""]
+    lines += (identity_lines(identity) if identity is not None else []) + stage_lines(times)
+    lines += ["| headline | value |", "|---|---|"]
+    lines += _headline_rows(funnel_totals(m.funnel), pretrain_ppl, sft, grpo, wall_seconds, all_attempts, times)
     lines += [layout_row] if layout_row else []
     lines += _eval_headline_rows(evals)
     lines += [_model_row(name, r) for name, r in evals.items()]
@@ -303,44 +307,41 @@ def _report_images(out: Path, base, sft: SftResult, grpo: GrpoStageResult, evals
     }
 
 
-def _headline_metrics(base, grpo: GrpoStageResult, wall_seconds: float,
-                      evals: Mapping[str, EvalResult] | None = None) -> dict[str, float | None]:
-    return {
-        **difference_metrics(evals or {}),
-        "wall_minutes": wall_seconds / 60,
-        "base.val_ppl": base.val_ppl,
-        "base.unigram_ppl": base.unigram_ppl,
-        "sft.heldout_accuracy": grpo.before.accuracy,
-        "grpo.heldout_accuracy": grpo.after.accuracy,
-        "sft.heldout_reward": grpo.before.mean_reward,
-        "grpo.heldout_reward": grpo.after.mean_reward,
-        "grpo.flat": float(grpo.flat),
-        # The evaluation's bits per byte under the eval run's names (pretraining's validation: `val_bpb`).
-        **{f"{name}.bpb": r.bpb for name, r in (evals or {}).items()},
-    }
-
-
 def publish_pipeline_report(ws: Workspace, config, data, tokenized, base, sft, grpo, evals,
-                            wall_seconds: float) -> PipelineReport:
+                            wall_seconds: float, identity: RunIdentity | None = None) -> PipelineReport:
     """Write the report card, publish it (Prefect + the active MLflow run) and register the final model."""
-    out = ws.run_reports(active_run().info.run_id)
+    run_id = active_run().info.run_id
+    out = ws.run_reports(run_id)
     images = _report_images(out, base, sft, grpo, evals)
     all_attempts = complete_attempt(ws, config, wall_seconds)
+    stage_runs = {"data": data.mlflow_run_id, "pretrain": base.mlflow_run_id, "sft": sft.mlflow_run_id, "grpo": grpo.mlflow_run_id}
+    times = stage_times(run_id, {**stage_runs, "evaluate": child_run(run_id, "evaluate")})
+    if identity is not None:
+        identity = identity.with_precision(stage_precision({k: stage_runs[k] for k in ("pretrain", "sft", "grpo")}))
+        for key, value in identity.tags().items():
+            set_tag(key, value)
+        describe_stage_runs(run_id, identity)
     path = write_final_report(
         Path(data.manifest), (base.val_ppl, base.unigram_ppl), sft, grpo, evals, images, wall_seconds, out / "report.md",
-        all_attempts, memory_row(base),
+        all_attempts, memory_row(base), identity, times,
     )
     page = write_report_html(path)
     point_latest(ws.reports / "latest", out)
     markdown = path.read_text()
-    publish_prefect_artifact(inline_images(markdown, path.parent), key="pipeline-report")
+    experiment_id = active_run().info.experiment_id
+    link = f"[MLflow run {run_id}]({mlflow_ui_url(experiment_id, run_id)})\n\n"  # clickable in Prefect's UI
+    publish_prefect_artifact(link + inline_images(markdown, path.parent), key="report")
     log_artifact(path, artifact_path="report")
     log_artifact(page, artifact_path="report")
     for img in images.values():
         if img is not None:
             log_artifact(img, artifact_path="report")
-    log_metrics({**_headline_metrics(base, grpo, wall_seconds, evals), "wall_minutes_all_attempts": all_attempts[0] / 60})
-    stage_runs = {"data": data.mlflow_run_id, "pretrain": base.mlflow_run_id, "sft": sft.mlflow_run_id, "grpo": grpo.mlflow_run_id}
+    headlines = headline_metrics(funnel_totals(load_manifest(Path(data.manifest)).funnel), base, sft, grpo, evals, times,
+                                 wall_seconds, all_attempts[0])
+    log_metrics(headlines)
     lineage = lineage_tags(Path(data.manifest), Path(tokenized.tokenizer), config_hash(config), stage_runs)
-    version = register_final_model(grpo.hf_dir, config.registered_model, lineage)
+    version = register_final_model(grpo.hf_dir, config.registered_model, {**lineage, **(identity.tags() if identity else {})},
+                                   identity.description() if identity else "",
+                                   (config.registry.metric, headlines.get(config.registry.metric)),
+                                   config.registry.greater_is_better)
     return PipelineReport(path=path, markdown=markdown, model_version=version)

@@ -2,7 +2,6 @@
 artifacts (manifest, funnel table and chart) and the shards as a dataset input."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from infra.atomic import write_text_atomic
@@ -24,22 +23,23 @@ def data_report_markdown(manifest_path: Path) -> str:
     return "\n".join(lines)
 
 
-def publish_prefect_artifact(markdown: str, key: str = "data-funnel") -> str | None:
-    """Attach the report to the current Prefect flow run as `<key>-<run name>-<run id>`; None outside a run.
-
-    One key per stage and run: a shared key would make each run's artifact a new version of the last one's.
-    """
+def publish_prefect_artifact(markdown: str, key: str = "funnel") -> str | None:
+    """Attach the report to the current Prefect flow run as `<flow>-<key>` ("data-funnel", "pipeline-report");
+    None outside a run. The key names the flow and the report, never the run, so every run adds a version of
+    one artifact and Prefect shows its history; the description names the run."""
     from prefect.artifacts import create_markdown_artifact
     from prefect.context import FlowRunContext
+
+    from infra.provenance import artifact_key
 
     ctx = FlowRunContext.get()
     if ctx is None or ctx.flow_run is None:
         return None
     run = ctx.flow_run
-    # Prefect keys allow lowercase letters, digits and dashes only.
-    unique = re.sub(r"[^a-z0-9]+", "-", f"{key}-{run.name}-{str(run.id)[:8]}".lower()).strip("-")
-    create_markdown_artifact(markdown=narrow_tables(markdown), key=unique, description=f"{key} of flow run {run.name}")
-    return unique
+    flow_name = ctx.flow.name if ctx.flow is not None else "llmforge"
+    stable = artifact_key(flow_name, key)
+    create_markdown_artifact(markdown=narrow_tables(markdown), key=stable, description=f"{key} of flow run {run.name}")
+    return stable
 
 
 def narrow_tables(markdown: str, max_columns: int = 6) -> str:

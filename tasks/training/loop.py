@@ -8,6 +8,7 @@
                                                                  # pp > 1: PipelineSteps, engine.train_batch
         non-finite policy: a skipped step is counted; max_bad_steps in a row fail with the last good checkpoint
         log / validate / checkpoint on their schedules
+        stopped (Ctrl-C, SIGTERM, a Prefect cancel)? checkpoint this step and stop (tasks/training/stop.py)
 
 A stage supplies a `Steps` object: its step, its validation, the state a checkpoint carries
 for it. `train` is the pretraining/SFT form (batches and a loss). Data order is a pure
@@ -30,6 +31,7 @@ from tasks.training.config import TrainingConfig
 from tasks.training.engine import build_engine, init_distributed
 from tasks.training.metrics import MetricsSink, StepClock, perplexity
 from tasks.training.parallel import RankLayout, memory_record
+from tasks.training.stop import StopRequest, TrainingStopped
 from tasks.training.progress import (  # noqa: F401 - NonFiniteLossError is the loop's own error
     Echo,
     NonFiniteLossError,
@@ -288,25 +290,35 @@ def fit(
         if started and rank == 0:
             log.log_metrics(started, 0)
             progress.history.append({"step": 0.0, **started})
-    for step in range(start, cfg.steps):
-        stats = steps.step(engine, step, data_rank, data_world)
-        progress.step = done = step + 1
-        progress.tokens_seen += stats.tokens
-        clock.add(stats.seconds, stats.tokens, stats.loss, stats.parts)
-        if stats.loss is None:
-            count_bad_step(progress, stats, cfg, rank, log, echo, ckpt_dir)
-        else:
-            progress.bad_run = 0
-            progress.last_loss = stats.loss
-        if on_schedule(done, cfg.log.every, cfg.steps):
-            if rank == 0 and clock.window_losses:
-                log_window(engine, progress, clock, stats, cfg, world, log, echo, getattr(steps, "echoed", None))
-            clock.reset_window()
-        if on_schedule(done, cfg.log.eval_every, cfg.steps):
-            validate(engine, progress, steps, data_rank, data_world, log, echo)
-        if ckpt_dir is not None and on_schedule(done, cfg.checkpoint.every, cfg.steps):
-            state = {**progress.client_state(world), "stage": steps.state()}
-            checkpoint = save_checkpoint(engine, ckpt_dir, done, state, rank, world, cfg.checkpoint.keep)
+    def save(done: int) -> Path:
+        state = {**progress.client_state(world), "stage": steps.state()}
+        return save_checkpoint(engine, ckpt_dir, done, state, rank, world, cfg.checkpoint.keep)
+
+    # A SIGINT/SIGTERM from here on ends the loop after its step, saved (tasks/training/stop.py).
+    with StopRequest.installed() as stop:
+        for step in range(start, cfg.steps):
+            stats = steps.step(engine, step, data_rank, data_world)
+            progress.step = done = step + 1
+            progress.tokens_seen += stats.tokens
+            clock.add(stats.seconds, stats.tokens, stats.loss, stats.parts)
+            if stats.loss is None:
+                count_bad_step(progress, stats, cfg, rank, log, echo, ckpt_dir)
+            else:
+                progress.bad_run = 0
+                progress.last_loss = stats.loss
+            if on_schedule(done, cfg.log.every, cfg.steps):
+                if rank == 0 and clock.window_losses:
+                    log_window(engine, progress, clock, stats, cfg, world, log, echo, getattr(steps, "echoed", None))
+                clock.reset_window()
+            if on_schedule(done, cfg.log.eval_every, cfg.steps):
+                validate(engine, progress, steps, data_rank, data_world, log, echo)
+            if ckpt_dir is not None and on_schedule(done, cfg.checkpoint.every, cfg.steps):
+                checkpoint = save(done)
+            signum = stop.agreed(world)
+            if signum is not None:
+                if ckpt_dir is not None and checkpoint != ckpt_dir / tag_of(done):
+                    checkpoint = save(done)
+                raise TrainingStopped(signum, done, checkpoint if ckpt_dir is not None else None)
 
     precision = "bf16" if engine.bfloat16_enabled() else "fp32"
     memory = memory_record(layout, cfg.launch.zero, getattr(model, "cfg", None), seq_len, micro_batch_size, precision,
@@ -377,6 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+    except TrainingStopped as stopped:
+        print(f"rank {rank_env}: {stopped}", file=sys.stderr, flush=True)
+        return 128 + stopped.signum
     except KeyboardInterrupt:
         # Ctrl-C reaches every rank of the terminal's process group; one line each, not a traceback.
         print(f"rank {rank_env}: interrupted", file=sys.stderr)

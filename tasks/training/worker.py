@@ -52,7 +52,7 @@ def rank0_run(job: Job, stage: str, rank: int) -> Iterator[Any]:
         yield None
         return
     config = job.config if job.mlflow_run_id is None else None
-    with stage_run(Workspace.locate(job.ws_root), stage, config=config, run_id=job.mlflow_run_id) as run:
+    with stage_run(Workspace.locate(job.ws_root), stage, config=config, run_id=job.mlflow_run_id, config_key=stage) as run:
         # Decided once, where the stage wrote ds_config.json (`auto`: by a measurement on that machine).
         log_config({"precision_used": job.precision, "precision_reason": job.precision_reason})
         print(f"{stage}: training in {job.precision} ({job.precision_reason})", flush=True)

@@ -78,7 +78,7 @@ def test_data_flow_end_to_end_and_cached_rerun(tmp_path, prefect_env):
     assert len(runs) == 1
     run = runs[0]
     assert run.data.metrics["funnel.news.near_duplicates"] == 1.0
-    assert run.data.params["near.threshold"] == "0.7"
+    assert run.data.params["data.near.threshold"] == "0.7"  # the pipeline run's key
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "data")}
     assert {"data/manifest.json", "data/data_report.md", "data/funnel.png"} <= artifacts
     assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.name == "pretraining-shards"

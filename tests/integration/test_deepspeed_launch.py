@@ -85,10 +85,15 @@ def test_launch_env(monkeypatch):
 
 
 @pytest.mark.slow
-def test_launch_streams_output_and_reports_failure():
+def test_launch_streams_output_and_reports_failure(tmp_path):
     lines: list[str] = []
-    launch("platform", [], num_procs=1, log=lines.append)
+    launch("platform", [], num_procs=1, log=lines.append, log_file=tmp_path / "launch.log")
     assert any("Linux" in line or "Darwin" in line for line in lines)
+    # DeepSpeed's INFO lines ("Setting CUDA_VISIBLE_DEVICES=0" on a CPU) are in the stage's log file only.
+    logged = (tmp_path / "launch.log").read_text().splitlines()
+    assert any("] [INFO] [" in line and "CUDA_VISIBLE_DEVICES" in line for line in logged)
+    assert not any("] [INFO] [" in line for line in lines)
+    assert [line for line in logged if "] [INFO] [" not in line] == lines[1:]  # lines[0] names the file
     with pytest.raises(RuntimeError, match=r"(?s)json\.tool.*exit code.*last \d+ lines.*x\.json"):
         launch("json.tool", ["/nonexistent/x.json"], num_procs=2, log=lambda line: None)
 

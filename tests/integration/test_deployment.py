@@ -275,6 +275,8 @@ def test_readme_deployment_sequence_on_another_port(deployed):
     # The bad key is named in the failed run's logs, as `llmforge --set` names it.
     logs = httpx.post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [data_runs[2]["id"]]}}}, timeout=10).json()
     assert any("key 'data.near.treshold'" in entry["message"] for entry in logs), [e["message"][:200] for e in logs]
+    # ... and in the failed run's state message, which `prefect flow-run inspect` and the UI show beside `Failed`.
+    assert "data.near.treshold" in (data_runs[2]["state"]["message"] or ""), data_runs[2]["state"]
     pipe_dep = httpx.get(f"{api}/deployments/name/pipeline/pipeline-tiny", timeout=10).json()
     assert [r["state_type"] for r in flow_runs(api, pipe_dep["id"])] == ["COMPLETED"]
 
@@ -289,9 +291,9 @@ def test_readme_deployment_sequence_on_another_port(deployed):
     data = [r for r in runs if stage[r.info.run_id] == "data"]
     assert len(data) == 3 and all(r.info.status == "FINISHED" for r in data)  # 2 deployed + the pipeline's
     # As deployed: the preset's threshold; with the override: 0.7 and the other keys still the preset's.
-    assert data[0].data.params["near.threshold"] == "0.8" and data[1].data.params["near.threshold"] == "0.7"
-    assert data[1].data.params["near.num_perm"] == data[0].data.params["near.num_perm"] == "128"
-    assert data[1].data.params["catalog"] == str(deployed["catalog"])
+    assert data[0].data.params["data.near.threshold"] == "0.8" and data[1].data.params["data.near.threshold"] == "0.7"
+    assert data[1].data.params["data.near.num_perm"] == data[0].data.params["data.near.num_perm"] == "128"
+    assert data[1].data.params["data.catalog"] == str(deployed["catalog"])
     m = data[1].data.metrics
     assert (m["funnel.news.collected"], m["funnel.news.rejected"], m["funnel.news.exact_duplicates"]) == (19, 4, 1)
     (pipeline,) = [r for r in runs if stage[r.info.run_id] == "pipeline"]
@@ -308,12 +310,12 @@ def test_readme_deployment_sequence_on_another_port(deployed):
     # One Prefect artifact per stage and run, each holding the whole table.
     arts = httpx.post(f"{api}/artifacts/filter", json={}, timeout=10).json()
     keys = [a["key"] for a in arts if a["key"]]
-    assert len({k for k in keys if k.startswith("data-funnel-")}) == 3, keys
-    assert len([k for k in keys if k.startswith("pipeline-report-")]) == 1, keys
-    report_art = next(a for a in arts if (a["key"] or "").startswith("pipeline-report-"))
+    # Stable keys: the three data runs are three versions of one artifact (its history in Prefect's UI).
+    assert keys.count("data-funnel") == 3 and keys.count("pipeline-report") == 1, keys
+    report_art = next(a for a in arts if a["key"] == "pipeline-report")
     assert "data:image/png;base64," in report_art["data"]  # the figures, inlined (the UI shows them)
     for art in arts:
-        if (art["key"] or "").startswith(("data-funnel-", "pipeline-report-")):
+        if art["key"] in ("data-funnel", "pipeline-report"):
             # Wide tables are transposed: the artifact panel clips columns, never rows.
             assert "| sampled_rows |" in art["data"], art["key"]
             assert max(line.count("|") for line in art["data"].splitlines()) <= 8, art["key"]
@@ -341,8 +343,8 @@ def test_prefect_ui_shows_the_deployed_runs_and_report(deployed):
     pipe_dep = httpx.get(f"{api}/deployments/name/pipeline/pipeline-tiny", timeout=10).json()
     (run_,) = flow_runs(api, pipe_dep["id"])
     arts = httpx.post(f"{api}/artifacts/filter", json={}, timeout=10).json()
-    report = next(a for a in arts if (a["key"] or "").startswith("pipeline-report-"))
-    funnel = max((a for a in arts if (a["key"] or "").startswith("data-funnel-")), key=lambda a: a["created"])
+    report = next(a for a in arts if a["key"] == "pipeline-report")
+    funnel = max((a for a in arts if a["key"] == "data-funnel"), key=lambda a: a["created"])
     base = f"http://127.0.0.1:{port}"
     for name, url in [("flow_run", f"{base}/runs/flow-run/{run_['id']}"),
                       ("report_artifact", f"{base}/artifacts/artifact/{report['id']}"),

@@ -27,6 +27,12 @@ def test_pipeline_end_to_end_tracked_registered_and_resumable(tmp_path, prefect_
 
     report = (work / "reports" / "latest" / "report.md").read_text()
     assert "held-out arithmetic accuracy SFT → GRPO" in report and "## Calibration" in report
+    # The header says what the run was and what each stage took.
+    for row in ("| preset | tiny |", "| overrides (--set) | pretrain.steps=6 ", "| git commit | ", "| machine | ",
+                "| precision, pretrain | fp32 (", "| packages | python ", "| stage | wall time | this run |",
+                "| pretrain | ", "| evaluate | "):
+        assert row in report, (row, report[:2500])
+    assert "pretrain.steps" in report.split("| differs from the preset |")[1].split("\n")[0]
     for png in ("pretrain_loss.png", "sft_loss.png", "calibration_comparison.png"):
         assert (work / "reports" / "latest" / png).stat().st_size > 1000
 
@@ -45,6 +51,19 @@ def test_pipeline_end_to_end_tracked_registered_and_resumable(tmp_path, prefect_
     versions = client.search_model_versions("name='llmforge-tiny'")
     assert len(versions) == 1
     assert versions[0].tags["pipeline_run_id"] == parent[0].info.run_id and len(versions[0].tags["manifest_sha256"]) == 64
+    assert versions[0].tags["llmforge.preset"] == "tiny" and versions[0].tags["llmforge.precision.grpo"].startswith("fp32")
+    assert "champion: the first version" in versions[0].description and "preset `tiny`" in versions[0].description
+    # The parent run: what it was (params, tags, description), every stage's headline metrics, only config as params.
+    top = client.get_run(parent[0].info.run_id).data
+    assert top.params["run.preset"] == "tiny" and top.params["run.overrides"].startswith("pretrain.steps=6")
+    assert top.tags["llmforge.git_commit"] and top.tags["llmforge.machine"] and "torch" in top.tags["llmforge.versions"]
+    assert top.tags["mlflow.note.content"].startswith("preset `tiny`, changed: ")
+    assert {"data/kept", "pretrain/val_ppl", "grpo/heldout_accuracy", "pipeline/wall_minutes",
+            "pretrain/wall_minutes", "evaluate/grpo.token.ece"} <= set(top.metrics), sorted(top.metrics)
+    assert not {"do_sample", "max_new_tokens", "return_full_text"} & set(top.params)
+    data_run = next(r for r in runs if stage_of[r.info.run_id] == "data")
+    assert "data.near.threshold" in data_run.data.params and "near.threshold" not in data_run.data.params
+    assert "mix.total" in data_run.data.tags["mlflow.note.content"]  # what this stage's config changed
 
     # Rerun: every stage's inputs and config are unchanged, so no training runs again.
     second = run_cli(args, prefect_env, timeout=1200)
@@ -59,3 +78,9 @@ def test_pipeline_end_to_end_tracked_registered_and_resumable(tmp_path, prefect_
     assert len(pipelines) == 2
     repeat = next(r for r in pipelines if r.info.run_id != parent[0].info.run_id)
     assert repeat.data.tags["llmforge.repeat_of"] == parent[0].info.run_id
+    # Same weights: no second model version; the report says the stages were reused, with their own wall times.
+    assert len(client.search_model_versions("name='llmforge-tiny'")) == 1
+    again = (work / "reports" / "latest" / "report.md").read_text()
+    assert "reused 5 of 5 stages (data, pretrain, sft, grpo, evaluate) from earlier runs" in again, again[:3000]
+    assert repeat.data.metrics["pipeline/stages_reused"] == 5
+    assert repeat.data.metrics["pretrain/wall_minutes"] == top.metrics["pretrain/wall_minutes"]

@@ -1,5 +1,5 @@
 """The registered model loads with standard tools alone: MLflow's pyfunc answers a plain
-question, `@champion` names the newest version, and transformers generates from the
+question, `@champion` moves only to a better model and the same weights are registered once, and transformers generates from the
 downloaded artifact with our chat template and stops at <|end|>; all in a process that
 cannot import the project's own packages."""
 from __future__ import annotations
@@ -50,7 +50,7 @@ import mlflow
 import transformers
 
 name, question, dst = sys.argv[1:4]
-answers = mlflow.pyfunc.load_model(f"models:/{name}/latest").predict([question])
+answers = mlflow.pyfunc.load_model(f"models:/{name}@champion").predict([question])
 
 local = mlflow.artifacts.download_artifacts(f"models:/{name}@champion", dst_path=dst)
 model = transformers.AutoModelForCausalLM.from_pretrained(f"{local}/model")
@@ -85,7 +85,7 @@ def overfit(model, tok, steps: int = 200):
 
 @pytest.fixture(scope="module")
 def registered(tmp_path_factory):
-    """A tiny model that answers INPUT_EXAMPLE, exported and registered twice into a SQLite store of its own."""
+    """A tiny model that answers INPUT_EXAMPLE and an untrained one, registered into a SQLite store of its own."""
     tmp_path = tmp_path_factory.mktemp("registry")
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -109,28 +109,55 @@ def _register(tmp_path):
 
     tokenizer_json = saved_tokenizer(tok, tmp_path)
     hf_dir = export_hf_llama(model, tmp_path / "hf", tokenizer_json=tokenizer_json)
+    untrained = export_hf_llama(tiny_llama(vocab=tok.get_vocab_size(), seed=1), tmp_path / "hf_untrained",
+                                tokenizer_json=tokenizer_json)
     ws = Workspace(tmp_path / "work")
     with stage_run(ws, "pipeline") as run:
         lineage = lineage_tags(tokenizer_json, tokenizer_json, "abc", {"grpo": "r1"})
-        versions = [register_final_model(hf_dir, NAME, lineage) for _ in range(2)]
+        metric = "evaluate/grpo.answer.accuracy"
+        versions = [
+            register_final_model(untrained, NAME, lineage, metric=(metric, 0.4)),  # 1: the first is champion
+            register_final_model(hf_dir, NAME, lineage, metric=(metric, 0.6)),  # 2: better, takes @champion
+            register_final_model(hf_dir, NAME, lineage, metric=(metric, 0.6)),  # same weights: nothing new
+            register_final_model(untrained.rename(tmp_path / "hf_copy"), NAME, lineage, metric=(metric, 0.5)),
+        ]
     return ws, run, versions, lineage, prompt
 
 
-def test_registered_versions_carry_lineage_and_champion_is_the_newest(registered):
+def test_same_weights_register_nothing_and_champion_moves_on_merit(registered):
     from mlflow.tracking import MlflowClient
 
     _, ws, run, versions, lineage, _ = registered
-    assert versions == ["1", "2"]
+    assert versions == ["1", "2", "2", "1"]  # the untrained weights again (moved folder): version 1, not a third
     client = MlflowClient()
-    for v in versions:
+    assert len(client.search_model_versions(f"name='{NAME}'")) == 2
+    for v in ("1", "2"):
         version = client.get_model_version(NAME, v)
         assert version.run_id == run.info.run_id
         assert {k: version.tags[k] for k in lineage} == lineage
         assert version.tags["pipeline_run_id"] == run.info.run_id and version.tags["grpo_run_id"] == "r1"
+        assert len(version.tags["weights_sha256"]) == 64
     assert str(client.get_model_version_by_alias(NAME, CHAMPION).version) == "2"
+    second = client.get_model_version(NAME, "2")
+    assert "champion: evaluate/grpo.answer.accuracy = 0.6 > 0.4 of version 1" in second.description
+    assert "champion: the first version" in client.get_model_version(NAME, "1").description
     assert client.get_registered_model(NAME).description
     with stage_run(ws, "pipeline"), pytest.raises(ValueError, match="export_hf"):
         register_final_model(None, NAME, lineage)  # GRPO ran with export_hf=false
+
+
+def test_a_worse_model_is_registered_but_not_champion(tmp_path, registered):
+    from mlflow.tracking import MlflowClient
+
+    fixture_tmp, ws, _, _, lineage, _ = registered
+    tokenizer_json = fixture_tmp / "tokenizer.json"
+    worse = export_hf_llama(tiny_llama(vocab=64, seed=2), tmp_path / "hf_worse", tokenizer_json=tokenizer_json)
+    with stage_run(ws, "pipeline"):
+        version = register_final_model(worse, NAME, lineage, metric=("evaluate/grpo.answer.accuracy", 0.5))
+    client = MlflowClient()
+    assert version == "3" and str(client.get_model_version_by_alias(NAME, CHAMPION).version) == "2"
+    assert "not champion: evaluate/grpo.answer.accuracy = 0.5, not > 0.6 of version 2" in \
+        client.get_model_version(NAME, "3").description
 
 
 def test_registered_model_loads_without_the_project(registered):

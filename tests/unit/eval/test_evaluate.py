@@ -222,7 +222,7 @@ def _write_val_split(out_dir: Path, tokens: np.ndarray, vocab: int) -> None:
     (out_dir / "index.json").write_text(index.model_dump_json())
 
 
-def test_evaluate_checkpoint_writes_json_and_the_report_draws_its_figures(tmp_path: Path) -> None:
+def test_evaluate_checkpoint_writes_json_and_the_report_draws_its_figures(tmp_path: Path, capsys) -> None:
     tok = tiny_tokenizer()
     tok_path = tmp_path / "tokenizer" / "tokenizer.json"
     tok_path.parent.mkdir()
@@ -242,6 +242,10 @@ def test_evaluate_checkpoint_writes_json_and_the_report_draws_its_figures(tmp_pa
     assert {"correct", "abstained", "confidence", "in_train_range"} <= set(saved["answers"][0])
     tc = result.token_calibration  # the Brier score's interval resamples the same windows as perplexity's
     assert tc.brier_lo < tc.brier < tc.brier_hi
+    said = capsys.readouterr().out  # each part of the model's evaluation says when it is done
+    for line in ("evaluate base: tokens, answers, choices", "evaluate base: tokens done (", "evaluate base: answers done (",
+                 "evaluate base: choices done (", "evaluate base: finished in "):
+        assert line in said
     assert saved["bpb_lo"] <= saved["bpb"] <= saved["bpb_hi"] and saved["n_bytes"] > 0  # next to perplexity
     assert load_eval_result(out) == result
     assert sorted(p.name for p in out.iterdir()) == [EVAL_FILE]  # numbers only: the figures are the report's

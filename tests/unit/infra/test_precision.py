@@ -24,12 +24,19 @@ def test_explicit_precision_is_kept():
         precision.choose_precision("fp8")
 
 
-@pytest.mark.parametrize(("speedup", "expected"), [(4.1, "bf16"), (2.0, "bf16"), (1.9, "fp32"), (0.3, "fp32")])
-def test_auto_on_the_cpu_follows_the_measured_speedup(cache_home, monkeypatch, speedup, expected):
+@pytest.mark.parametrize(("speedup", "expected", "shown"), [
+    (4.1, "bf16", "4.1x"), (2.0, "bf16", "2x"), (1.9, "fp32", "1.9x"), (0.3, "fp32", "0.3x"),
+    (0.025, "fp32", "0.025x"),  # emulated bf16 (an AVX2 CPU): printed as 0.0x before
+])
+def test_auto_on_the_cpu_follows_the_measured_speedup(cache_home, monkeypatch, speedup, expected, shown):
     monkeypatch.setattr(precision, "measure_bf16_speedup", lambda: speedup)
     choice = precision.choose_precision("auto")
     assert choice.precision == expected
-    assert f"{speedup:.1f}x" in choice.reason and "auto" in choice.reason
+    assert f" {shown} an fp32 one" in choice.reason and "auto" in choice.reason
+
+
+def test_ratios_print_two_significant_digits():
+    assert [precision.ratio_text(r) for r in (0.0254, 0.5, 1.74, 7.3, 12.4)] == ["0.025x", "0.5x", "1.7x", "7.3x", "12x"]
 
 
 def test_measurement_is_kept_per_machine(cache_home, monkeypatch):

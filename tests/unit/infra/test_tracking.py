@@ -151,9 +151,11 @@ def test_inside_a_flow_run_the_run_is_tagged_with_it_and_linked_back(ws, in_flow
     (kind, first), (_, second) = in_flow_run
     assert kind == "markdown"
     assert f"mlflow ui --backend-store-uri sqlite:///{ws.mlflow_db}" in first["markdown"]
-    assert f"#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in first["markdown"]
-    assert re.fullmatch(r"[a-z0-9-]+", first["key"]) and first["key"].startswith("mlflow-data-")
-    assert first["key"] != second["key"]  # one per MLflow run
+    # A clickable link to the local UI's address of the run.
+    assert f"(http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id})" in first["markdown"]
+    assert first["markdown"].startswith(f"[MLflow run {run.info.run_id}](")
+    # One key per flow and stage, never per run: each run is a new version of the same artifact (its history).
+    assert first["key"] == second["key"] == "data-mlflow-data"
 
 
 def test_with_an_mlflow_server_the_artifact_is_a_link_to_the_run(in_flow_run, monkeypatch) -> None:
@@ -164,7 +166,7 @@ def test_with_an_mlflow_server_the_artifact_is_a_link_to_the_run(in_flow_run, mo
     link_prefect_to_run("Eval base", run, {"id": FLOW_RUN_ID})
     [(kind, kw)] = in_flow_run
     assert kind == "link" and kw["link"] == "http://mlflow.example:5000/#/experiments/3/runs/abc123def456789"
-    assert kw["key"] == "mlflow-eval-base-abc123def456"
+    assert kw["key"] == "llmforge-mlflow-eval-base"
 
 
 def test_a_failing_prefect_artifact_does_not_fail_the_stage(ws, in_flow_run, monkeypatch) -> None:

@@ -76,14 +76,27 @@ def test_report_card_shows_intervals_significance_and_selective_prediction(tmp_p
     assert f"| of those, operands within the training range | {evals['sft'].answer_in_range.describe()} → " in text
 
 
-def test_report_run_logs_each_models_bits_per_byte_under_the_eval_runs_name() -> None:
-    from tasks.reports.card import _headline_metrics
+def test_parent_run_metrics_are_every_stages_headline_grouped_by_stage_and_rounded() -> None:
+    from infra.tracking_history import StageTime
+    from tasks.reports.headline import headline_metrics, significant
 
-    score = SimpleNamespace(accuracy=0.5, mean_reward=0.5)
-    metrics = _headline_metrics(SimpleNamespace(val_ppl=9.0, unigram_ppl=20.0), SimpleNamespace(before=score, after=score, flat=False),
-                                60.0, _evals())
-    assert (metrics["base.bpb"], metrics["sft.bpb"], metrics["grpo.bpb"]) == (1.25, 1.5, 1.75)
-    assert metrics["grpo.flat"] == 0.0  # the pipeline run says whether GRPO moved, beside the GRPO run's tag
+    score = SimpleNamespace(accuracy=36 / 59, mean_reward=0.5)
+    evals = _evals()
+    times = [StageTime(stage="pretrain", run_id="r1", minutes=6.123456, reused=True),
+             StageTime(stage="sft", run_id="r2", minutes=4.9, reused=False)]
+    metrics = headline_metrics({"collected": 10, "kept": 8}, SimpleNamespace(val_ppl=9.0, unigram_ppl=20.0),
+                               SimpleNamespace(val_loss=None), SimpleNamespace(before=score, after=score, flat=False), evals,
+                               times, 60.0, 90.0)
+    assert (metrics["evaluate/base.bpb"], metrics["evaluate/sft.bpb"], metrics["evaluate/grpo.bpb"]) == (1.25, 1.5, 1.75)
+    assert metrics["grpo/heldout_accuracy"] == 0.6102 and metrics["data/kept"] == 8 and "sft/val_loss" not in metrics
+    assert metrics["pretrain/wall_minutes"] == 6.123 and metrics["pipeline/stage_minutes"] == 11.02
+    assert metrics["pipeline/stages_reused"] == 1 and metrics["pipeline/wall_minutes_all_attempts"] == 1.5
+    assert metrics["evaluate/grpo.answer.accuracy"] == significant(evals["grpo"].metrics()["answer.accuracy"])
+    assert "evaluate/grpo_vs_sft.answer.accuracy_diff" in metrics
+    assert metrics["grpo/flat"] == 0.0  # the pipeline run says whether GRPO moved, beside the GRPO run's tag
+    assert all("/" in k and k.split("/")[0] in {"data", "pretrain", "sft", "grpo", "evaluate", "pipeline"} for k in metrics)
+    assert all(v == significant(v) for v in metrics.values())  # no 16-digit floats
+    assert [significant(v) for v in (0.4237288135593220, 1234.5678, -0.00123456, 0.0)] == [0.4237, 1235.0, -0.001235, 0.0]
 
 
 def test_eval_run_logs_intervals_differences_and_figures(tmp_path: Path, monkeypatch) -> None:

@@ -251,3 +251,30 @@ def test_validation_reports_bits_per_byte_with_the_pretraining_bpb_fn(tmp_path):
             n_bytes += float(weight.sum())
     assert trained.final_val_bpb == pytest.approx(nats / math.log(2) / n_bytes, rel=1e-5)
     assert any("val_bpb" in m for _, m in sink.records)
+
+
+def test_a_signal_saves_the_step_it_stops_at_and_a_resume_continues_there(tmp_path):
+    """SIGTERM mid-run (here from the batch function, as a `kill` would arrive): the step finishes, a checkpoint
+    of it is written although none is scheduled, and the loop stops; the resume continues from that step."""
+    import os
+    import signal
+
+    from tasks.training.stop import TrainingStopped
+
+    cfg = cfg_for(max_steps=8, ckpt_every=100, grad_accum=2)
+    batches = token_window_batches(random_tokens(), SEQ, cfg.batch.micro_batch_size, seed=3)
+    straight = train(tiny_model(), cfg, batches, None, lm_loss, tmp_path / "a", ListSink())
+
+    def signalled(i, rank, world):
+        if i == 5:  # the second micro-batch of step 3: that step still completes
+            os.kill(os.getpid(), signal.SIGTERM)
+        return batches(i, rank, world)
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(TrainingStopped, match=r"stopped by SIGTERM after step 3 .*continues from step 3"):
+        train(tiny_model(), cfg, signalled, None, lm_loss, tmp_path / "b", ListSink())
+    assert signal.getsignal(signal.SIGTERM) is before  # the loop's handler lives only while it trains
+    assert latest_checkpoint_step(tmp_path / "b") == 3 and checkpoint_tags(tmp_path / "b") == ["step00000003"]
+    resumed = train(tiny_model(seed=99), cfg, batches, None, lm_loss, tmp_path / "b", ListSink())
+    assert resumed.resumed_from == 3 and resumed.steps == 8
+    assert abs(resumed.final_loss - straight.final_loss) < 1e-5  # the stop changed nothing that was trained

@@ -1,0 +1,48 @@
+"""The parent run's metrics: the headline numbers of every stage, named `<stage>/<metric>` so MLflow's
+charts and compare view group them by stage, rounded to four significant digits (the stage runs keep
+the full values), so the parent alone answers "which variant was better, and where".
+
+    data/kept · pretrain/val_ppl · sft/val_loss · grpo/heldout_accuracy · evaluate/grpo.answer.accuracy · pipeline/wall_minutes
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from infra.tracking_history import StageTime
+from tasks.eval.differences import difference_metrics
+from tasks.eval.evaluate import EvalResult
+
+# The evaluation's numbers worth a column when comparing runs: accuracy and calibration of the answers,
+# the token-level fit (comparable across tokenizers as bits per byte).
+EVAL_HEADLINES = ("answer.accuracy", "answer.ece_equal_mass", "answer.aurc", "choice.accuracy", "token.ece", "bpb",
+                  "val_ppl")
+DATA_HEADLINES = ("collected", "kept", "sampled_rows", "exact_duplicates", "near_duplicates", "filtered", "rejected")
+
+
+def significant(value: float, digits: int = 4) -> float:
+    """`value` rounded to `digits` significant digits: 0.4237288135593220 → 0.4237, 1234.5678 → 1235."""
+    if value == 0 or not math.isfinite(value):
+        return value
+    return round(value, digits - 1 - int(math.floor(math.log10(abs(value)))))
+
+
+def headline_metrics(totals: Mapping[str, int], base: Any, sft: Any, grpo: Any, evals: Mapping[str, EvalResult],
+                     times: Sequence[StageTime], wall_seconds: float, all_attempts_seconds: float) -> dict[str, float]:
+    """Every stage's headline numbers as `<stage>/<metric>`, rounded; None and non-finite values left out."""
+    out: dict[str, float | None] = {f"data/{k}": totals.get(k) for k in DATA_HEADLINES}
+    out |= {"pretrain/val_ppl": base.val_ppl, "pretrain/unigram_ppl": base.unigram_ppl,
+            "sft/val_loss": getattr(sft, "val_loss", None),
+            "grpo/heldout_accuracy_before": grpo.before.accuracy, "grpo/heldout_accuracy": grpo.after.accuracy,
+            "grpo/heldout_reward_before": grpo.before.mean_reward, "grpo/heldout_reward": grpo.after.mean_reward,
+            "grpo/flat": float(grpo.flat)}
+    for name, result in evals.items():
+        metrics = result.metrics()
+        out |= {f"evaluate/{name}.{k}": metrics.get(k) for k in EVAL_HEADLINES}
+    out |= {f"evaluate/{k}": v for k, v in difference_metrics(evals).items()}
+    out |= {f"{t.stage}/wall_minutes": t.minutes for t in times}
+    out |= {"pipeline/wall_minutes": wall_seconds / 60, "pipeline/wall_minutes_all_attempts": all_attempts_seconds / 60,
+            "pipeline/stage_minutes": sum(t.minutes or 0.0 for t in times) if times else None,
+            "pipeline/stages_reused": float(sum(t.reused for t in times)) if times else None}
+    return {k: significant(float(v)) for k, v in out.items() if v is not None and math.isfinite(float(v))}
