@@ -17,7 +17,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from infra.config import (ConfigError, StrictModel, YamlAliasRefused, flatten_params, format_validation_error, parse_config,
+from infra.config import (ConfigError, StrictModel, YamlAliasRefused, flatten_params, format_validation_error,
                           parse_yaml, read_yaml, set_dotted, unknown_key_error)
 from infra.paths import Workspace
 from tasks.eval.rewards import REWARDS
