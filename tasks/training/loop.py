@@ -32,17 +32,9 @@ from tasks.training.engine import build_engine, init_distributed
 from tasks.training.metrics import MetricsSink, StepClock, perplexity
 from tasks.training.parallel import RankLayout, memory_record
 from tasks.training.stop import StopRequest, TrainingStopped
-from tasks.training.progress import (  # noqa: F401 - NonFiniteLossError is the loop's own error
-    Echo,
-    NonFiniteLossError,
-    Progress,
-    TrainResult,
-    count_bad_step,
-    log_window,
-    on_schedule,
-    throughput,
-    validate,
-)
+from tasks.training.progress import (Echo, Progress, TrainResult, count_bad_step, log_window, on_schedule, throughput,
+                                     validate)
+from tasks.training.progress import NonFiniteLossError  # noqa: F401 - the loop's own error, raised in count_bad_step
 
 Batch = Any  # whatever train_batches returns and loss_fn understands; tensors inside are moved to the device
 BatchFn = Callable[[int, int, int], Batch]  # (micro-batch index, rank, world size) -> batch
