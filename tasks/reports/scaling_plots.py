@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -18,6 +19,17 @@ from tasks.training.scaling.prediction import Prediction
 from tasks.training.scaling.sweep import MeasuredPoint
 
 CHINCHILLA_RATIO = 20.0  # tokens per parameter, drawn for reference only
+
+
+def _finish(fig: Figure, ax: Any, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
+    """A log-x figure's labels, grid and legend, saved to `path`."""
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
 
 
 def _budgets(points: Sequence[MeasuredPoint]) -> list[float]:
@@ -39,13 +51,8 @@ def isoflop_png(points: Sequence[MeasuredPoint], sb: ScalingBootstrap | None, pa
             grid = np.exp(np.linspace(math.log(n.min()), math.log(n.max()), 100))
             ax.plot(grid, minima[budget].parabola(grid), "-", color=c, alpha=0.6)
             ax.plot([minima[budget].n_params], [minima[budget].loss], "*", color=c, markersize=12)
-    ax.set_xscale("log")
-    ax.set_xlabel("parameters N")
-    ax.set_ylabel("validation bits per byte")
-    ax.set_title("IsoFLOP curves (star: each budget's fitted minimum)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _finish(fig, ax, path, "parameters N", "validation bits per byte",
+                   "IsoFLOP curves (star: each budget's fitted minimum)")
 
 
 def frontier_png(points: Sequence[MeasuredPoint], sb: ScalingBootstrap | None, prediction: Prediction | None,
@@ -67,14 +74,8 @@ def frontier_png(points: Sequence[MeasuredPoint], sb: ScalingBootstrap | None, p
     if prediction:
         ax.plot([prediction.budget], [prediction.n_params], "*", color="C3", markersize=14,
                 label=f"predicted run (depth {prediction.depth})")
-    ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("training FLOPs C")
-    ax.set_ylabel("parameters N")
-    ax.set_title("Compute-optimal model size")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _finish(fig, ax, path, "training FLOPs C", "parameters N", "Compute-optimal model size")
 
 
 def contours_png(points: Sequence[MeasuredPoint], sb: ScalingBootstrap, prediction: Prediction | None,

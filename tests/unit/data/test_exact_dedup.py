@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from infra.config import ConfigError, parse_config
 from tasks.data.documents import REMOVED_SCHEMA, Document, documents_table, write_table_atomic
 from tasks.data.exact_dedup import ExactDedupConfig, exact_dedup
+from tasks.data.minhash_dedup import NearDedupConfig, near_dedup
 from tasks.data.text_normalize import dedup_key, normalize_text
 
 
@@ -115,9 +116,11 @@ def test_config_and_input_errors(tmp_path):
         exact_dedup(tmp_path / "missing.parquet", tmp_path / "o.parquet", tmp_path / "r.parquet", ExactDedupConfig())
 
 
-def test_empty_input_writes_both_files(tmp_path):
+@pytest.mark.parametrize("dedup, config", [(exact_dedup, ExactDedupConfig()), (near_dedup, NearDedupConfig())])
+def test_empty_input_writes_both_files(tmp_path, dedup, config):
+    """Both dedup stages, exact and near, on no documents."""
     src = write_docs(tmp_path / "in.parquet", [])
-    result = exact_dedup(src, tmp_path / "o.parquet", tmp_path / "r.parquet", ExactDedupConfig())
+    result = dedup(src, tmp_path / "o.parquet", tmp_path / "r.parquet", config)
     assert result.counts == {}
     assert pq.read_metadata(tmp_path / "o.parquet").num_rows == 0
     assert pq.read_schema(tmp_path / "r.parquet").equals(REMOVED_SCHEMA)

@@ -216,11 +216,3 @@ def test_worker_processes_give_the_same_result(planted, tmp_path):
     for name in ("o.parquet", "r.parquet"):
         assert pq.read_table(tmp_path / "1" / name).equals(pq.read_table(tmp_path / "2" / name))
     assert one.counts == two.counts
-
-
-def test_empty_input_writes_both_files(tmp_path):
-    src = write_docs(tmp_path / "in.parquet", [])
-    result = near_dedup(src, tmp_path / "o.parquet", tmp_path / "r.parquet", NearDedupConfig())
-    assert result.counts == {}
-    assert pq.read_metadata(tmp_path / "o.parquet").num_rows == 0
-    assert pq.read_schema(tmp_path / "r.parquet").equals(REMOVED_SCHEMA)

@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import time
 
-import pytest
 
 from flows.config import load_pipeline_config, preset_differences
-from infra.paths import Workspace
 from infra.tracking import NOTE_TAG, describe_run, describe_stage_runs, stage_run
 from infra.tracking_history import child_run, stage_times
 from infra.tracking_identity import RunIdentity
 from tasks.reports.run_header import identity_lines, stage_lines, wall_row
-
-
-@pytest.fixture
-def ws(tmp_path, monkeypatch) -> Workspace:
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
-    monkeypatch.delenv("PREFECT__FLOW_RUN_ID", raising=False)
-    return Workspace(tmp_path / "work")
 
 
 def _identity() -> RunIdentity:

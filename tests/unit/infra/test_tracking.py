@@ -10,17 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 import infra.provenance as provenance
-from infra.paths import Workspace
 from infra.provenance import git_state, link_prefect_to_run
 from infra.tracking import describe_overrides, end_status, stage_run, where_to_see_run
-
-
-@pytest.fixture
-def ws(tmp_path, monkeypatch) -> Workspace:
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
-    monkeypatch.delenv("PREFECT__FLOW_RUN_ID", raising=False)
-    return Workspace(tmp_path / "work")
 
 
 def _run(run_id: str):
