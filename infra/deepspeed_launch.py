@@ -104,14 +104,8 @@ def deepspeed_executable() -> Path:
     return exe
 
 
-def launch_command(
-    module: str,
-    args: list[str],
-    num_procs: int = 1,
-    hostfile: Path | None = None,
-    master_port: int | None = None,
-    launcher_args: list[str] | None = None,
-) -> list[str]:
+def launch_command(module: str, args: list[str], num_procs: int = 1, hostfile: Path | None = None,
+                   master_port: int | None = None, launcher_args: list[str] | None = None) -> list[str]:
     """The `deepspeed` command line: N ranks per node (CPU processes or GPUs) running `python -m module`.
 
     `launcher_args` are more of the runner's own flags, for multi-node runs (e.g. `--master_addr`,

@@ -81,6 +81,12 @@ class _AppendFiles:
         if self._size >= _BUFFER_BYTES:
             self.flush()
 
+    def append_runs(self, keys: np.ndarray, rec: np.ndarray) -> None:
+        """Append each run of equal `keys` (`rec` is sorted by them) to the file of that key."""
+        bounds = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1], True])
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            self.append(int(keys[s]), rec[s:e].tobytes())
+
     def flush(self) -> None:
         for key, parts in self._pending.items():
             with open(self.paths[key], "ab") as fh:
@@ -140,9 +146,7 @@ class BandSpill:
         part = ((rec["h"] >> np.uint64(40)) % np.uint64(self.partitions)).astype(np.int64)
         order = np.argsort(part, kind="stable")
         rec, part = rec[order], part[order]
-        bounds = np.flatnonzero(np.r_[True, part[1:] != part[:-1], True])
-        for s, e in zip(bounds[:-1], bounds[1:]):
-            self.files.append(int(part[s]), rec[s:e].tobytes())
+        self.files.append_runs(part, rec)
         self.records += len(rec)
 
     def close(self) -> list[Path]:
@@ -204,9 +208,7 @@ class PairSpill:
         rec["later"] = (key >> np.uint64(32)).astype(np.uint32)
         rec["earlier"] = (key & np.uint64(0xFFFFFFFF)).astype(np.uint32)
         block = rec["later"] // np.uint32(self.block_rows)
-        bounds = np.flatnonzero(np.r_[True, block[1:] != block[:-1], True])
-        for s, e in zip(bounds[:-1], bounds[1:]):
-            self.files.append(int(block[s]), rec[s:e].tobytes())
+        self.files.append_runs(block, rec)
         self.pairs += len(rec)
 
     def close(self) -> list[Path]:

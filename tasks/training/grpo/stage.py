@@ -133,8 +133,7 @@ def heldout_metrics(out: GrpoStageResult) -> dict[str, float]:
 
 
 class Grpo(LaunchedStage):
-    name, store = "grpo", "checkpoints/grpo"
-    Config, Result = GrpoConfig, GrpoStageResult
+    name, store, Config, Result = "grpo", "checkpoints/grpo", GrpoConfig, GrpoStageResult
     inputs = ("sft", "tokenizer")
     # A resume may change only how it checkpoints, logs and runs; the checkpoints also carry the
     # reference model's sha256, which GrpoSteps checks.

@@ -82,8 +82,7 @@ def resolve_model_config(cfg: PretrainConfig, vocab_size: int) -> dict[str, Any]
 
 
 class Pretrain(LaunchedStage):
-    name, store = "pretrain", "checkpoints/pretrain"
-    Config, Result = PretrainConfig, PretrainResult
+    name, store, Config, Result = "pretrain", "checkpoints/pretrain", PretrainConfig, PretrainResult
     inputs = ("tokens", "tokenizer")
     resume_neutral = RESUME_NEUTRAL
     config: PretrainConfig

@@ -271,8 +271,7 @@ def check_replay_tokens(cfg: SftConfig, replay_tokens: Path | None, vocab_size: 
 
 
 class Sft(LaunchedStage):
-    name, store = "sft", "checkpoints/sft"
-    Config, Result = SftConfig, SftResult
+    name, store, Config, Result = "sft", "checkpoints/sft", SftConfig, SftResult
     inputs = ("base", "tokenizer", "tokens")  # tokens: the pretraining shards replay_fraction replays (may be None)
     resume_neutral = RESUME_NEUTRAL
     config: SftConfig

@@ -6,8 +6,6 @@ import time
 from decimal import Decimal
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from tasks.eval.gsm8k import Gsm8kProblem, Gsm8kSource, load_problems, problems_from_records
 from tasks.eval.rewards import REWARDS, final_answer, gsm8k_exact
@@ -55,12 +53,6 @@ def test_pathological_inputs_are_fast():
     for text in ("####" * 1_000_000, "#### " + "1," * 1_000_000, "#### " + "9" * 5_000_000, "x" * 10_000_000 + "#### 72"):
         assert gsm8k_exact(text, P) == 0.0
     assert time.perf_counter() - start < 2.0
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=st.sampled_from(list("#<>/answer-0123456789,.$ \n\u0665x")), max_size=80))
-def test_reward_never_raises_and_stays_in_range(text):
-    assert gsm8k_exact(text, P) in (0.0, 1.0)
 
 
 def test_records_without_a_final_answer_are_skipped():

@@ -19,6 +19,7 @@ from tasks.eval.rewards import (
     arithmetic_exact,
     combined_reward,
     format_reward,
+    gsm8k_exact,
     get_reward,
     parse_answer,
     register_reward,
@@ -94,10 +95,12 @@ def test_huge_and_pathological_inputs_are_fast():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=st.sampled_from(list("<>/answer-0123456789 \n\u0665x")), max_size=80))
+@given(st.text(alphabet=st.sampled_from(list("#<>/answer-0123456789,.$ \n\u0665xunkow")), max_size=80))
 def test_rewards_never_raise_and_stay_in_range(text):
     assert arithmetic_exact(text, P) in (0.0, 1.0)
     assert format_reward(text, P) in (0.0, 0.5, 1.0)
+    assert gsm8k_exact(text, P) in (0.0, 1.0)
+    assert all(0.0 <= reward(text, P) <= 1.0 for reward in REWARDS.values())  # every registered one
     if arithmetic_exact(text, P) == 1.0:
         assert format_reward(text, P) == 1.0 and parse_answer(text) == -5
 
