@@ -19,8 +19,9 @@ from pydantic import BaseModel
 
 from infra.atomic import write_json_atomic
 from infra.paths import Workspace
-from infra.stages import DS_CONFIG_FILE, RESULT_FILE, Job, Launch
+from infra.stages import DS_CONFIG_FILE, RESULT_FILE, Job, Launch, LaunchedStage
 from infra.tracking import log_artifact, log_config, log_metrics, stage_run
+from tasks.training.config import RESUME_NEUTRAL
 from tasks.training.engine import full_parameters
 from tasks.training.loop import TrainResult
 from tasks.training.metrics import loss_curve
@@ -28,6 +29,13 @@ from tasks.training.metrics import loss_curve
 LOSS_CURVE_FILE = "loss_curve.png"
 MODEL_DIR = "model"
 HF_DIR = "hf"
+
+
+class TrainingStage(LaunchedStage):
+    """A training stage (pretraining, SFT, GRPO): its config composes the shared components, so a resume may
+    change the same keys in each (how it logs, checkpoints and runs: RESUME_NEUTRAL)."""
+
+    resume_neutral = RESUME_NEUTRAL
 
 
 class ExportedModel(BaseModel):

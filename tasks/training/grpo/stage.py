@@ -33,14 +33,14 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from infra.stages import Launch, LaunchedStage
+from infra.stages import Launch
 from infra.tracking import set_tag
 from tasks.eval.answers import AnswerScore
 from tasks.training import worker
-from tasks.training.config import RESUME_NEUTRAL, GrpoConfig
+from tasks.training.config import GrpoConfig
 from tasks.training.grpo.loop import GrpoSteps, grpo_shape, heldout_score
 from tasks.training.loop import TrainResult
-from tasks.training.worker import ExportedModel, saved_model_config
+from tasks.training.worker import ExportedModel, TrainingStage, saved_model_config
 
 SAMPLES_FILE = "samples.txt"
 
@@ -132,12 +132,10 @@ def heldout_metrics(out: GrpoStageResult) -> dict[str, float]:
     }
 
 
-class Grpo(LaunchedStage):
+class Grpo(TrainingStage):
     name, store, Config, Result = "grpo", "checkpoints/grpo", GrpoConfig, GrpoStageResult
     inputs = ("sft", "tokenizer")
-    # A resume may change only how it checkpoints, logs and runs; the checkpoints also carry the
-    # reference model's sha256, which GrpoSteps checks.
-    resume_neutral = RESUME_NEUTRAL
+    # Its checkpoints also carry the reference model's sha256, which GrpoSteps checks on a resume.
     config: GrpoConfig
 
     # ------------------------------------------------------------------------- stage side

@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
-from infra.stages import Launch, LaunchedStage
+from infra.stages import Launch
 from models.losses import next_token_loss
 from tasks.training import worker
-from tasks.training.config import RESUME_NEUTRAL, PretrainConfig
+from tasks.training.config import PretrainConfig
 from tasks.training.loop import LossSteps, TrainResult
 from tasks.training.batches import token_window_batches
-from tasks.training.worker import ExportedModel
+from tasks.training.worker import ExportedModel, TrainingStage
 
 
 class PretrainResult(ExportedModel):
@@ -81,10 +81,9 @@ def resolve_model_config(cfg: PretrainConfig, vocab_size: int) -> dict[str, Any]
     return mcfg.model_dump(mode="json")
 
 
-class Pretrain(LaunchedStage):
+class Pretrain(TrainingStage):
     name, store, Config, Result = "pretrain", "checkpoints/pretrain", PretrainConfig, PretrainResult
     inputs = ("tokens", "tokenizer")
-    resume_neutral = RESUME_NEUTRAL
     config: PretrainConfig
 
     # ------------------------------------------------------------------------- stage side

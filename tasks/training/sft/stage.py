@@ -29,16 +29,16 @@ from typing import Any
 import torch
 
 from infra.atomic import write_text_atomic
-from infra.stages import Launch, LaunchedStage
+from infra.stages import Launch
 from models.chat_template import ChatEncoding, collate
 from models.losses import next_token_loss
 from tasks.training import worker
-from tasks.training.config import RESUME_NEUTRAL, SftConfig, SftDataConfig
+from tasks.training.config import SftConfig, SftDataConfig
 from tasks.training.loop import BatchFn, LossParts, LossSteps, TrainResult
 from tasks.training.batches import epoch_orders, token_window_batches
 from tasks.training.metrics import perplexity
 from tasks.training.sft.data import SftExample, SftSourceConfig
-from tasks.training.worker import ExportedModel, saved_model_config
+from tasks.training.worker import ExportedModel, TrainingStage, saved_model_config
 
 REJECTED_FILE = "rejected.jsonl"
 
@@ -270,10 +270,9 @@ def check_replay_tokens(cfg: SftConfig, replay_tokens: Path | None, vocab_size: 
     return Path(replay_tokens).resolve()
 
 
-class Sft(LaunchedStage):
+class Sft(TrainingStage):
     name, store, Config, Result = "sft", "checkpoints/sft", SftConfig, SftResult
     inputs = ("base", "tokenizer", "tokens")  # tokens: the pretraining shards replay_fraction replays (may be None)
-    resume_neutral = RESUME_NEUTRAL
     config: SftConfig
 
     # ------------------------------------------------------------------------- stage side
