@@ -37,7 +37,7 @@ def _start_until_pretraining(env: dict[str, str]) -> tuple[subprocess.Popen, str
         lines.append(line)
         if m := re.search(r"Beginning flow run '([\w-]+)' for flow 'pipeline'", line):
             flow_run = m.group(1)
-        if "tasks.training.loop" in line and "spawned" in line:
+        if "launching:" in line and "tasks.training.loop" in line:  # DeepSpeed's own lines go to launch.log
             break
     else:
         pytest.fail("the run ended before pretraining:\n" + "".join(lines[-60:]))

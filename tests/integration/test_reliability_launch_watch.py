@@ -81,8 +81,9 @@ def test_ctrl_c_during_the_op_build_leaves_no_lock_and_the_next_launch_joins(tmp
     assert (folder / "lock").exists()  # torch's baton, taken for the build
     os.killpg(driver.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends: every process of the group
     out = driver.communicate(timeout=60)[0]
-    assert "interrupted" in out and f"removed the build lock {folder / 'lock'}" in out, out[-3000:]
-    assert not (folder / "lock").exists()
+    # The rank releases torch's lock itself when the SIGINT reaches it in Python; when its build dies first
+    # (or the rank is killed) the launch removes the lock, saying "removed the build lock".
+    assert "interrupted" in out and not (folder / "lock").exists(), out[-3000:]
 
     built = extensions_root({}) / OP / f"{OP}.so"
     if not built.is_file():
