@@ -72,7 +72,6 @@ class Stage:
     def __init__(self, config: Any = None) -> None:
         self.config = config
 
-
     @classmethod
     def path(cls) -> str:
         """`module:Class`, how a job names the stage for the ranks."""
@@ -198,12 +197,15 @@ class Placed:
         return self.finish(self._task()(self.stage, self.inputs, self.out_dir))
 
     def submit(self) -> "Pending":
-        if isinstance(self.stage, LaunchedStage):  # its work is on its ranks already: wait for it here
+        task = self._task()
+        # A launched stage's work is on its ranks already, and outside a flow run there is no task runner:
+        # either way it runs here.
+        if isinstance(self.stage, LaunchedStage) or not hasattr(task, "submit"):
             return Pending(self, None, self.run())
         done = self.reused()
         if done is not None:
             return Pending(self, None, done)
-        return Pending(self, self._task().submit(self.stage, self.inputs, self.out_dir), None)
+        return Pending(self, task.submit(self.stage, self.inputs, self.out_dir), None)
 
     def reused(self) -> Any | None:
         """The result of a complete, verified earlier run of this key (a line says so); None otherwise."""
@@ -237,14 +239,10 @@ class Placed:
     def _task(self) -> Any:
         """`compute` as a Prefect task inside a flow run (else the plain function); reuse is decided here,
         so Prefect neither caches nor persists results."""
-        from prefect import task
         from prefect.cache_policies import NO_CACHE
-        from prefect.context import FlowRunContext
 
-        if FlowRunContext.get() is None:
-            return _Direct()
-        return task(compute, name=self.stage.name, task_run_name=self.stage.run_name or self.stage.name, cache_policy=NO_CACHE,
-                    persist_result=False, **self.stage.task_options)
+        return prefect_task(compute, self.stage.name, task_run_name=self.stage.run_name or self.stage.name,
+                            cache_policy=NO_CACHE, persist_result=False, **self.stage.task_options)
 
     def _launched(self) -> Any:
         """A launched stage's fresh run, in its own MLflow run: the launcher as the Prefect task."""
@@ -262,19 +260,6 @@ class Placed:
 def compute(stage: Stage, inputs: dict[str, Any], out_dir: Path) -> Any:
     """What an in-process stage's Prefect task runs (a module function, so a Ray worker can unpickle it)."""
     return stage.compute(inputs, out_dir)
-
-
-class _Direct:
-    """`compute` called in this thread, shaped like a Prefect task (outside any flow run: tests, benches)."""
-
-    __call__ = staticmethod(compute)
-
-    def submit(self, *args: Any) -> Any:
-        from concurrent.futures import Future
-
-        done: Future = Future()
-        done.set_result(compute(*args))
-        return done
 
 
 @dataclass
@@ -327,14 +312,15 @@ def launch_settings(config: Any) -> dict[str, Any]:
             "launcher_args": launch_cfg.launcher_args, "timeout_s": launch_cfg.rank_timeout_s}
 
 
-def prefect_task(fn: Any, name: str) -> Any:
-    """`fn` as a Prefect task inside a flow run (its log streams into the UI), else `fn` itself."""
+def prefect_task(fn: Any, name: str, **options: Any) -> Any:
+    """`fn` as a Prefect task named `name` (with Prefect's task `options`) inside a flow run (its log streams
+    into the UI), else `fn` itself."""
     from prefect import task
     from prefect.context import FlowRunContext
 
     if FlowRunContext.get() is None:
         return fn
-    return task(fn, name=name, task_run_name=name, cache_policy=None)
+    return task(fn, **{"name": name, "task_run_name": name, "cache_policy": None, **options})
 
 
 def _task_log(line: str) -> None:
