@@ -58,17 +58,18 @@ def data_flow(config: DataConfig | None = None, workdir: str | None = None, pres
         return flow_for(config)(config, workdir=workdir, overrides=overrides)
     ws = Workspace.locate(workdir).ensure_writable()
     catalog = load_catalog(config.catalog, only=config.sources)  # a bad catalog fails before any work
+    files = {s.name: source_inputs(catalog, s) for s in catalog.sources}  # listed once: the run's key and each source's
     # On Ray every stage is submitted (a Ray task); locally they run in this thread, where Ctrl-C lands.
     stage = (lambda st, **inputs: submit(st, ws, **inputs).result()) if on_ray else (lambda st, **inputs: run(st, ws, **inputs))
     with stop_on_cancel(), workspace_lock(ws), (prefect_api_for_workers() if on_ray else contextlib.nullcontext()) as api, stage_run(
         ws, "data", config, config_key="data", tags={"llmforge.config_hash": config_hash(config)},
         run_name=f"data {describe_overrides(overrides or [], 'data')}".strip(),
-        run_key=flow_key("data", __name__, config, {s.name: source_inputs(catalog, s) for s in catalog.sources}),
+        run_key=flow_key("data", __name__, config, files),
     ) as run_:
         if on_ray:
             print(f"data stages on Ray: {len(check_cluster(ws.root, api))} node(s) see the workspace {ws.root}")
         # Each source keyed on its own definition and files: editing one re-collects that one only.
-        pending = [submit(Collect(s, catalog), ws, files=source_inputs(catalog, s)) for s in catalog.sources]
+        pending = [submit(Collect(s, catalog), ws, files=files[s.name]) for s in catalog.sources]
         collected = stage(MergeCollected(), parts=[p.result() for p in pending])
         exact = stage(ExactDedup(config.exact), docs=collected.output)
         near = stage(NearDedup(config.near), docs=exact.output)
