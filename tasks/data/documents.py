@@ -39,7 +39,7 @@ REMOVED_SCHEMA = pa.schema(
         pa.field("reason", pa.string(), nullable=False),  # rule name or rejection reason
         pa.field("detail", pa.string()),  # measured value, error message, ...
         pa.field("duplicate_of", pa.string()),  # kept doc_id, for duplicates
-        pa.field("similarity", pa.float64()),  # estimated Jaccard, for near duplicates
+        pa.field("similarity", pa.float64()),  # Jaccard (exact, or estimated: near dedup's verify), for near duplicates
         pa.field("raw", pa.binary()),  # original bytes of a record that could not be decoded
     ]
 )

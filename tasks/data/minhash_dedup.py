@@ -23,17 +23,20 @@ is then checked against the threshold.
   distinct shingle hashes on disk (8 bytes per shingle + 8 per document, in place of the
   signatures' 4 * num_perm bytes) and a merge per candidate pair.
 - "estimate": the share of equal signature values (the MinHash estimate), as datasketch's
-  MinHashLSH users compare; no sets are written.
+  MinHashLSH users compare, checked where it fails (tasks/data/minhash_estimate.py): a pair
+  with a short document is verified exactly (32-bit hash collisions made distinct one-word
+  texts identical, issue 26), and a similarity of 1.0 always means identical sets.
 
 Memory does not grow with the corpus (besides one byte per document and the ids of the
 documents that others duplicate): everything else is spilled to a folder next to the
 output (tasks/data/lsh_buckets.py) and read back in bounded pieces, in four passes:
-1. signatures: stream the input, append each document's shingle set (exact) or signature
-   (estimate) to a file and (band hash, document) records to partition files by hash;
+1. signatures: stream the input, append each document's shingle set (exact; estimate: its
+   signature, set size and digest, a short one's set) to files and (band hash, document)
+   records to partition files by hash;
 2. candidates: per partition, sort the records and write the (earlier, later) pairs of
    documents sharing a bucket, into files by the later document's block of rows;
 3. keep rule: per block in input order, verify each pair's Jaccard (exact from the two
-   shingle sets, or estimated from the two signatures) and visit the later documents in
+   shingle sets, or estimated and checked as above) and visit the later documents in
    order with a kept flag per document: a document is removed iff a verified earlier
    document is kept. This is the greedy rule over an index of kept documents, exactly, as
    long as every same-bucket pair is a candidate: a bucket member is only paired with the
@@ -64,6 +67,7 @@ from tasks.data.documents import as_documents, iter_batches, removed_from_docume
 from tasks.data.lsh_buckets import (
     BandSpill, PairSpill, ShingleSetFile, SignatureFile, band_hashes, candidate_pairs, read_pair_chunks, resolve_block,
 )
+from tasks.data.minhash_estimate import estimated_similarity, meta_columns, spill_limit, with_meta
 from tasks.data.minhash_signatures import DTYPE, Scheme, permutations, shingles, signature_job
 from tasks.data.step import DataStep, StageResult
 
@@ -138,11 +142,12 @@ def _n_jobs(cfg: NearDedupConfig, n_docs: int) -> int:
 
 
 def _signature_jobs(
-    tagged_texts: Iterable[tuple[T, Sequence[str] | pa.Array]], cfg: NearDedupConfig, sets: bool = False
+    tagged_texts: Iterable[tuple[T, Sequence[str] | pa.Array]], cfg: NearDedupConfig, sets: bool = False,
+    short: int | None = None,
 ) -> Iterator[tuple[T, tuple]]:
     perms = permutations(cfg.num_perm, cfg.seed, cfg.scheme)
     for tag, texts in tagged_texts:
-        yield tag, (texts, cfg.ngram, perms, cfg.scheme, cfg.seed, sets)
+        yield tag, (texts, cfg.ngram, perms, cfg.scheme, cfg.seed, sets, short)
 
 
 def compute_signatures(texts: list[str], cfg: NearDedupConfig) -> np.ndarray:
@@ -171,6 +176,8 @@ class _Tally:
     candidate_pairs: int = 0
     verified_pairs: int = 0
     verified_exact: int = 0
+    estimate_capped: int = 0
+    short_sets: int = 0
     cap_hits: int = 0
     spill_bytes: int = 0
     partitions: int = 0
@@ -213,27 +220,32 @@ def near_dedup(in_path: Path, out_path: Path, removed_path: Path, cfg: NearDedup
 
 def _pass_signatures(
     in_path: Path, n_docs: int, cfg: NearDedupConfig, bands: int, rows: int, spill: Path, workers: int, tally: _Tally
-) -> tuple[SignatureFile, ShingleSetFile | None, np.ndarray]:
-    """Pass 1: signatures (verify="estimate") or shingle sets (verify="exact") to a file, band
-    records to partition files; which documents are indexed."""
+) -> tuple[SignatureFile, ShingleSetFile, np.ndarray]:
+    """Pass 1: shingle sets (verify="exact"), or signatures with set sizes and digests and short
+    documents' sets (verify="estimate"), band records to partition files; which are indexed."""
     partitions = max(1, min(1024, -(-n_docs * bands // _PARTITION_RECORDS)))
     exact = cfg.verify == "exact"
-    sigs = SignatureFile(spill / "signatures.bin", cfg.num_perm, DTYPE[cfg.scheme])
-    sets = ShingleSetFile(spill / "shingle-sets.bin") if exact else None
+    dtype = DTYPE[cfg.scheme]
+    sigs = SignatureFile(spill / "signatures.bin", cfg.num_perm + (0 if exact else meta_columns(dtype)), dtype)
+    sets = ShingleSetFile(spill / "shingle-sets.bin")
+    limit = None if exact else spill_limit(cfg.num_perm, cfg.threshold)[1]
     band_spill = BandSpill(spill, partitions)
     indexed = np.zeros(n_docs, dtype=np.bool_)
     texts = (((b.num_rows), b.column("text")) for b in iter_batches(in_path, cfg.batch_size, columns=["text"]))
     start = 0
     with tqdm(total=n_docs, unit="doc", desc=f"{STAGE} 1/4 signatures", disable=None) as progress:
-        mapped = parallel.ordered_map(signature_job, _signature_jobs(texts, cfg, exact), workers,
+        mapped = parallel.ordered_map(signature_job, _signature_jobs(texts, cfg, exact, limit), workers,
                                       n_jobs=_n_jobs(cfg, n_docs), label=f"{STAGE} signatures")
-        for n, (batch_sigs, n_shingles, secs, batch_sets) in mapped:
+        for n, (batch_sigs, n_shingles, secs, extra) in mapped:
             wall0, cpu0 = time.perf_counter(), time.thread_time()
             tally.sig_seconds += secs
             if exact:
-                sets.append(*batch_sets)  # pass 3 reads these instead of the signatures
+                sets.append(*extra)  # pass 3 reads these instead of the signatures
             else:
-                sigs.append(batch_sigs)
+                short_flat, short_counts, distinct, digests = extra
+                sets.append(short_flat, short_counts)  # empty for documents over the limit
+                sigs.append(with_meta(batch_sigs, distinct, digests))
+                tally.short_sets += int(np.count_nonzero(short_counts))
             has = n_shingles > 0
             indexed[start : start + n] = has
             rows_idx = np.flatnonzero(has)
@@ -243,18 +255,17 @@ def _pass_signatures(
             progress.update(n)
     tally.workers, tally.worker_plan = mapped.plan.workers, mapped.plan.describe()
     sigs.close_writing()
-    if exact:
-        sets.close_writing()
+    sets.close_writing()
     band_spill.close()
     tally.unindexed = int(n_docs - indexed.sum())
     tally.band_records = band_spill.records
     tally.partitions = partitions
-    tally.spill_bytes = sigs.rows * sigs.row_bytes + band_spill.files.bytes_written + (sets.bytes_written if exact else 0)
+    tally.spill_bytes = sigs.rows * sigs.row_bytes + band_spill.files.bytes_written + sets.bytes_written
     return sigs, sets, indexed
 
 
 def _pass_keep_rule(
-    sigs: SignatureFile, sets: ShingleSetFile | None, indexed: np.ndarray, cfg: NearDedupConfig, spill: Path, tally: _Tally
+    sigs: SignatureFile, sets: ShingleSetFile, indexed: np.ndarray, cfg: NearDedupConfig, spill: Path, tally: _Tally
 ) -> Path:
     """Passes 2 and 3: candidate pairs by bucket, verified and resolved in input order.
     Returns the file of decisions (removed document, kept target, similarity), in document order."""
@@ -290,31 +301,20 @@ def _pass_keep_rule(
 
 
 def _verified_edges(
-    path: Path, sigs: SignatureFile, sets: ShingleSetFile | None, lo: int, hi: int, cfg: NearDedupConfig, tally: _Tally
+    path: Path, sigs: SignatureFile, sets: ShingleSetFile, lo: int, hi: int, cfg: NearDedupConfig, tally: _Tally
 ) -> np.ndarray:
     """Candidate pairs of later documents lo..hi-1 whose Jaccard (exact from the shingle sets, or
-    estimated from the signatures) reaches the threshold, sorted by (later, earlier), with it."""
-    later_sigs = None
+    estimated and checked: minhash_estimate) reaches the threshold, sorted by (later, earlier), with it."""
+    later_rows = None
     parts = []
     for rec in read_pair_chunks(path):
-        if sets is not None:
+        if cfg.verify == "exact":
             sim = sets.jaccard(rec["earlier"], rec["later"])
             tally.verified_exact += len(rec)
-            ok = sim >= cfg.threshold
-            edge = np.empty(int(ok.sum()), dtype=DECISION)
-            edge["doc"], edge["target"], edge["similarity"] = rec["later"][ok], rec["earlier"][ok], sim[ok]
-            parts.append(edge)
-            continue
-        if later_sigs is None:
-            later_sigs = sigs.read_range(lo, hi)
-        earlier = rec["earlier"].astype(np.int64)
-        uniq, inverse = np.unique(earlier, return_inverse=True)
-        inside = uniq >= lo  # earlier documents of this block are already in memory
-        earlier_sigs = np.empty((len(uniq), sigs.num_perm), dtype=sigs.dtype)
-        earlier_sigs[inside] = later_sigs[uniq[inside] - lo]
-        earlier_sigs[~inside] = sigs.read_rows(uniq[~inside])
-        equal = np.count_nonzero(later_sigs[rec["later"].astype(np.int64) - lo] == earlier_sigs[inverse], axis=1)
-        sim = equal / sigs.num_perm
+        else:
+            if later_rows is None:
+                later_rows = sigs.read_range(lo, hi)
+            sim = estimated_similarity(rec, later_rows, lo, sigs, sets, cfg.num_perm, cfg.threshold, tally)
         ok = sim >= cfg.threshold
         edge = np.empty(int(ok.sum()), dtype=DECISION)
         edge["doc"], edge["target"], edge["similarity"] = rec["later"][ok], rec["earlier"][ok], sim[ok]
@@ -379,6 +379,9 @@ def _stats(tally: _Tally, cfg: NearDedupConfig, bands: int, rows: int, seconds: 
         "candidate_pairs": tally.candidate_pairs,
         "verify": cfg.verify,
         "verified_exact": tally.verified_exact,  # candidate pairs whose exact Jaccard was computed
+        # verify="estimate": documents whose set was kept for exact checks, pairs whose estimate a size bound lowered
+        "estimate_short_sets": tally.short_sets,
+        "estimate_capped": tally.estimate_capped,
         "verified_pairs": tally.verified_pairs,  # candidate pairs at or above the threshold
         "bucket_cap_hits": tally.cap_hits,  # bucket members whose comparisons bucket_cap cut short
         "spill_partitions": tally.partitions,

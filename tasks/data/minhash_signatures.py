@@ -215,11 +215,59 @@ def unique_shingle_sets(hashes: np.ndarray, counts: np.ndarray) -> tuple[np.ndar
     return keys[first], unique_counts
 
 
+def distinct_sets(hashes: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """unique_shingle_sets' (flat, counts), sorted by one uint64 key instead of a two-key lexsort
+    (6x less CPU; verify="estimate" sorts every shingle), and each text's set digest: the
+    wrapping sum of a 64-bit mix of its distinct hashes (equal sets, equal digests; different
+    sets collide with chance ~2^-64)."""
+    hashes = hashes.astype(np.uint64, copy=False)
+    bits = max(1, (len(counts) - 1).bit_length())
+    text = np.repeat(np.arange(len(counts), dtype=np.uint64), counts)
+    # The text in the top bits, the hash's top 64 - bits below: sorted by text, then by hash, unless two
+    # hashes of a text share those bits (chance ~k^2 / 2^(65 - bits) for k shingles), then sorted exactly.
+    key = (text << np.uint64(64 - bits)) | (hashes >> np.uint64(bits))
+    order = np.argsort(key, kind="stable")
+    key, h = key[order], hashes[order]
+    if np.any((key[1:] == key[:-1]) & (h[1:] != h[:-1])):
+        h = hashes[np.lexsort((hashes, text))]
+    first = np.ones(len(h), dtype=np.bool_)  # first of its value within its text (sorting keeps each text's rows)
+    np.logical_or(h[1:] != h[:-1], text[1:] != text[:-1], out=first[1:])
+    cum = np.zeros(len(h) + 1, dtype=np.int64)
+    np.cumsum(first, out=cum[1:])
+    ends = np.cumsum(counts)
+    distinct = cum[ends] - cum[ends - counts]
+    flat = h[first]
+    with np.errstate(over="ignore"):
+        mixed = np.zeros(len(flat) + 1, dtype=np.uint64)
+        np.cumsum(_fmix(flat, _FMIX["affine64"]), out=mixed[1:])
+        set_ends = np.cumsum(distinct)
+        digests = mixed[set_ends] - mixed[set_ends - distinct]
+    return flat, distinct, digests
+
+
+def short_set_summaries(flat: np.ndarray, distinct: np.ndarray, digests: np.ndarray, short: int) -> tuple:
+    """What verify="estimate" keeps of distinct_sets: the sets of texts of at most `short` distinct
+    shingles (flat) with their sizes (0 for longer texts: no set kept), every text's size and digest."""
+    keep = distinct <= short
+    return flat[np.repeat(keep, distinct)], np.where(keep, distinct, 0), distinct, digests
+
+
+def _extra(wide: np.ndarray, counts: np.ndarray, sets: bool, short: int | None) -> tuple | None:
+    """The signature job's fourth result for the shingle hashes `wide` (see signature_job)."""
+    if sets:
+        return unique_shingle_sets(wide, counts)
+    if short is not None:
+        return short_set_summaries(*distinct_sets(wide, counts), short)
+    return None
+
+
 def signature_job(
-    texts: Sequence[str] | pa.Array, ngram: int, perms: np.ndarray, scheme: Scheme, seed: int, sets: bool = False
-) -> tuple[np.ndarray, np.ndarray, float, tuple[np.ndarray, np.ndarray] | None]:
+    texts: Sequence[str] | pa.Array, ngram: int, perms: np.ndarray, scheme: Scheme, seed: int, sets: bool = False,
+    short: int | None = None,
+) -> tuple[np.ndarray, np.ndarray, float, tuple | None]:
     """Signatures [len(texts), num_perm] of one batch, shingles per text, the CPU seconds it took,
-    and with `sets` each text's distinct shingle hashes (unique_shingle_sets: flat, counts), else None.
+    and with `sets` each text's distinct shingle hashes (unique_shingle_sets: flat, counts), or with
+    `short` short_set_summaries (flat, set sizes, distinct counts, digests), else None.
 
     Works through the batch SUB_BATCH_BYTES of text at a time: the word and shingle arrays
     cost ~25 bytes of memory per byte of text, so a job's memory is bounded by that, not
@@ -227,33 +275,37 @@ def signature_job(
     start = time.process_time()
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks()
-    parts = [_signature_part(texts[i:j], ngram, perms, scheme, seed, sets) for i, j in text_byte_slices(texts, SUB_BATCH_BYTES)]
+    parts = [_signature_part(texts[i:j], ngram, perms, scheme, seed, sets, short)
+             for i, j in text_byte_slices(texts, SUB_BATCH_BYTES)]
     sigs = np.concatenate([p[0] for p in parts]) if parts else np.empty((0, perms.shape[1]), dtype=DTYPE[scheme])
     counts = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, dtype=np.int64)
-    shingle_sets = None
-    if sets:
-        shingle_sets = ((np.concatenate([p[2][0] for p in parts]), np.concatenate([p[2][1] for p in parts])) if parts
-                        else (np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)))
-    return sigs, counts, time.process_time() - start, shingle_sets
+    extra = _extra(np.empty(0, dtype=np.uint64), counts, sets, short) if not parts else parts[0][2]
+    if extra is not None and len(parts) > 1:
+        extra = tuple(np.concatenate([p[2][k] for p in parts]) for k in range(len(extra)))
+    return sigs, counts, time.process_time() - start, extra
 
 
 def _signature_part(
-    texts: Sequence[str] | pa.Array, ngram: int, perms: np.ndarray, scheme: Scheme, seed: int, sets: bool
-) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+    texts: Sequence[str] | pa.Array, ngram: int, perms: np.ndarray, scheme: Scheme, seed: int, sets: bool,
+    short: int | None,
+) -> tuple[np.ndarray, np.ndarray, tuple | None]:
     if scheme == "xxh3":
         if not isinstance(texts, pa.Array):
             texts = pa.array(texts, pa.string())
         wide, counts = _xxh3_shingle_hashes64(texts, ngram, seed)
-        if sets:
-            shingle_sets = unique_shingle_sets(wide, counts)
+        if sets or short is not None:
+            if sets:
+                flat, distinct = unique_shingle_sets(wide, counts)
+            else:
+                flat, distinct, digests = distinct_sets(wide, counts)
             # The minimum over a set is the minimum over its multiset: permute each distinct shingle
             # once (same signatures: the upper halves of distinct 64-bit hashes, repeats allowed).
-            uppers = (shingle_sets[0] >> np.uint64(32)).astype(np.uint32)
-            return _min_over_permutations(uppers, shingle_sets[1], perms, scheme), counts, shingle_sets
+            uppers = (flat >> np.uint64(32)).astype(np.uint32)
+            extra = (flat, distinct) if sets else short_set_summaries(flat, distinct, digests, short)
+            return _min_over_permutations(uppers, distinct, perms, scheme), counts, extra
         hashes = (wide >> np.uint64(32)).astype(np.uint32)
     else:
         if isinstance(texts, pa.Array):
             texts = texts.to_pylist()
         hashes, counts, wide = _sha1_shingle_hashes(texts, ngram, scheme)
-    shingle_sets = unique_shingle_sets(wide, counts) if sets else None
-    return _min_over_permutations(hashes, counts, perms, scheme), counts, shingle_sets
+    return _min_over_permutations(hashes, counts, perms, scheme), counts, _extra(wide, counts, sets, short)

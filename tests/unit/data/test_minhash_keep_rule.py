@@ -1,5 +1,5 @@
 """The out-of-core near dedup reproduces the in-memory greedy rule (datasketch MinHashLSH over
-kept documents, as the stage used to run, verifying candidates by estimated or exact Jaccard)
+kept documents, as the stage used to run, verifying candidates by exact or checked estimated Jaccard)
 exactly: same kept set, duplicate_of and similarity, on planted clusters and chains (A~B, B~C,
 A!~C: B goes, C stays); its spill folder is removed."""
 from __future__ import annotations
@@ -14,19 +14,34 @@ from datasketch import LeanMinHash, MinHashLSH
 
 from tasks.data.documents import Document, documents_table, write_table_atomic
 from tasks.data.minhash_dedup import NearDedupConfig, banding, compute_signatures, near_dedup, shingles
+from tasks.data.minhash_estimate import spill_limit
 from tasks.data.text_normalize import dedup_key
 
 from .test_minhash_dedup import make_variant
 
 
+def grams(text: str, n: int) -> set[tuple[str, ...]]:
+    words = dedup_key(text).split()
+    return {tuple(words)} if len(words) <= n else {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
 def exact_jaccard(a: str, b: str, n: int) -> float:
     """Jaccard of the two texts' sets of word n-grams (Python tuples, no hashing)."""
-    def grams(text: str) -> set[tuple[str, ...]]:
-        words = dedup_key(text).split()
-        return {tuple(words)} if len(words) <= n else {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
-
-    sa, sb = grams(a), grams(b)
+    sa, sb = grams(a, n), grams(b, n)
     return len(sa & sb) / len(sa | sb)
+
+
+def checked_estimate(a: str, b: str, estimate: float, cfg: NearDedupConfig) -> float:
+    """verify="estimate": the exact Jaccard when both sets are within spill_limit, else the
+    estimate lowered to the largest Jaccard the two sets' sizes (and whether they are equal) allow."""
+    sa, sb = grams(a, cfg.ngram), grams(b, cfg.ngram)
+    limit = spill_limit(cfg.num_perm, cfg.threshold)[1]
+    if len(sa) <= limit and len(sb) <= limit:
+        return len(sa & sb) / len(sa | sb)
+    if sa == sb:
+        return estimate
+    bound = (len(sa) - 1) / (len(sa) + 1) if len(sa) == len(sb) else min(len(sa), len(sb)) / max(len(sa), len(sb))
+    return min(estimate, bound)
 
 
 def reference_near_dedup(texts: list[str], cfg: NearDedupConfig) -> dict[int, tuple[int, float]]:
@@ -45,7 +60,8 @@ def reference_near_dedup(texts: list[str], cfg: NearDedupConfig) -> dict[int, tu
             if cfg.verify == "exact":
                 sims = np.array([exact_jaccard(texts[k], text, cfg.ngram) for k in keys])
             else:
-                sims = np.count_nonzero(sigs[keys] == sigs[i], axis=1) / cfg.num_perm
+                estimates = np.count_nonzero(sigs[keys] == sigs[i], axis=1) / cfg.num_perm
+                sims = np.array([checked_estimate(texts[k], text, e, cfg) for k, e in zip(keys, estimates)])
             best = int(np.argmax(sims))
             if sims[best] >= cfg.threshold:
                 removed[i] = (keys[best], float(sims[best]))
@@ -55,8 +71,8 @@ def reference_near_dedup(texts: list[str], cfg: NearDedupConfig) -> dict[int, tu
 
 
 def planted_corpus(n_groups: int, seed: int) -> list[str]:
-    """Unrelated documents, near-copy clusters of several sizes and chains A~B~C, shuffled
-    so that clusters interleave; a few empty and short texts."""
+    """Unrelated documents, near-copy clusters of several sizes and chains A~B~C, short near
+    copies, shuffled so that clusters interleave; a few empty and short texts."""
     rng = random.Random(seed)
     vocab = ["".join(rng.choice("abcdefghijklmnop") for _ in range(rng.randint(2, 7))) for _ in range(5000)]
     docs: list[str] = []
@@ -72,6 +88,9 @@ def planted_corpus(n_groups: int, seed: int) -> list[str]:
             for _ in range(rng.randint(3, 5)):
                 docs.append(" ".join(link))
                 link = make_variant(link, rng.randint(2, 6), vocab, rng)
+    for _ in range(n_groups // 20):  # short near copies (5 to 40 shingles): "estimate" checks them exactly
+        base = [rng.choice(vocab) for _ in range(rng.randint(9, 44))]
+        docs += [" ".join(make_variant(base, rng.randint(0, 3), vocab, rng)) for _ in range(rng.randint(2, 4))]
     rng.shuffle(docs)
     docs[5:5] = ["", "   ", "one", "two words", "a b c d"]
     return docs
