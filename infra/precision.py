@@ -10,6 +10,11 @@ below that, the casts and the fp32 master copy eat the gain.
 The measurement is kept per machine (CPU model, torch version, thread count) in
 `$XDG_CACHE_HOME/llmforge/precision.json`, so every run and every rank on one machine
 makes the same choice, and a resumed run does not flip precision halfway.
+
+The CPU's practical peak FLOP/s, which MFU divides by, is kept the same way (`peak_flops.json`, per
+machine key and dtype): measured once, the best of a few matmuls (noise only slows), instead of at
+every launch (a second or more of each launch, and a low figure whenever another process shared the
+CPU at that moment, which printed MFU above 100%).
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ from infra.atomic import write_json_atomic
 BF16_MIN_SPEEDUP = 2.0
 _SIZES = (256, 512, 1024)
 _REPEATS = 3
+_PEAK_N = 1024  # ~0.05 s per fp32 matmul on a 2-core AVX2 EPYC; large enough to reach the BLAS peak
+_PEAK_REPEATS = 5
 
 
 @dataclass(frozen=True)
@@ -79,28 +86,56 @@ def _machine_key() -> str:
     return f"{cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
-def _cache_file() -> Path:
+def _cache_file(name: str = "precision.json") -> Path:
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "llmforge" / "precision.json"
+    return root / "llmforge" / name
 
 
-@lru_cache(maxsize=1)
-def cpu_bf16_speedup() -> float:
-    """fp32 time / bf16 time of the same matmuls on this CPU (measured once per machine, ~0.5 s)."""
-    key, path = _machine_key(), _cache_file()
+def _cached(name: str, key: str, measure) -> float:
+    """The number kept under `key` in the cache file `name`, measured (and kept) when missing."""
+    path = _cache_file(name)
     try:
         cached = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         cached = {}
     if isinstance(cached.get(key), (int, float)):
         return float(cached[key])
-    speedup = measure_bf16_speedup()
+    value = measure()
     try:
-        cached[key] = round(speedup, 3)
+        cached[key] = float(f"{value:.4g}")
         write_json_atomic(path, cached)
     except OSError:
         pass  # a read-only home only costs the measurement again next time
-    return speedup
+    return value
+
+
+@lru_cache(maxsize=1)
+def cpu_bf16_speedup() -> float:
+    """fp32 time / bf16 time of the same matmuls on this CPU (measured once per machine, ~0.5 s)."""
+    return _cached("precision.json", _machine_key(), lambda: round(measure_bf16_speedup(), 3))
+
+
+@lru_cache(maxsize=2)
+def cpu_peak_flops(dtype_name: str = "float32") -> float:
+    """Practical peak FLOP/s of this CPU at its thread count in `dtype_name` ("float32" or "bfloat16"):
+    the fastest of _PEAK_REPEATS square matmuls of _PEAK_N, measured once per machine and kept."""
+    return _cached("peak_flops.json", f"{_machine_key()} | {dtype_name}", lambda: measure_cpu_peak_flops(dtype_name))
+
+
+def measure_cpu_peak_flops(dtype_name: str = "float32", n: int | None = None, repeats: int | None = None) -> float:
+    """2 n^3 / the fastest of `repeats` n x n matmuls in `dtype_name` (the first, warm-up, not counted)."""
+    import torch
+
+    n, repeats = n or _PEAK_N, repeats or _PEAK_REPEATS
+    dtype = getattr(torch, dtype_name)
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
 
 
 def measure_bf16_speedup() -> float:

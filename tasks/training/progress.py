@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from infra.deepspeed_launch import resolve_precision
+from infra.precision import cpu_peak_flops
 from tasks.training.config import TrainingConfig
 from tasks.training.metrics import MetricsSink, StepClock, Throughput, measure_peak_flops, model_flops_per_token
 
@@ -163,5 +164,8 @@ def throughput(model: torch.nn.Module, cfg: TrainingConfig, seq_len: int, device
     fpt = flops_per_token if flops_per_token is not None else model_flops_per_token(model, seq_len)
     peak = cfg.log.peak_flops
     if peak is None and rank == 0 and fpt is not None:
-        peak = measure_peak_flops(device, torch.bfloat16 if resolve_precision(cfg.launch.precision) == "bf16" else torch.float32)
+        dtype = torch.bfloat16 if resolve_precision(cfg.launch.precision) == "bf16" else torch.float32
+        # The CPU's is measured once per machine (infra/precision.py); a GPU's at each launch (a fraction of a second).
+        peak = cpu_peak_flops(str(dtype).removeprefix("torch.")) if torch.device(device).type == "cpu" \
+            else measure_peak_flops(device, dtype)
     return Throughput(flops_per_token=fpt, peak_flops=peak)

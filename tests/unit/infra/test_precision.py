@@ -53,3 +53,20 @@ def test_measurement_is_kept_per_machine(cache_home, monkeypatch):
 def test_measurement_is_a_real_ratio():
     speedup = precision.measure_bf16_speedup()
     assert 0.01 < speedup < 100
+
+
+def test_cpu_peak_is_measured_once_per_machine_and_dtype(cache_home, monkeypatch):
+    precision.cpu_peak_flops.cache_clear()
+    calls = []
+    monkeypatch.setattr(precision, "measure_cpu_peak_flops", lambda name: calls.append(name) or 5e10)
+    assert precision.cpu_peak_flops("float32") == 5e10
+    precision.cpu_peak_flops.cache_clear()  # a new process reads the file instead of measuring
+    assert precision.cpu_peak_flops("float32") == 5e10 and calls == ["float32"]
+    kept = json.loads((cache_home / "llmforge" / "peak_flops.json").read_text())
+    assert list(kept.values()) == [5e10] and next(iter(kept)).endswith("| float32")
+    precision.cpu_peak_flops.cache_clear()
+
+
+def test_cpu_peak_measurement_is_a_real_rate():
+    flops = precision.measure_cpu_peak_flops("float32", n=256, repeats=3)
+    assert 1e8 < flops < 1e13  # between a slow emulator and a many-core server
