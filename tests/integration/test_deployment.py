@@ -199,7 +199,7 @@ def run_through_api(api: str, deployment: str, parameters: dict, timeout: float)
     start-up), once the worker has finished it: the flow run as the API returns it."""
     dep = httpx.get(f"{api}/deployments/name/{deployment}", timeout=10).json()
     created = httpx.post(f"{api}/deployments/{dep['id']}/create_flow_run", json={"parameters": parameters}, timeout=30)
-    assert created.status_code == 201, created.text
+    assert created.status_code in (200, 201), created.text
     deadline = time.monotonic() + timeout
     while True:
         flow_run = httpx.get(f"{api}/flow_runs/{created.json()['id']}", timeout=10).json()
@@ -281,15 +281,18 @@ def deployed(tmp_path_factory, request) -> Iterator[dict]:
         timings["pipeline_run"] = time.monotonic() - started
         pipe_dep = httpx.get(f"{api}/deployments/name/pipeline/pipeline-tiny", timeout=10).json()
         first_log = worker_output(logs, log_start, flow_runs(api, pipe_dep["id"])[0]["name"])
-        # The same run again: every stage's inputs, config and code are unchanged.
+        # The same run again: every stage's inputs, config and code are unchanged (not worth waiting for
+        # when the first run failed: the test fails on that first).
         rerun_started, rerun_log_start = time.time(), (logs / "worker.log").stat().st_size
-        rerun = run_through_api(api, "pipeline/pipeline-tiny", {"overrides": SMALL_PIPELINE}, timeout=600)
-        timings["pipeline_rerun"] = time.monotonic() - started
+        rerun, rerun_log = None, ""
+        if results["pipeline"].returncode == 0:
+            rerun = run_through_api(api, "pipeline/pipeline-tiny", {"overrides": SMALL_PIPELINE}, timeout=600)
+            rerun_log = worker_output(logs, rerun_log_start, rerun["name"])
+            timings["pipeline_rerun"] = time.monotonic() - started
         services.alive("worker", worker)
         services.alive("server", server)
         yield {"api": api, "port": port, "work": work, "results": results, "services": services, "tmp": tmp, "catalog": catalog,
-               "first_log": first_log, "rerun": rerun, "rerun_started": rerun_started,
-               "rerun_log": worker_output(logs, rerun_log_start, rerun["name"])}
+               "first_log": first_log, "rerun": rerun, "rerun_started": rerun_started, "rerun_log": rerun_log}
     finally:
         print("deployment test timings (s):", {k: round(v, 1) for k, v in timings.items()})
         leftovers = services.stop_all()
@@ -419,7 +422,8 @@ def check_pipeline_run_and_its_rerun(deployed: dict, client, exp, parent) -> Non
     assert "mix.total" in data_run.data.tags["mlflow.note.content"]  # what this stage's config changed
 
     # The rerun: every stage's inputs and config are unchanged, so no training runs again.
-    assert deployed["rerun"]["state_type"] == "COMPLETED", (deployed["rerun"]["state"], rerun_log[-3000:])
+    rerun = deployed["rerun"]
+    assert rerun is not None and rerun["state_type"] == "COMPLETED", (rerun and rerun["state"], rerun_log[-3000:])
     for name in ("train-tokenizer", "tokenize-shards", "pretrain", "sft", "grpo", "evaluate"):
         assert any(f"stage {name}: reused" in line for line in rerun_log.splitlines()), (name, rerun_log[-3000:])
     assert "launching:" not in rerun_log  # no DeepSpeed launch on the rerun

@@ -129,6 +129,7 @@ def test_ctrl_c_then_prefect_cancel_during_pretraining(prefect_env, prefect_api,
     saved = latest_checkpoint_step(checkpoints)
     assert saved is not None and 10 <= saved < 100, out[-5000:]
     assert f"after step {saved} " in out and f"continues from step {saved}" in out, out[-5000:]
+    assert not (checkpoints.parent / "result.json").exists()  # a stopped stage is not a finished one
 
     # 2. The same command again (every stage before pretraining reused), cancelled from Prefect during pretraining.
     proc, flow_run, lines = _start_until_pretraining(env)
@@ -138,8 +139,8 @@ def test_ctrl_c_then_prefect_cancel_during_pretraining(prefect_env, prefect_api,
     tree = _tree(proc)
     run_id = httpx.post(f"{prefect_api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [flow_run]}}},
                         timeout=10).json()[0]["id"]
-    cancel = subprocess.run([str(Path(CLI[0]).parent / "prefect"), "flow-run", "cancel", run_id], env=env,
-                            capture_output=True, text=True, timeout=60)
+    cancel = subprocess.run([str(Path(CLI[0]).parent / "prefect"), "flow-run", "cancel", run_id], env=prefect_env,
+                            capture_output=True, text=True, timeout=60)  # not the run's TMPDIR: not the run's process
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     out, statuses = _check_stopped(proc, tree, lines, shm_before, ws, expected_rc={143}, tmpdir=tmpdir)
     assert "was cancelled in Prefect" in out
