@@ -45,7 +45,7 @@ _TOKENIZE = textwrap.dedent("""
     from flows.pretrain_flow import tokenized
     from infra.paths import Workspace
 
-    ws, manifest, overrides = Workspace(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    ws, manifest, overrides = Workspace.locate(sys.argv[1]), sys.argv[2], sys.argv[3:]
     cfg = resolve_pipeline_config(None, "tiny", overrides, None)
     print(tokenized(ws, manifest, cfg.tokenizer, cfg.tokenize))
 """)
