@@ -339,3 +339,14 @@ def eval_result_with_answers(questions: list[str], correct, confidences, answer_
                       answer_calibration=calibration, answer_bins=bins, answer_selective=selective,
                       answer_in_range=proportion(inside) if inside else None,
                       answer_abstention=abstention_report([a.correct for a in answers], [False] * len(answers)))
+
+
+# --- the order tests run in ---
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register tests/schedule.py's LongestFirst: it has the last word on the order (longest first, by a table
+    of measured seconds), after pytest_collection_modifyitems above has put the slow tests first."""
+    from tests.schedule import LongestFirst
+
+    config.pluginmanager.register(LongestFirst(), "llmforge-longest-first")

@@ -5,6 +5,10 @@ The slow tests start a real Prefect server (on a free, non-default PORT) and a r
 README's sequence (`prefect deployment run ... -p overrides=[...] --watch`: data-tiny with
 and without an override, pipeline-tiny with its budgets cut), check the runs in Prefect
 and MLflow, and screenshot the Prefect UI with headless Chromium when it is installed.
+
+The pipeline-tiny run is also the suite's one fresh end-to-end pipeline: its report, MLflow
+runs and registered model are checked here, and a second pipeline-tiny run with the same
+overrides must reuse every stage, launch nothing and be tagged a repeat of the first.
 """
 from __future__ import annotations
 
@@ -25,8 +29,9 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.integration import seeds
+from tests.integration.seeds import SMALL, seed_workspace
 from .test_data_flow import make_catalog
-from .test_pipeline_flow import SMALL
 
 SCRIPTS = ROOT / "infra" / "scripts"
 PREFECT_YAML = ROOT / "infra" / "prefect.yaml"
@@ -172,8 +177,9 @@ def run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.Compl
     return proc
 
 
-# The pipeline deployment with every stage's budget cut to a few steps (as the pipeline test).
+# The pipeline deployment with every stage's budget cut to a few steps.
 SMALL_PIPELINE = SMALL + ["name=deployed-small"]
+small_stage_seed = seeds.small_stage_seed  # the session's data/tokenizer/tokens seed (tests/integration/seeds.py)
 
 
 def deployment_run(name: str, env: dict[str, str], *params: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -188,6 +194,32 @@ def flow_runs(api: str, deployment_id: str) -> list[dict]:
     return runs
 
 
+def run_through_api(api: str, deployment: str, parameters: dict, timeout: float) -> dict:
+    """A run of `deployment` created through the API (what `prefect deployment run` does, without its CLI's
+    start-up), once the worker has finished it: the flow run as the API returns it."""
+    dep = httpx.get(f"{api}/deployments/name/{deployment}", timeout=10).json()
+    created = httpx.post(f"{api}/deployments/{dep['id']}/create_flow_run", json={"parameters": parameters}, timeout=30)
+    assert created.status_code in (200, 201), created.text
+    deadline = time.monotonic() + timeout
+    while True:
+        flow_run = httpx.get(f"{api}/flow_runs/{created.json()['id']}", timeout=10).json()
+        if flow_run["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return flow_run
+        assert time.monotonic() < deadline, f"{deployment} run {flow_run['name']} still {flow_run['state_type']}"
+        time.sleep(2)
+
+
+def worker_output(logs: Path, start: int, flow_run_name: str, timeout: float = 60) -> str:
+    """The worker's log from byte `start` on, once it holds the end of flow run `flow_run_name` (the worker
+    copies a flow run's output, which can lag behind the run's state)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = (logs / "worker.log").read_bytes()[start:].decode("utf-8", "replace")
+        if f"Flow run '{flow_run_name}' - Finished in state" in text or time.monotonic() > deadline:
+            return text
+        time.sleep(1)
+
+
 def test_worker_without_server_fails_in_one_line_naming_the_url(isolated_env):
     port = free_port()
     env = {**isolated_env, "PORT": str(port), "LLMFORGE_VENV": sys.prefix}
@@ -199,11 +231,14 @@ def test_worker_without_server_fails_in_one_line_naming_the_url(isolated_env):
 
 
 @pytest.fixture(scope="module")
-def deployed(tmp_path_factory) -> Iterator[dict]:
+def deployed(tmp_path_factory, request) -> Iterator[dict]:
     """The README's sequence on a non-default PORT: server, worker, deploy.sh, then the runs it shows.
 
     Runs: data-tiny as deployed, data-tiny with an override (plus a tiny catalog), a bad override,
-    and pipeline-tiny with its budgets cut by overrides. Every script gets only PORT, no API URL.
+    and pipeline-tiny with its budgets cut by overrides, then pipeline-tiny again with the same
+    overrides (through the API), which must reuse every stage. Every script gets only PORT, no API URL.
+    The workspace starts with the session seed's data, tokenizer and token stages (not its MLflow
+    store): the runs reuse those and still train, evaluate, log and register everything themselves.
     """
     tmp = tmp_path_factory.mktemp("deployed")
     logs = tmp / "logs"
@@ -230,6 +265,8 @@ def deployed(tmp_path_factory) -> Iterator[dict]:
                  timeout=120, alive=lambda: services.alive("worker", worker))
         run([str(SCRIPTS / "deploy.sh")], env, timeout=240)  # --all: every deployment must load and register
         timings["deployed"] = time.monotonic() - started
+        seed_workspace(request.getfixturevalue("small_stage_seed"), work)
+        timings["seeded"] = time.monotonic() - started
 
         client_env = {**env, "PREFECT_API_URL": api}  # the README's `export PREFECT_API_URL=...`
         catalog = make_catalog(tmp)
@@ -239,11 +276,23 @@ def deployed(tmp_path_factory) -> Iterator[dict]:
             "bad_override": deployment_run("data/data-tiny", client_env, 'overrides=["data.near.treshold=0.7"]', timeout=240),
         }
         timings["data_runs"] = time.monotonic() - started
+        log_start = (logs / "worker.log").stat().st_size
         results["pipeline"] = deployment_run("pipeline/pipeline-tiny", client_env, f"overrides={json.dumps(SMALL_PIPELINE)}", timeout=900)
         timings["pipeline_run"] = time.monotonic() - started
+        pipe_dep = httpx.get(f"{api}/deployments/name/pipeline/pipeline-tiny", timeout=10).json()
+        first_log = worker_output(logs, log_start, flow_runs(api, pipe_dep["id"])[0]["name"])
+        # The same run again: every stage's inputs, config and code are unchanged (not worth waiting for
+        # when the first run failed: the test fails on that first).
+        rerun_started, rerun_log_start = time.time(), (logs / "worker.log").stat().st_size
+        rerun, rerun_log = None, ""
+        if results["pipeline"].returncode == 0:
+            rerun = run_through_api(api, "pipeline/pipeline-tiny", {"overrides": SMALL_PIPELINE}, timeout=600)
+            rerun_log = worker_output(logs, rerun_log_start, rerun["name"])
+            timings["pipeline_rerun"] = time.monotonic() - started
         services.alive("worker", worker)
         services.alive("server", server)
-        yield {"api": api, "port": port, "work": work, "results": results, "services": services, "tmp": tmp, "catalog": catalog}
+        yield {"api": api, "port": port, "work": work, "results": results, "services": services, "tmp": tmp, "catalog": catalog,
+               "first_log": first_log, "rerun": rerun, "rerun_started": rerun_started, "rerun_log": rerun_log}
     finally:
         print("deployment test timings (s):", {k: round(v, 1) for k, v in timings.items()})
         leftovers = services.stop_all()
@@ -251,6 +300,7 @@ def deployed(tmp_path_factory) -> Iterator[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the fixture: 604 s measured under load with `-n 2`, before the rerun
 def test_readme_deployment_sequence_on_another_port(deployed):
     api, work, results, services = deployed["api"], deployed["work"], deployed["results"], deployed["services"]
     port = deployed["port"]
@@ -278,7 +328,7 @@ def test_readme_deployment_sequence_on_another_port(deployed):
     # ... and in the failed run's state message, which `prefect flow-run inspect` and the UI show beside `Failed`.
     assert "data.near.treshold" in (data_runs[2]["state"]["message"] or ""), data_runs[2]["state"]
     pipe_dep = httpx.get(f"{api}/deployments/name/pipeline/pipeline-tiny", timeout=10).json()
-    assert [r["state_type"] for r in flow_runs(api, pipe_dep["id"])] == ["COMPLETED"]
+    assert [r["state_type"] for r in flow_runs(api, pipe_dep["id"])] == ["COMPLETED", "COMPLETED"]  # the run, its rerun
 
     # Every run logged into the worker's LLMFORGE_HOME, none into the checkout's work/.
     from mlflow.tracking import MlflowClient
@@ -286,8 +336,9 @@ def test_readme_deployment_sequence_on_another_port(deployed):
     client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
     exp = client.get_experiment_by_name("llmforge")
     assert exp is not None and exp.artifact_location == (work / "mlartifacts").as_uri()
-    runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
-    stage = {r.info.run_id: r.data.tags.get("llmforge.stage") for r in runs}  # run names also list the overrides
+    every_run = client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+    runs = [r for r in every_run if r.info.start_time < deployed["rerun_started"] * 1000]  # before the rerun
+    stage = {r.info.run_id: r.data.tags.get("llmforge.stage") for r in every_run}  # run names also list the overrides
     data = [r for r in runs if stage[r.info.run_id] == "data"]
     assert len(data) == 3 and all(r.info.status == "FINISHED" for r in data)  # 2 deployed + the pipeline's
     # As deployed: the preset's threshold; with the override: 0.7 and the other keys still the preset's.
@@ -310,8 +361,8 @@ def test_readme_deployment_sequence_on_another_port(deployed):
     # One Prefect artifact per stage and run, each holding the whole table.
     arts = httpx.post(f"{api}/artifacts/filter", json={}, timeout=10).json()
     keys = [a["key"] for a in arts if a["key"]]
-    # Stable keys: the three data runs are three versions of one artifact (its history in Prefect's UI).
-    assert keys.count("data-funnel") == 3 and keys.count("pipeline-report") == 1, keys
+    # Stable keys: the data runs (3, and the rerun's) are versions of one artifact (its history in Prefect's UI).
+    assert keys.count("data-funnel") == 4 and keys.count("pipeline-report") == 2, keys
     report_art = next(a for a in arts if a["key"] == "pipeline-report")
     assert "data:image/png;base64," in report_art["data"]  # the figures, inlined (the UI shows them)
     for art in arts:
@@ -319,6 +370,73 @@ def test_readme_deployment_sequence_on_another_port(deployed):
             # Wide tables are transposed: the artifact panel clips columns, never rows.
             assert "| sampled_rows |" in art["data"], art["key"]
             assert max(line.count("|") for line in art["data"].splitlines()) <= 8, art["key"]
+
+    check_pipeline_run_and_its_rerun(deployed, client, exp, pipeline)
+
+
+def check_pipeline_run_and_its_rerun(deployed: dict, client, exp, parent) -> None:
+    """The fresh pipeline run (SMALL, through the deployment): tracked, reported and registered; the rerun with
+    the same overrides reuses every stage, launches nothing and is a repeat of it.
+
+    A part of test_readme_deployment_sequence_on_another_port rather than a test of its own: a third test on
+    `deployed` could be stolen by the other xdist worker, which would then build the whole fixture again.
+    """
+    work, first_log, rerun_log = deployed["work"], deployed["first_log"], deployed["rerun_log"]
+    for k, name in enumerate(("data", "pretrain", "sft", "grpo", "evaluate"), start=1):
+        assert f"stage {k}/5 {name}" in first_log, first_log[-3000:]
+    assert "launching:" in first_log  # this run trained: the seed holds no model
+
+    # The first run's report: what the run was and what each stage took.
+    folder = work / "reports" / parent.info.run_id
+    report = (folder / "report.md").read_text()
+    assert "held-out arithmetic accuracy SFT → GRPO" in report and "## Calibration" in report
+    for row in ("| preset | tiny |", "| overrides (--set) | pretrain.steps=6 ", "| git commit | ", "| machine | ",
+                "| precision, pretrain | fp32 (", "| packages | python ", "| stage | wall time | this run |",
+                "| pretrain | ", "| evaluate | "):
+        assert row in report, (row, report[:2500])
+    assert "pretrain.steps" in report.split("| differs from the preset |")[1].split("\n")[0]
+    for png in ("pretrain_loss.png", "sft_loss.png", "calibration_comparison.png"):
+        assert (folder / png).stat().st_size > 1000
+
+    runs = client.search_runs([exp.experiment_id])
+    stage_of = {r.info.run_id: r.data.tags.get("llmforge.stage") for r in runs}  # names also list the overrides
+    assert parent.info.run_name.startswith("pipeline pretrain.steps=6")
+    pre = next(r for r in runs if stage_of[r.info.run_id] == "pretrain")
+    assert "unigram_ppl" in pre.data.metrics and client.get_metric_history(pre.info.run_id, "loss")
+    versions = client.search_model_versions("name='llmforge-tiny'")
+    assert len(versions) == 1  # after the rerun too: the same weights are not registered twice
+    assert versions[0].tags["pipeline_run_id"] == parent.info.run_id and len(versions[0].tags["manifest_sha256"]) == 64
+    assert versions[0].tags["llmforge.preset"] == "tiny" and versions[0].tags["llmforge.precision.grpo"].startswith("fp32")
+    assert "champion: the first version" in versions[0].description and "preset `tiny`" in versions[0].description
+    # The parent run: what it was (params, tags, description), every stage's headline metrics, only config as params.
+    top = client.get_run(parent.info.run_id).data
+    assert top.params["run.preset"] == "tiny" and top.params["run.overrides"].startswith("pretrain.steps=6")
+    assert top.tags["llmforge.git_commit"] and top.tags["llmforge.machine"] and "torch" in top.tags["llmforge.versions"]
+    assert top.tags["mlflow.note.content"].startswith("preset `tiny`, changed: ")
+    assert {"data/kept", "pretrain/val_ppl", "grpo/heldout_accuracy", "pipeline/wall_minutes",
+            "pretrain/wall_minutes", "evaluate/grpo.token.ece"} <= set(top.metrics), sorted(top.metrics)
+    assert not {"do_sample", "max_new_tokens", "return_full_text"} & set(top.params)
+    data_run = next(r for r in runs if stage_of[r.info.run_id] == "data"
+                    and r.data.tags.get("mlflow.parentRunId") == parent.info.run_id)
+    assert "data.near.threshold" in data_run.data.params and "near.threshold" not in data_run.data.params
+    assert "mix.total" in data_run.data.tags["mlflow.note.content"]  # what this stage's config changed
+
+    # The rerun: every stage's inputs and config are unchanged, so no training runs again.
+    rerun = deployed["rerun"]
+    assert rerun is not None and rerun["state_type"] == "COMPLETED", (rerun and rerun["state"], rerun_log[-3000:])
+    for name in ("train-tokenizer", "tokenize-shards", "pretrain", "sft", "grpo", "evaluate"):
+        assert any(f"stage {name}: reused" in line for line in rerun_log.splitlines()), (name, rerun_log[-3000:])
+    assert "launching:" not in rerun_log  # no DeepSpeed launch on the rerun
+    # It is a repeat of the first pipeline run and says so, with every stage output reused.
+    pipelines = [r for r in runs if stage_of[r.info.run_id] == "pipeline"]
+    assert len(pipelines) == 2
+    repeat = next(r for r in pipelines if r.info.run_id != parent.info.run_id)
+    assert repeat.data.tags["llmforge.repeat_of"] == parent.info.run_id
+    # The report says the stages were reused, with their own wall times.
+    again = (work / "reports" / "latest" / "report.md").read_text()
+    assert "reused 5 of 5 stages (data, pretrain, sft, grpo, evaluate) from earlier runs" in again, again[:3000]
+    assert repeat.data.metrics["pipeline/stages_reused"] == 5
+    assert repeat.data.metrics["pretrain/wall_minutes"] == top.metrics["pretrain/wall_minutes"]
 
 
 def _chromium() -> str | None:
@@ -334,14 +452,14 @@ def screenshot(url: str, out: Path, height: int = 1400) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_prefect_ui_shows_the_deployed_runs_and_report(deployed):
-    if _chromium() is None:
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    # A marker, not pytest.skip() in the body: the `deployed` fixture (10 minutes) is not set up for a skip.
     api, port = deployed["api"], deployed["port"]
     shots = Path(os.environ.get("LLMFORGE_SCREENSHOTS") or deployed["tmp"] / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
     pipe_dep = httpx.get(f"{api}/deployments/name/pipeline/pipeline-tiny", timeout=10).json()
-    (run_,) = flow_runs(api, pipe_dep["id"])
+    run_ = flow_runs(api, pipe_dep["id"])[0]  # the fresh run (the second reused its stages)
     arts = httpx.post(f"{api}/artifacts/filter", json={}, timeout=10).json()
     report = next(a for a in arts if a["key"] == "pipeline-report")
     funnel = max((a for a in arts if a["key"] == "data-funnel"), key=lambda a: a["created"])

@@ -1,8 +1,12 @@
 """`llmforge run` stops when told: Ctrl-C in its terminal, then a cancel from Prefect, during real pretraining.
 
-After each stop: the CLI has exited, no process of the run is left, no new /dev/shm file, no MLflow
-run is RUNNING and the Prefect flow runs are Crashed or Cancelled. The second run reuses the
-first one's data stages, so both stops cost one data flow.
+After each stop: the CLI has exited, no process of the run is left, no new /dev/shm file, nothing left in
+the run's private TMPDIR, no MLflow run is RUNNING and the Prefect flow runs are Crashed or Cancelled.
+The Ctrl-C saves a checkpoint of the step it stopped at (far from the next scheduled one, step 100),
+and the second run, the same command, resumes pretraining from that step.
+
+The workspace starts with the session seed's data, tokenizer and token stages (tests/integration/seeds.py),
+run with the same overrides: both runs reuse them and go straight to pretraining.
 """
 from __future__ import annotations
 
@@ -19,16 +23,20 @@ import httpx
 import psutil
 import pytest
 
+from tasks.training.checkpoint import latest_checkpoint_step
 from tests.conftest import CLI, ROOT
+from tests.integration import seeds
 from tests.integration.test_reliability_signals import new_shm_files
 
 pytestmark = pytest.mark.slow
 STOP_WITHIN_S = 30.0
+RUN = ["run"] + [a for kv in seeds.SEED_OVERRIDES for a in ("--set", kv)]  # the tiny preset on the seed's stages
+small_stage_seed = seeds.small_stage_seed
 
 
 def _start_until_pretraining(env: dict[str, str]) -> tuple[subprocess.Popen, str, list[str]]:
     """`llmforge run` in a session of its own (as from a terminal), returned once a pretraining rank trains."""
-    proc = subprocess.Popen(CLI + ["run"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(CLI + RUN, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     assert proc.stdout is not None
     lines: list[str] = []
@@ -75,7 +83,7 @@ def _mlflow_statuses(ws: Path) -> dict[str, str]:
         db.close()
 
 
-def _check_stopped(proc, tree, lines, shm_before, ws, expected_rc):
+def _check_stopped(proc, tree, lines, shm_before, ws, expected_rc, tmpdir: Path):
     t0 = time.monotonic()
     try:
         proc.wait(timeout=STOP_WITHIN_S)
@@ -86,35 +94,55 @@ def _check_stopped(proc, tree, lines, shm_before, ws, expected_rc):
     assert proc.returncode in expected_rc, out[-5000:]
     assert _left(tree, max(1.0, STOP_WITHIN_S - (time.monotonic() - t0))) == []
     assert new_shm_files(shm_before) == set()
+    assert sorted(os.listdir(tmpdir)) == []  # whatever the run left in its TMPDIR outlived it
     statuses = _mlflow_statuses(ws)
     assert "RUNNING" not in statuses.values(), statuses
     return out, statuses
 
 
-def test_ctrl_c_then_prefect_cancel_during_pretraining(prefect_env, prefect_api):
-    ws = Path(prefect_env["LLMFORGE_HOME"])
-    env = {**prefect_env, "DS_ACCELERATOR": "cpu"}
+def _checkpoint_folder(ws: Path) -> Path:
+    """The checkpoints of the run's one pretraining (its folder is named by its key: the same for both runs)."""
+    (folder,) = ws.glob("checkpoints/pretrain/*/checkpoints")
+    return folder
+
+
+@pytest.mark.timeout(1800)  # with the seed's build, when this test is the first to need it
+def test_ctrl_c_then_prefect_cancel_during_pretraining(prefect_env, prefect_api, small_stage_seed, tmp_path):
+    ws = seeds.seed_workspace(small_stage_seed, Path(prefect_env["LLMFORGE_HOME"]))
+    tmpdir = tmp_path / "tmp"  # the run's private temp folder: it must end empty
+    tmpdir.mkdir()
+    env = {**prefect_env, "DS_ACCELERATOR": "cpu", "TMPDIR": str(tmpdir)}
     shm_before = set(os.listdir("/dev/shm"))
 
     # 1. Ctrl-C in the terminal: SIGINT to the whole foreground process group.
     proc, flow_run, lines = _start_until_pretraining(env)
+    assert any("stage tokenize-shards: reused" in line for line in lines), "".join(lines[-60:])  # the seed's
     tree = _tree(proc)
     assert any("tasks.training.loop" in " ".join(p.cmdline()) for p in tree)
     os.killpg(proc.pid, signal.SIGINT)
-    out, statuses = _check_stopped(proc, tree, lines, shm_before, ws, expected_rc={130})
-    assert "stopped by SIGINT" in out
+    out, statuses = _check_stopped(proc, tree, lines, shm_before, ws, expected_rc={130}, tmpdir=tmpdir)
+    assert "stopped by SIGINT" in out and "stopping the run" in out
     assert _flow_states(prefect_api, flow_run) == "Crashed"
     assert {s for k, s in statuses.items() if k.startswith(("pipeline", "pretrain"))} == {"KILLED"}
+    # The stop saved the step it stopped at, not a scheduled one (every 100 steps; the first log line is step 10).
+    checkpoints = _checkpoint_folder(ws)
+    saved = latest_checkpoint_step(checkpoints)
+    assert saved is not None and 10 <= saved < 100, out[-5000:]
+    assert f"after step {saved} " in out and f"continues from step {saved}" in out, out[-5000:]
+    assert not (checkpoints.parent / "result.json").exists()  # a stopped stage is not a finished one
 
-    # 2. The same command again (data stages cached), cancelled from Prefect during pretraining.
+    # 2. The same command again (every stage before pretraining reused), cancelled from Prefect during pretraining.
     proc, flow_run, lines = _start_until_pretraining(env)
+    # The same pretraining key and folder: the rank resumed from the stopped step's checkpoint.
+    assert any(f"resuming from step {saved} " in line for line in lines), "".join(lines[-60:])
+    assert _checkpoint_folder(ws) == checkpoints
     tree = _tree(proc)
     run_id = httpx.post(f"{prefect_api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [flow_run]}}},
                         timeout=10).json()[0]["id"]
-    cancel = subprocess.run([str(Path(CLI[0]).parent / "prefect"), "flow-run", "cancel", run_id], env=env,
-                            capture_output=True, text=True, timeout=60)
+    cancel = subprocess.run([str(Path(CLI[0]).parent / "prefect"), "flow-run", "cancel", run_id], env=prefect_env,
+                            capture_output=True, text=True, timeout=60)  # not the run's TMPDIR: not the run's process
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
-    out, statuses = _check_stopped(proc, tree, lines, shm_before, ws, expected_rc={143})
+    out, statuses = _check_stopped(proc, tree, lines, shm_before, ws, expected_rc={143}, tmpdir=tmpdir)
     assert "was cancelled in Prefect" in out
     assert _flow_states(prefect_api, flow_run) in ("Cancelled", "Crashed")
     assert "RUNNING" not in statuses.values()

@@ -8,19 +8,23 @@ import json
 import pytest
 
 from tests.conftest import run_cli
+from tests.integration import seeds
 
 # One budget, depths 1 and 2 of a 32-wide family on a 1,024-token vocabulary: 6 and 2 optimizer steps.
 TWO_POINTS = ["tokenizer.vocab_size=1024", "data.mix.total=400000", "scale.budgets=[4e9]", "scale.depths=[1,2]",
               "scale.sizes_per_budget=2", "pretrain.log.every=1"]
+small_stage_seed = seeds.small_stage_seed  # its data, tokenizer and tokens: the same keys as TWO_POINTS'
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # measured 22 minutes on the 2-core machine at load 15-25 (idle: a few, estimated)
-def test_two_point_sweep_tracked_and_cached(tmp_path, prefect_env):
-    work = tmp_path / "work"
+def test_two_point_sweep_tracked_and_cached(tmp_path, prefect_env, small_stage_seed):
+    work = seeds.seed_workspace(small_stage_seed, tmp_path / "work")
     args = ["scale", "--preset", "tiny", "--workdir", str(work)] + [a for kv in TWO_POINTS for a in ("--set", kv)]
     first = run_cli(args, prefect_env, timeout=1800)
     log = first.stdout + first.stderr
+    for name in ("write-shards", "train-tokenizer", "tokenize-shards"):  # the seed's stages, reused
+        assert f"stage {name}: reused" in log, (name, log[-3000:])
     assert "point 1/2 at C=4e+09: depth 1" in log and "point 2/2 at C=4e+09: depth 2" in log
     assert "no fit: sizes per budget {'4e+09': 2}" in log
 
@@ -55,3 +59,4 @@ def test_two_point_sweep_tracked_and_cached(tmp_path, prefect_env):
     log = second.stdout + second.stderr
     assert sum("stage pretrain: reused" in line for line in log.splitlines()) == 2, log[-3000:]
     assert "launching:" not in log
+    assert "report: " in log and "MLflow run: " in log  # the CLI ends saying where to look
