@@ -224,6 +224,9 @@ def _build_zero2(root: Path) -> None:
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("TMPDIR", str(private_tmp))
+            # torch's per-user compile cache (torchinductor_<user>, made empty when a rank imports the inductor)
+            # lives in the temp folder by default: a cache every run shares, not something a run leaves.
+            mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor-cache"))
             _launch(Pretrain(zero2_config()), root, "pretrain", **_zero2_inputs(root))
     finally:
         new = new_shm_files(before)

@@ -60,7 +60,9 @@ def test_a_stopped_pretraining_saves_its_step_and_the_rerun_continues_there(tmp_
     inputs = {"tokens": str(tokens), "tokenizer": str(tokenizer)}
     # A private temp folder for the driver and everything it starts: whatever is left in it outlived the run.
     (tmp_path / "tmp").mkdir()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu", "TMPDIR": str(tmp_path / "tmp")}
+    # (torch's per-user compile cache, torchinductor_<user>, lives there by default: a cache every run shares.)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu", "TMPDIR": str(tmp_path / "tmp"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache")}
     shm_before = _shm_files()
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, cfg.model_dump_json(), str(out), str(ws), json.dumps(inputs)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
