@@ -18,6 +18,7 @@ from infra.deepspeed_launch import (
     resolve_precision,
 )
 from tests.conftest import launch_into, tiny_pretrain_config
+from tests.integration.references import zero2_two_rank  # noqa: F401 - the shared 2-rank ZeRO-2 run
 
 
 @pytest.mark.parametrize("zero", ZERO_STAGES)
@@ -95,28 +96,25 @@ def test_launch_streams_output_and_reports_failure(tmp_path):
     assert not any("] [INFO] [" in line for line in lines)
     assert [line for line in logged if "] [INFO] [" not in line] == lines[1:]  # lines[0] names the file
     with pytest.raises(RuntimeError, match=r"(?s)json\.tool.*exit code.*last \d+ lines.*x\.json"):
-        launch("json.tool", ["/nonexistent/x.json"], num_procs=2, log=lambda line: None)
+        launch("json.tool", ["/nonexistent/x.json"], num_procs=1, log=lambda line: None)
 
 
 # ----------------------------------------------------------------------------- 2-rank pretraining
 
 
 @pytest.mark.slow
-def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, pretrain_inputs):
+def test_two_rank_zero2_pretraining_through_the_launcher(zero2_two_rank):  # noqa: F811
+    """The shared 2-rank ZeRO-2 run (tests/integration/references.py; test_multinode compares with it)."""
     import mlflow
 
     from infra.paths import Workspace
     from infra.tracking import tracking_uri
     from models.export import load_model
-    from tasks.training.pretrain.stage import Pretrain
 
     vocab = 120
-    tokenizer, tokens = pretrain_inputs
-    cfg = tiny_pretrain_config(warmup_steps=1, lr=3e-3, ckpt_every=3, log_every=2, eval_batches=2, zero="zero2",
-                               num_procs=2, peak_flops=1e11)
-    out = tmp_path / "pretrain"
-    lines: list[str] = []
-    result = launch_into(Pretrain(cfg), out, tmp_path / "ws", lines.append, tokens=tokens, tokenizer=tokenizer)
+    ref = zero2_two_rank
+    assert ref.cfg.checkpoint.every == 3 and ref.cfg.log.every == 1
+    result, out, lines = ref.result, ref.out, ref.lines
 
     assert result.world_size == 2 and result.steps == 6
     assert result.tokens_seen == 6 * 4 * 16 * 2
@@ -138,9 +136,9 @@ def test_two_rank_zero2_pretraining_through_the_launcher(tmp_path, pretrain_inpu
     assert any("step 6/6" in line for line in lines)  # rank 0's progress streamed back
     # Rank 0 logged to MLflow.
     # A client of its own: mlflow.set_tracking_uri would export the URI to os.environ for every later test.
-    history = mlflow.tracking.MlflowClient(tracking_uri(Workspace(tmp_path / "ws"))).get_metric_history(
+    history = mlflow.tracking.MlflowClient(tracking_uri(Workspace(ref.ws))).get_metric_history(
         result.mlflow_run_id, "loss")
-    assert [m.step for m in history] == [2, 4, 6]
+    assert [m.step for m in history] == [1, 2, 3, 4, 5, 6]
 
 
 def test_pretrain_rejects_bad_settings_before_launching(tmp_path, pretrain_inputs):

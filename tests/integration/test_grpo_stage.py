@@ -1,4 +1,5 @@
-"""GRPO stage: a tiny run through the real DeepSpeed launcher (one CPU rank) and a real MLflow store."""
+"""GRPO stage: a tiny run through the real DeepSpeed launcher (one CPU rank) and a real MLflow store
+(tests/integration/references.py's `grpo_reference`, shared with the GRPO kill test)."""
 from __future__ import annotations
 
 import json
@@ -14,9 +15,8 @@ from models.export import load_model, save_model  # noqa: E402
 from models.llama import ModelConfig, Transformer  # noqa: E402
 from tasks.eval.arithmetic import make_problems  # noqa: E402
 from tasks.training.grpo.stage import Grpo  # noqa: E402
-from tasks.training.sft.stage import chat_batches, encode_examples, sft_loss  # noqa: E402
-from tasks.training.sft.data import SftExample  # noqa: E402
-from tests.conftest import grpo_config, launch_into, saved_tokenizer, small_alphabet_bpe, tiny_llama  # noqa: E402
+from tests.conftest import grpo_config, launch_into, saved_tokenizer, small_alphabet_bpe  # noqa: E402
+from tests.integration.references import grpo_reference  # noqa: E402,F401 - the shared GRPO run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -24,20 +24,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
     return small_alphabet_bpe(64)
-
-
-def quick_sft(model: Transformer, tok: Tokenizer, steps: int = 60) -> Transformer:
-    """A few plain-torch SFT steps so the model answers in the <answer> format (rewards then vary)."""
-    examples = [SftExample(source="a", messages=p.messages()) for p in make_problems(50, 0, 9, "+", split="sft")]
-    encs, _, _ = encode_examples(tok, examples, seq_len=64)
-    batches = chat_batches(encs, batch_size=16, pad_id=0, seq_len=64, seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for i in range(steps):
-        loss = sft_loss(model, batches(i, 0, 1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model
 
 
 def test_stage_config_checks(tmp_path, tok):
@@ -55,17 +41,16 @@ def test_stage_config_checks(tmp_path, tok):
 
 
 @pytest.mark.slow
-def test_grpo_stage_through_the_launcher(tmp_path, tok):
-    tok_path = saved_tokenizer(tok, tmp_path)
-    sft = tiny_llama(tok.get_vocab_size())
-    sft_dir = save_model(quick_sft(sft, tok), tmp_path / "sft")
-    cfg = grpo_config(group_size=4, prompts_per_step=2, max_new_tokens=12, steps=3, lr=1e-3, eval_prompts=6,
-                          n_train_problems=10, max_operand=9, ops="+", samples_every=1, torch_threads=1)
-    out = tmp_path / "grpo"
-    result = launch_into(Grpo(cfg), out, tmp_path / "ws", sft=sft_dir, tokenizer=tok_path)
+def test_grpo_stage_through_the_launcher(grpo_reference):  # noqa: F811
+    """The shared GRPO run (tests/integration/references.py): 6 steps from a quick SFT model, samples every step."""
+    ref = grpo_reference
+    result, out, sft_dir, tok = ref.result, ref.out, ref.inputs["sft"], Tokenizer.from_file(str(ref.inputs["tokenizer"]))
+    sft = load_model(sft_dir)
+    steps = ref.cfg.steps
+    assert steps == 6 and ref.cfg.samples_every == 1
 
     saved = json.loads((out / "result.json").read_text())
-    assert saved["steps"] == 3 and saved["n_train_problems"] == 10
+    assert saved["steps"] == steps and saved["n_train_problems"] == 10
     for side in ("before", "after"):
         score = saved[side]
         assert score["n"] == 6 and 0 <= score["n_correct"] <= 6
@@ -83,7 +68,7 @@ def test_grpo_stage_through_the_launcher(tmp_path, tok):
                                  temperature=0.0)
         assert saved[side]["distinct_answers"] == len({parse_answer(r.text) for r in greedy} - {None})
     samples = (out / "samples.txt").read_text()
-    assert samples.count("[prompt] What is") == 3 * 2  # samples_per_step=2 at each of 3 steps
+    assert samples.count("[prompt] What is") == steps * 2  # samples_per_step=2 at each step
     policy = load_model(result.model_dir)
     assert not torch.equal(policy.embed.weight, sft.embed.weight)  # trained
     assert (result.hf_dir / "tokenizer.json").is_file()
@@ -93,7 +78,7 @@ def test_grpo_stage_through_the_launcher(tmp_path, tok):
     from infra.paths import Workspace
     from infra.tracking import tracking_uri
 
-    client = mlflow.MlflowClient(tracking_uri(Workspace.locate(tmp_path / "ws")))
+    client = mlflow.MlflowClient(tracking_uri(Workspace.locate(ref.ws)))
     run = client.get_run(result.mlflow_run_id)
     for key in ("reward_mean", "reward_std", "accuracy", "kl", "clip_fraction", "completion_len", "entropy",
                 "heldout_accuracy_before", "heldout_accuracy_after", "heldout_distinct_answers_after"):
@@ -101,7 +86,7 @@ def test_grpo_stage_through_the_launcher(tmp_path, tok):
     assert run.data.metrics["heldout_correct_before"] == saved["before"]["n_correct"]
     assert run.data.metrics["heldout_correct_after"] == saved["after"]["n_correct"]
     assert run.data.metrics["heldout_problems"] == saved["after"]["n"]
-    assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == 3
+    assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == steps
     assert len(client.get_metric_history(run.info.run_id, "heldout_accuracy")) == 2  # before and after
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"samples.txt", "result.json"} <= artifacts

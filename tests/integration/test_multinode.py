@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from infra.deepspeed_launch import free_port
-from tests.conftest import stop_process, tiny_pretrain_config
+from tests.conftest import stop_process
+from tests.integration.references import zero2_config, zero2_two_rank  # noqa: F401 - the one-node run
 
 pytestmark = pytest.mark.slow
 
@@ -100,31 +101,29 @@ def _loss_curve(ws: Path, run_id: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")]
 
 
-def test_two_node_zero2_pretraining_matches_one_node(tmp_path, pretrain_inputs, loopback_nodes, monkeypatch):
+def test_two_node_zero2_pretraining_matches_one_node(tmp_path, zero2_two_rank, loopback_nodes, monkeypatch):  # noqa: F811
+    """The two-node run against the shared one-node run (tests/integration/references.py): the same config, apart
+    from where the two ranks run, on the same input files."""
     from tasks.training.pretrain.stage import Pretrain
     from tests.conftest import launch_into
 
-    tokenizer, tokens = pretrain_inputs
-    inputs = {"tokens": tokens, "tokenizer": tokenizer}
-    common = dict(warmup_steps=1, lr=3e-3, log_every=1, eval_batches=2, zero="zero2", peak_flops=1e11)
-
-    one_node = launch_into(Pretrain(tiny_pretrain_config(num_procs=2, **common)), tmp_path / "one-node",
-                           tmp_path / "ws-one", **inputs)
+    one_node = zero2_two_rank.result
 
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node1 slots=1\nnode2 slots=1\n")
     monkeypatch.setenv("PDSH_SSH_ARGS_APPEND", f"-F {loopback_nodes}")
     lines: list[str] = []
-    cfg = tiny_pretrain_config(num_procs=1, hostfile=hostfile, launcher_args=["--master_addr", "127.0.0.1", "--no_ssh_check"],
-                               **common)
-    two_nodes = launch_into(Pretrain(cfg), tmp_path / "two-nodes", tmp_path / "ws-two", lines.append, **inputs)
+    cfg = zero2_config(num_procs=1, hostfile=hostfile, launcher_args=["--master_addr", "127.0.0.1", "--no_ssh_check"])
+    assert cfg.model_copy(update={"launch": zero2_two_rank.cfg.launch}) == zero2_two_rank.cfg
+    two_nodes = launch_into(Pretrain(cfg), tmp_path / "two-nodes", tmp_path / "ws-two", lines.append,
+                            **zero2_two_rank.inputs)
 
     assert two_nodes.world_size == 2 == one_node.world_size
     assert any(line.startswith("node1: ") for line in lines)  # the ranks ran through pdsh, one node each
     assert any(line.startswith("node2: ") for line in lines)
     launched = next(line for line in lines if line.startswith("launching: "))
     assert "--hostfile" in launched and "--master_addr 127.0.0.1" in launched
-    one, two = _loss_curve(tmp_path / "ws-one", one_node.mlflow_run_id), _loss_curve(tmp_path / "ws-two", two_nodes.mlflow_run_id)
+    one, two = _loss_curve(zero2_two_rank.ws, one_node.mlflow_run_id), _loss_curve(tmp_path / "ws-two", two_nodes.mlflow_run_id)
     assert [s for s, _ in two] == [s for s, _ in one] == list(range(1, 7))
     assert [v for _, v in two] == pytest.approx([v for _, v in one], rel=1e-4)
     assert two_nodes.val_loss == pytest.approx(one_node.val_loss, rel=1e-4)

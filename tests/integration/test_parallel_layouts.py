@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT
+from tests.shared import shared_once
 
 STEPS = 4
 
@@ -47,24 +48,38 @@ def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return load_model(model_dir).state_dict()
 
 
-@pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
-    """The inputs, and one process's result and per-step losses on them (what both layouts are checked against)."""
-    work = tmp_path_factory.mktemp("parallel")
+def _build_one_process(work: Path) -> None:
+    """The inputs, and one process's run on them with its per-step losses (losses.json)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         mp.setenv("PYTHONPATH", str(ROOT))  # the ranks import this checkout
         inputs = _bench().write_inputs(work)
-        single, losses = _run("single", work, inputs)
+        _, losses = _run("single", work, inputs)
+    (work / "inputs.json").write_text(json.dumps([str(p) for p in inputs]))
+    (work / "losses.json").write_text(json.dumps(losses))
+
+
+@pytest.fixture(scope="session")
+def one_process(tmp_path_factory):
+    """The inputs, and one process's result and per-step losses on them (what both layouts are checked against):
+    run once per test run, whichever worker gets tp2 or pp2 first (tests/shared.py)."""
+    from infra.stages import read_result
+    from tasks.training.pretrain.stage import Pretrain
+
+    work = shared_once(tmp_path_factory, "parallel-one-process", _build_one_process)
+    inputs = tuple(Path(p) for p in json.loads((work / "inputs.json").read_text()))
+    losses = json.loads((work / "losses.json").read_text())
+    single = read_result(Pretrain(_bench().layout_config("single", STEPS)), work / "single")
     assert len(losses) == STEPS
-    return work, inputs, single, losses
+    return inputs, single, losses
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # three launches of DeepSpeed, each a minute or more on a busy 2-core machine
 @pytest.mark.parametrize("name", ["tp2", "pp2"])
-def test_layout_trains_like_one_process_resumes_exactly_and_exports(name, one_process, monkeypatch):
-    work, inputs, single, single_losses = one_process
+def test_layout_trains_like_one_process_resumes_exactly_and_exports(name, one_process, tmp_path, monkeypatch):
+    inputs, single, single_losses = one_process
+    work = tmp_path  # this layout's runs and MLflow store; the inputs and one process's run are shared
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     result, losses = _run(name, work, inputs, every=2)

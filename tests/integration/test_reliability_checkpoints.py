@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -17,13 +18,22 @@ from tests.conftest import train_config_for as cfg_for
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture
-def trained(tmp_path):
-    """4 steps with a checkpoint every 2: folders step2 and step4, each with its sums."""
+@pytest.fixture(scope="module")
+def _trained_once(tmp_path_factory):
+    """4 steps with a checkpoint every 2, trained once for the module (the tests damage copies of it)."""
     cfg = cfg_for(max_steps=4, ckpt_every=2)
     batches = token_window_batches(random_tokens(), 16, cfg.batch.micro_batch_size, seed=3)
-    result = train(tiny_model(), cfg, batches, None, lm_loss, tmp_path / "ckpt", ListSink())
-    return tmp_path / "ckpt", batches, result
+    ckpt = tmp_path_factory.mktemp("trained") / "ckpt"
+    result = train(tiny_model(), cfg, batches, None, lm_loss, ckpt, ListSink())
+    return ckpt, batches, result
+
+
+@pytest.fixture
+def trained(_trained_once, tmp_path):
+    """Folders step2 and step4, each with its sums: this test's own copy of the module's training."""
+    template, batches, result = _trained_once
+    ckpt = shutil.copytree(template, tmp_path / "ckpt", symlinks=True)
+    return ckpt, batches, result
 
 
 def _resume(ckpt, batches, steps=6):

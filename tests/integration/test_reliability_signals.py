@@ -3,7 +3,8 @@
 Each test starts a driver process (the CLI's signal handlers around `infra.deepspeed_launch.launch`
 of two idle ranks, tests/integration/idle_rank.py) in a session of its own, as a terminal would
 start a command, signals it, and then counts what is left: processes of the tree and
-/dev/shm files.
+/dev/shm files. The clean launch is the shared 2-rank ZeRO-2 pretraining of
+tests/integration/references.py, counted the same way.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import psutil
 import pytest
 
 from infra.deepspeed_launch import SHM_DIR, free_port, shm_buffers
+from tests.integration.references import leak_checks, zero2_two_rank  # noqa: F401 - the clean 2-rank launch
 
 REPO = Path(__file__).resolve().parents[2]
 STOP_WITHIN_S = 30.0  # the issue's bound for a stop
@@ -116,43 +118,39 @@ def no_new_shm():
     assert not new, f"left in {SHM_DIR}: {sorted(new)}"
 
 
-def test_clean_launch_leaves_no_shm_buffer(tmp_path, no_new_shm):
-    proc, port, lines = _start_driver(tmp_path, ranks=2, wait_s=0.0)
-    out = "".join(lines) + proc.communicate(timeout=120)[0]
-    assert proc.returncode == 0, out
-    assert "rank 0/2 ready" in out and "rank 1/2 ready" in out
-    assert shm_buffers(port) == []
-    assert _no_temp_left(tmp_path) == []
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["ctrl-c to the process group", "SIGTERM to the driver"])
+def test_clean_launch_leaves_no_shm_buffer(zero2_two_rank):  # noqa: F811
+    """The shared 2-rank ZeRO-2 pretraining (tests/integration/references.py) ran with a private TMPDIR and
+    /dev/shm counted before and after: nothing of it stayed."""
+    checks = leak_checks(zero2_two_rank)
+    assert zero2_two_rank.result.world_size == 2  # both ranks mapped their all-reduce buffer
+    assert checks["new_shm_files"] == [], f"left in {SHM_DIR}: {checks['new_shm_files']}"
+    assert checks["shm_buffers_of_the_port"] == []
+    assert checks["left_in_tmpdir"] == []
+
+
+# SIGTERM to the driver, the case that was here too: test_reliability_stop_saves[sigterm] (2 ranks, the same
+# checks of the tree, /dev/shm and TMPDIR, around a real pretraining that saves on the stop).
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [
+    "ctrl-c to the process group",
+    "SIGKILL to the driver",  # no handler runs: the ranks' supervisor watch and the launcher's parent-death signal
+])
 def test_signal_stops_launcher_and_every_rank(tmp_path, no_new_shm, how):
     proc, port, lines = _start_driver(tmp_path, ranks=2, wait_s=600.0)
     tree = _tree(proc)
     assert len(tree) >= 5, f"driver, wrapper/launcher, launch.py and 2 ranks expected: {tree}"
-    if how.startswith("ctrl-c"):
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
-        expected = 130
+    if how == "SIGKILL to the driver":
+        proc.kill()
+        proc.wait()
+        assert _wait_gone(tree, 10.0) == []  # all gone 10 s later
     else:
-        proc.send_signal(signal.SIGTERM)
-        expected = 143
-    t0 = time.monotonic()
-    out = proc.communicate(timeout=STOP_WITHIN_S)[0]
-    assert proc.returncode == expected, out
-    assert "stopping the run" in out and f"driver: stopped by {'SIGINT' if expected == 130 else 'SIGTERM'}" in out
-    assert _wait_gone(tree, STOP_WITHIN_S - (time.monotonic() - t0)) == []
-    assert shm_buffers(port) == []
-    assert _no_temp_left(tmp_path) == []
-
-
-@pytest.mark.slow
-def test_sigkill_of_the_driver_leaves_no_rank_10s_later(tmp_path, no_new_shm):
-    proc, port, _ = _start_driver(tmp_path, ranks=2, wait_s=600.0)
-    tree = _tree(proc)
-    proc.kill()  # no handler runs: the ranks' supervisor watch and the launcher's parent-death signal must do it
-    proc.wait()
-    assert _wait_gone(tree, 10.0) == []
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
+        t0 = time.monotonic()
+        out = proc.communicate(timeout=STOP_WITHIN_S)[0]
+        assert proc.returncode == 130, out
+        assert "stopping the run" in out and "driver: stopped by SIGINT" in out
+        assert _wait_gone(tree, STOP_WITHIN_S - (time.monotonic() - t0)) == []
     assert shm_buffers(port) == []
     assert _no_temp_left(tmp_path) == []
 

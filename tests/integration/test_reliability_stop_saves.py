@@ -2,7 +2,9 @@
 stopped at (far from the next scheduled one) within the 30 s bound, and the rerun continues from that step.
 
 The driver is what the CLI is around a training stage: its stop handlers (infra/run_signals.py) and the
-stage launched through DeepSpeed's launcher into a folder, in a session of its own as a terminal starts it.
+stage launched through DeepSpeed's launcher (2 ranks) into a folder, in a session of its own as a terminal
+starts it. The stop also leaves nothing behind: no process of the run, no /dev/shm buffer, nothing in its
+private TMPDIR (the checks test_reliability_signals made for SIGTERM to a driver of idle ranks).
 """
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ import time
 
 import pytest
 
+from infra.deepspeed_launch import shm_buffers
 from tasks.training.checkpoint import latest_checkpoint_step
 from tasks.training.pretrain.stage import Pretrain
 from tests.conftest import ROOT, launch_into, tiny_pretrain_config
+from tests.integration.test_reliability_signals import _shm_files, _tree, _wait_gone, new_shm_files
 
 STOP_WITHIN_S = 30.0  # the issue's bound for a stop
 DRIVER = textwrap.dedent("""
@@ -42,15 +46,24 @@ DRIVER = textwrap.dedent("""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("how", [
+    "sigterm",  # `kill <pid>` to the driver alone (and what a Prefect cancel becomes)
+    "ctrl-c",  # SIGINT to the process group, as a terminal does: the driver, the launcher and the ranks
+])
 def test_a_stopped_pretraining_saves_its_step_and_the_rerun_continues_there(tmp_path, pretrain_inputs, how):
     tokenizer, tokens = pretrain_inputs
     # Scheduled checkpoints every 100 steps: without the stop's own, the rerun would start again at step 0.
+    # Two ranks: the stop must reach every rank, and they must agree on the step they save.
     cfg = tiny_pretrain_config(max_steps=200, ckpt_every=100, log_every=2, eval_every=1000, warmup_steps=2,
-                               zero="zero0", num_procs=1, peak_flops=1e11, export_hf=False)
+                               zero="zero0", num_procs=2, peak_flops=1e11, export_hf=False)
     out, ws = tmp_path / "stopped", tmp_path / "ws"
     inputs = {"tokens": str(tokens), "tokenizer": str(tokenizer)}
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
+    # A private temp folder for the driver and everything it starts: whatever is left in it outlived the run.
+    (tmp_path / "tmp").mkdir()
+    # (torch's per-user compile cache, torchinductor_<user>, lives there by default: a cache every run shares.)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu", "TMPDIR": str(tmp_path / "tmp"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache")}
+    shm_before = _shm_files()
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, cfg.model_dump_json(), str(out), str(ws), json.dumps(inputs)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -62,9 +75,11 @@ def test_a_stopped_pretraining_saves_its_step_and_the_rerun_continues_there(tmp_
             break
     else:
         pytest.fail("the stage ended before training:\n" + "\n".join(lines[-40:]))
+    tree = _tree(proc)
+    assert len(tree) >= 5, f"driver, wrapper/launcher, launch.py and 2 ranks expected: {tree}"
     stopped_at = time.monotonic()
     if how == "ctrl-c":
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the driver, the launcher and the rank
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the driver, the launcher and the ranks
     else:
         proc.send_signal(signal.SIGTERM)  # `kill <pid>` (and what a Prefect cancel becomes)
     rest, _ = proc.communicate(timeout=STOP_WITHIN_S + 30)
@@ -74,7 +89,16 @@ def test_a_stopped_pretraining_saves_its_step_and_the_rerun_continues_there(tmp_
     # stretches the step and the save alike (the checkpoint assertions below hold either way).
     overload = max(1.0, min(4.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
     assert took < STOP_WITHIN_S * overload, f"the stop took {took:.1f} s (load x{overload:.1f}):\n{said[-3000:]}"
+    signame = "SIGINT" if how == "ctrl-c" else "SIGTERM"
     assert proc.returncode == (130 if how == "ctrl-c" else 143), said[-3000:]
+    assert "stopping the run" in said and f"driver: stopped by {signame}" in said
+    # Nothing of the run is left: its processes, its /dev/shm buffers, its temp files.
+    assert _wait_gone(tree, STOP_WITHIN_S * overload - (time.monotonic() - stopped_at)) == []
+    port = int(re.search(r"--master_port (\d+)", next(x for x in lines if x.startswith("launching: "))).group(1))
+    assert shm_buffers(port) == []
+    new_shm = new_shm_files(shm_before)
+    assert not new_shm, f"left in /dev/shm: {sorted(new_shm)}"
+    assert sorted(os.listdir(tmp_path / "tmp")) == []
 
     saved = latest_checkpoint_step(out / "checkpoints")
     assert saved is not None and 4 <= saved < 100, said[-3000:]  # the step it stopped at, not a scheduled one
@@ -84,5 +108,5 @@ def test_a_stopped_pretraining_saves_its_step_and_the_rerun_continues_there(tmp_
     resumed: list[str] = []
     result = launch_into(Pretrain(cfg), out, ws, resumed.append, tokens=tokens, tokenizer=tokenizer)
     assert any(f"resuming from step {saved} " in line for line in resumed), resumed[-20:]
-    assert result.steps == cfg.steps
+    assert result.steps == cfg.steps and result.world_size == 2
     print(f"{how}: stopped at step {saved} in {took:.1f} s (load x{overload:.1f}); the rerun resumed there")

@@ -1,10 +1,11 @@
 """SIGKILL a training stage (its driver, DeepSpeed's launcher and the ranks) after a checkpoint; the rerun
 resumes to the same result as an uninterrupted run.
 
-The machinery is shared with test_reliability_post_training_kill.py: `straight_and_killed` runs the
-uninterrupted stage (in a thread of this process) while a driver subprocess, in a session of
-its own, runs the same stage into another folder and is SIGKILLed, its whole process group at
-once, as soon as 'latest' names the first checkpoint.
+The machinery is shared with test_reliability_post_training_kill.py: `run_killed` runs the stage in a
+driver subprocess, in a session of its own, and SIGKILLs its whole process group at once as soon as
+'latest' names the first checkpoint; `resumed_like` resumes it and compares with an uninterrupted run.
+Here `straight_and_killed` runs that uninterrupted run in a thread of this process alongside the killed
+one; the SFT and GRPO kill tests compare with the shared reference runs (tests/integration/references.py).
 """
 from __future__ import annotations
 
@@ -119,13 +120,20 @@ def killed_and_resumed(stage_cls: Any, cfg: Any, inputs: dict[str, Any], tmp_pat
     """`straight_and_killed`, then the killed run resumed: (uninterrupted, resumed, resumed-from step), checking
     that the resume said so and ended at the same step, train loss and validation loss."""
     straight, killed_at, out = straight_and_killed(stage_cls, cfg, inputs, tmp_path)
+    return straight, resumed_like(stage_cls, cfg, inputs, out, tmp_path / "ws", killed_at, straight), killed_at
+
+
+def resumed_like(stage_cls: Any, cfg: Any, inputs: dict[str, Any], out: Path, ws: Path, killed_at: int,
+                 straight: Any) -> Any:
+    """The run killed into `out` resumed there; checks that the resume said so and ended at `straight`'s (the
+    uninterrupted run's) step, train loss and validation loss."""
     said: list[str] = []
-    resumed = launch_into(stage_cls(cfg), out, tmp_path / "ws", said.append, **inputs)
+    resumed = launch_into(stage_cls(cfg), out, ws, said.append, **inputs)
     assert any(f"resuming from step {killed_at} " in line for line in said)
     assert resumed.steps == straight.steps == cfg.steps
     assert abs(resumed.final_train_loss - straight.final_train_loss) < 1e-5
     assert abs(resumed.val_loss - straight.val_loss) < 1e-5
-    return straight, resumed, killed_at
+    return resumed
 
 
 @pytest.mark.slow

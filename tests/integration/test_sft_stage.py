@@ -1,7 +1,8 @@
 """SFT stage: the masked chat batches, and a tiny end-to-end run through the real DeepSpeed launcher.
 
-A tiny byte-level BPE tokenizer and a tiny Transformer are made and saved here; the run
-uses real DeepSpeed (one CPU rank) and a real MLflow SQLite store in the workspace.
+The end-to-end run is tests/integration/references.py's `sft_reference` (a tiny byte-level BPE tokenizer and
+a tiny Transformer, real DeepSpeed on one CPU rank, a real MLflow SQLite store in its workspace), shared
+with the SFT kill test.
 """
 from __future__ import annotations
 
@@ -15,20 +16,20 @@ from tokenizers import Tokenizer
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from models.chat_template import encode_chat  # noqa: E402
-from models.export import load_model, save_model  # noqa: E402
+from models.export import load_model  # noqa: E402
 from models.llama import ModelConfig, Transformer  # noqa: E402
 from models.losses import IGNORE_INDEX  # noqa: E402
 from tasks.eval.arithmetic import make_problems  # noqa: E402
 from tasks.training.config import SftDataConfig  # noqa: E402
 from tasks.training.sft.stage import (  # noqa: E402
-    Sft,
     chat_batches,
     encode_examples,
     sft_loss,
     sft_sources,
 )
 from tasks.training.sft.data import ArithmeticSftOptions, SftExample  # noqa: E402
-from tests.conftest import launch_into, saved_tokenizer, sft_config, small_alphabet_bpe, tiny_llama, write_token_shards  # noqa: E402
+from tests.conftest import sft_config, small_alphabet_bpe  # noqa: E402
+from tests.integration.references import sft_reference  # noqa: E402,F401 - the shared SFT run
 
 PAD = 0
 
@@ -132,27 +133,12 @@ def test_source_selection():
 
 
 @pytest.mark.slow
-def test_sft_end_to_end_through_the_launcher(tmp_path, tok):
-    tok_path = saved_tokenizer(tok, tmp_path)
-    base = tiny_llama(tok.get_vocab_size())
-    base_dir = save_model(base, tmp_path / "base")
-    # A catalog with good records, a malformed line and one record too long for seq_len.
-    catalog = tmp_path / "sft_catalog"
-    catalog.mkdir()
-    rows = [{"instruction": p.question, "response": p.response} for p in make_problems(40, 1, 9, "+", split="sft")]
-    lines = [json.dumps(r) for r in rows] + ["{not json", json.dumps({"instruction": "abc " * 30, "response": "x"})]
-    (catalog / "arith.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (catalog / "arith.yaml").write_text("name: arith_jsonl\nkind: sft_jsonl\npath: arith.jsonl\nlicence: CC0-1.0\n",
-                                        encoding="utf-8")
-    # Two of each micro-batch's eight rows replay pretraining text.
-    tokens = write_token_shards(tmp_path / "tokens", tok.get_vocab_size())
-    cfg = sft_config(seq_len=48, micro_batch_size=8, max_steps=30, lr=3e-3, warmup_steps=2, log_every=10,
-                    eval_batches=2, peak_flops=1e9, torch_threads=1, replay_fraction=0.25,
-                    data=SftDataConfig(catalog=catalog, val_fraction=0.2))
-    out = tmp_path / "sft"
-    lines_seen: list[str] = []
-    result = launch_into(Sft(cfg), out, tmp_path / "ws", lines_seen.append, base=base_dir, tokenizer=tok_path,
-                         tokens=tokens)
+def test_sft_end_to_end_through_the_launcher(sft_reference):  # noqa: F811
+    """The shared SFT run (tests/integration/references.py): a catalog with good records, a malformed line and one
+    record too long for seq_len; two of each micro-batch's eight rows replay pretraining text."""
+    ref = sft_reference
+    result, out, lines_seen = ref.result, ref.out, ref.lines
+    base = load_model(ref.inputs["base"])
 
     saved = json.loads((out / "result.json").read_text())
     assert saved["steps"] == 30 and saved["world_size"] == 1
@@ -173,7 +159,7 @@ def test_sft_end_to_end_through_the_launcher(tmp_path, tok):
     from infra.paths import Workspace
     from infra.tracking import tracking_uri
 
-    client = mlflow.MlflowClient(tracking_uri(Workspace.locate(tmp_path / "ws")))
+    client = mlflow.MlflowClient(tracking_uri(Workspace.locate(ref.ws)))
     run = client.get_run(result.mlflow_run_id)
     assert {"loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "final_val_loss"} <= set(run.data.metrics)
     assert {"sft_loss", "replay_loss", "val_sft_loss", "val_replay_loss", "final_replay_val_ppl"} <= set(run.data.metrics)

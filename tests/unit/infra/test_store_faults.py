@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -13,6 +14,7 @@ from flows.cli import main
 from infra.deepspeed_launch import LaunchDiskFull, launch_failure
 from infra.paths import Workspace
 from infra.tracking import configure
+from tests.shared import shared_once
 
 
 def _cli_runs(workdir: Path, capsys, command: str = "runs") -> tuple[int, list[str]]:
@@ -22,11 +24,26 @@ def _cli_runs(workdir: Path, capsys, command: str = "runs") -> tuple[int, list[s
     return code, [line for line in err.splitlines() if line.startswith("error:")]
 
 
+def _migrate(folder: Path) -> None:
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    SqlAlchemyStore(f"sqlite:///{folder / 'mlflow.db'}", str(folder / "artifacts")).engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def migrated_store(tmp_path_factory) -> Path:
+    """An MLflow SQLite store with every migration applied and none of our experiments (its artifact location
+    would name another folder): creating one takes ~7 s here, copying it nothing."""
+    return shared_once(tmp_path_factory, "mlflow-migrated", _migrate) / "mlflow.db"
+
+
 @pytest.fixture
-def store(tmp_path, monkeypatch) -> Workspace:
+def store(tmp_path, monkeypatch, migrated_store) -> Workspace:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     ws = Workspace.locate(tmp_path / "ws")
-    configure(ws)
+    ws.root.mkdir(parents=True)
+    shutil.copyfile(migrated_store, ws.mlflow_db)
+    configure(ws)  # the experiment, with this workspace's artifact folder
     return ws
 
 
