@@ -20,9 +20,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 from tests.conftest import run_cli
+from tests.shared import shared_once
 
 # The tiny preset with every stage's budget cut to a few steps: this checks the wiring, the tracking and
 # the resume, not the model quality (the README's `make run` does that).
@@ -51,13 +51,6 @@ _TOKENIZE = textwrap.dedent("""
 """)
 
 
-def _shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder of this pytest run that every xdist worker sees (each worker's basetemp is a child of it);
-    without xdist, the run's own basetemp (its parent is shared with every other run)."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
 def _cli_env(home: Path, api: str) -> dict[str, str]:
     """conftest's prefect_env for a folder: its own Prefect home and workspace, the session's Prefect server."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
@@ -83,15 +76,8 @@ def _build_seed(out: Path, api: str) -> None:
 @pytest.fixture(scope="session")
 def small_stage_seed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The seed's workspace (read-only: copy it with `seed_workspace`), built once per pytest run."""
-    root = _shared_root(tmp_path_factory)
-    out = root / "small-stage-seed"
-    with FileLock(str(root / "small-stage-seed.lock")):
-        if not (out / ".done").is_file():
-            shutil.rmtree(out, ignore_errors=True)  # a build that failed half-way
-            out.mkdir()
-            _build_seed(out, request.getfixturevalue("prefect_api"))
-            (out / ".done").touch()
-    return out / "work"
+    api = request.getfixturevalue("prefect_api")
+    return shared_once(tmp_path_factory, "small-stage-seed", lambda out: _build_seed(out, api)) / "work"
 
 
 def seed_workspace(seed: Path, workspace: Path) -> Path:
