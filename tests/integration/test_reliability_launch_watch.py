@@ -59,7 +59,7 @@ except KeyboardInterrupt:
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_the_op_build_leaves_no_lock(tmp_path):
+def test_ctrl_c_during_the_op_build_leaves_no_lock_and_the_next_launch_joins(tmp_path):
     """Ctrl-C (SIGINT to the terminal's process group) while DeepSpeed compiles its CPU op for the first time."""
     import signal
     import subprocess
@@ -84,5 +84,13 @@ def test_ctrl_c_during_the_op_build_leaves_no_lock(tmp_path):
     # The rank releases torch's lock itself when the SIGINT reaches it in Python; when its build dies first
     # (or the rank is killed) the launch removes the lock, saying "removed the build lock".
     assert "interrupted" in out and not (folder / "lock").exists(), out[-3000:]
-    # The lock being gone is what the next launch needs: that a launch then joins over a copied, built op
-    # is test_a_launch_after_a_stale_build_lock_clears_it_and_joins.
+
+    built = extensions_root({}) / OP / f"{OP}.so"
+    if not built.is_file():
+        return  # building it here would take minutes: the lock being gone is what the next launch needs
+    # The next launch: with the op's files as a finished build leaves them (mtimes kept: nothing to rebuild).
+    shutil.copytree(built.parent, folder, symlinks=True, dirs_exist_ok=True)
+    lines: list[str] = []
+    launch("tests.integration.op_loading_rank", [], num_procs=1, log=lines.append,
+           env={"TORCH_EXTENSIONS_DIR": str(root)}, timeout_s=120)
+    assert any("rank 0/1 joined" in line for line in lines), lines[-20:]
