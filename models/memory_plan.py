@@ -32,11 +32,23 @@ this model's layer as models/llama.py writes it, counting what autograd saves:
     SwiGLU: gate, silu(gate), up, and their product, the down input    -> 4 e sbf / tp
     per layer: sbh (8 + 4e) + [sbh e (2 + 2k/a + 4f/h) + 4abs] / tp
     (left out: RMSNorm's fp32 1/rms, 8 sb, and RoPE's cos and sin, 2 s d e: under 1% here)
-The head on the last stage: final norm and head input (4 + 2e) sbh, the logits e sbV / tp, the
-fp32 log-softmax the loss saves and its fp32 gradient in backward 8 sbV / tp (models/losses.py).
-Full activation checkpointing keeps each layer's input (e sbh) and recomputes one layer at a time.
+The head on the last stage, whole on every tensor-parallel rank (models/tensor_parallel.py gathers the
+logits whole, lm_head's output Replicate, and each rank computes the whole loss: no vocab-parallel
+cross-entropy): the final norm's fp32 input, its normalised output and the head's input (4 + 2e) sbh;
+the fp32 log-softmax the loss saves (models/losses.py), 4 sbV, and in backward its incoming and
+outgoing fp32 gradients, 8 sbV, all three live at once: 12 sbV whatever e. The logits themselves
+(e sbV) are saved by nothing and freed with the forward, except under pp: DeepSpeed's pipeline
+engine keeps the last stage's outputs in its two pipe buffers (its last-stage backward returns
+before clearing them, DeepSpeed 0.19), the logits of the last two micro-batches, 2 e sbV.
+The peak is in backward's first op, the head's: every layer's activations are still held.
+Full activation checkpointing keeps each layer's input (e sbh); backward runs the head, then rebuilds
+one layer at a time, so the stage holds its kept inputs plus the larger of the head and one layer.
 1F1B pipelining: stage i holds pp - i micro-batches in flight (the first stage pp of them, assuming
 gradient accumulation >= pp); the last stage holds one, plus the head.
+Measured on the CPU by bench/activation_memory.py (the allocator's peak over a training step, through
+the training stage's engine; BENCHMARKS.md): within 10% for one process, tp 2 and both pp 2 stages.
+Not counted: one layer's gradient temporaries in backward (where the head does not dominate, as on a
+first pipeline stage, they add up to a layer's worth: 1/L of the stage's activations).
 
 Communication buffers: DeepSpeed's gradient buckets, sized by infra/deepspeed/zero<k>.json (what
 the launcher runs), in the weights' dtype: ZeRO-1/2 one reduce bucket, two with overlap_comm;
@@ -237,21 +249,30 @@ def layer_activation_bytes(cfg, seq_len: int, micro_batch: int, tp: int, e: int)
 
 
 def head_activation_bytes(cfg, seq_len: int, micro_batch: int, tp: int, e: int) -> int:
-    """Final norm, head input, logits and the fp32 log-softmax and its gradient, on the last stage."""
+    """Final norm and head input, the fp32 log-softmax and its two gradients, on the last stage: whole on every
+    tensor-parallel rank, whose logits are gathered whole (`tp` is taken for the signature's sake)."""
     sb = seq_len * micro_batch
-    return int(sb * cfg.dim * (4 + 2 * e) + sb * math.ceil(cfg.vocab_size / tp) * (e + 8))
+    return int(sb * cfg.dim * (4 + 2 * e) + 12 * sb * cfg.vocab_size)
+
+
+def stage_activation_bytes(cfg, seq_len: int, micro_batch: int, tp: int, pp: int, stage: int, e: int,
+                           checkpointed: bool) -> int:
+    """Peak activations of pipeline stage `stage` (0 .. pp - 1) under 1F1B: pp - stage micro-batches in flight,
+    the head (and, pp > 1, the logits DeepSpeed keeps in its pipe buffers) on the last stage; with full
+    checkpointing each layer keeps its input, and the larger of the head and one rebuilt layer comes on top."""
+    per_layer = layer_activation_bytes(cfg, seq_len, micro_batch, tp, e)
+    kept = e * seq_len * micro_batch * cfg.dim if checkpointed else per_layer  # per layer and micro-batch
+    last = stage == pp - 1
+    head = head_activation_bytes(cfg, seq_len, micro_batch, tp, e) if last else 0
+    pipe_logits = 2 * e * seq_len * micro_batch * cfg.vocab_size if last and pp > 1 else 0
+    held = (pp - stage) * math.ceil(cfg.n_layers / pp) * kept + pipe_logits
+    return held + (max(head, per_layer) if checkpointed else head)
 
 
 def activation_bytes(cfg, seq_len: int, micro_batch: int, tp: int, pp: int, e: int, checkpointed: bool) -> int:
-    """Peak activations of the busier pipeline stage under 1F1B, with or without full checkpointing."""
-    per_layer = layer_activation_bytes(cfg, seq_len, micro_batch, tp, e)
-    kept = e * seq_len * micro_batch * cfg.dim if checkpointed else per_layer  # per layer and micro-batch
-    recompute = per_layer if checkpointed else 0  # one layer rebuilt at a time in backward
-    stage_layers = math.ceil(cfg.n_layers / pp)
-    head = head_activation_bytes(cfg, seq_len, micro_batch, tp, e)
-    first = pp * stage_layers * kept + recompute  # pp micro-batches in flight
-    last = stage_layers * kept + recompute + head  # one in flight, and the head
-    return max(first, last) if pp > 1 else last
+    """Peak activations of the busier pipeline stage (the first, or the last with the head) under 1F1B."""
+    return max(stage_activation_bytes(cfg, seq_len, micro_batch, tp, pp, stage, e, checkpointed)
+               for stage in {0, pp - 1})
 
 
 def comm_bytes(cfg, params: int, layout: Layout, seq_len: int, micro_batch: int, e: int,

@@ -239,3 +239,40 @@ def test_layer_activations_match_what_autograd_saves(dtype, e):
     batch, seq_len = 2, 128
     two, four = (_saved_activation_bytes(cfg.model_copy(update={"n_layers": n}), dtype, batch, seq_len) for n in (2, 4))
     assert layer_activation_bytes(cfg, seq_len, batch, tp=1, e=e) == pytest.approx((four - two) / 2, rel=0.05)
+
+
+
+def test_plan_activations_match_a_training_step_on_the_cpu():
+    """The single layout's activation figures against one forward and backward of the real model (fp32), measured
+    as bench/activation_memory.py measures them: the CPU allocator's peak over the step (torch's profiler, the
+    gradients left out) within 20%, without and with full checkpointing; and what autograd saves for backward
+    against the plan less the head's two backward gradients (8 sbV, allocated in backward), within 20%."""
+    from bench.activation_memory import allocator_timeline, checkpoint_blocks, saved_bytes, weight_storages
+    from models.losses import next_token_loss
+
+    cfg = ModelConfig(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=176, max_seq_len=128)
+    batch, seq_len = 4, 128
+    idx = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: threads only contend on a shared machine
+    try:
+        for checkpointed in (False, True):
+            torch.manual_seed(0)
+            model = Transformer(cfg)
+            if checkpointed:
+                checkpoint_blocks(model)
+
+            def step() -> None:
+                next_token_loss(model(idx), idx).backward()
+                for p in model.parameters():
+                    p.grad = None
+
+            step()  # warm-up
+            planned = activation_bytes(cfg, seq_len, batch, tp=1, pp=1, e=4, checkpointed=checkpointed)
+            peak = allocator_timeline(step, list(model.parameters()))["alloc_peak_without_grads_bytes"]
+            assert planned == pytest.approx(peak, rel=0.2), f"checkpointed={checkpointed}"
+            if not checkpointed:
+                held = planned - 8 * seq_len * batch * cfg.vocab_size
+                assert held == pytest.approx(saved_bytes(step, weight_storages(model)), rel=0.2)
+    finally:
+        torch.set_num_threads(threads)
