@@ -326,6 +326,8 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    if args.traces is not None:
+        args.traces.mkdir(parents=True, exist_ok=True)
     report = {"model": {**MODEL, "vocab_size": VOCAB}, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
               "precision": "fp32", "layouts": {}}
     rows = []
