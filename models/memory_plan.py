@@ -45,10 +45,9 @@ Full activation checkpointing keeps each layer's input (e sbh); backward runs th
 one layer at a time, so the stage holds its kept inputs plus the larger of the head and one layer.
 1F1B pipelining: stage i holds pp - i micro-batches in flight (the first stage pp of them, assuming
 gradient accumulation >= pp); the last stage holds one, plus the head.
-Measured on the CPU by bench/activation_memory.py (the allocator's peak over a training step, through
-the training stage's engine; BENCHMARKS.md): within 10% for one process, tp 2 and both pp 2 stages.
-Not counted: one layer's gradient temporaries in backward (where the head does not dominate, as on a
-first pipeline stage, they add up to a layer's worth: 1/L of the stage's activations).
+Within 10% of the CPU allocator's peak over a training step for one process, tp 2 and both pp 2 stages
+(bench/activation_memory.py, BENCHMARKS.md). Not counted: one layer's gradient temporaries in backward
+(1/L of a stage's activations, seen where the head does not dominate: a first pipeline stage).
 
 Communication buffers: DeepSpeed's gradient buckets, sized by infra/deepspeed/zero<k>.json (what
 the launcher runs), in the weights' dtype: ZeRO-1/2 one reduce bucket, two with overlap_comm;
