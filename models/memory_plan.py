@@ -53,8 +53,7 @@ Communication buffers: DeepSpeed's gradient buckets, sized by infra/deepspeed/ze
 the launcher runs), in the weights' dtype: ZeRO-1/2 one reduce bucket, two with overlap_comm;
 ZeRO-3 the reduce bucket and the parameter prefetch bucket; ZeRO-0 one all-reduce bucket of
 min(500M, P) elements (DeepSpeed's default). pp adds a receive buffer for an activation and one
-for its gradient (2 e sbh). tp's all-reduces run in place: nothing added. NCCL's own buffers and
-the allocator's fragmentation are not counted: leave headroom.
+for its gradient (2 e sbh). tp's all-reduces run in place. Not counted: NCCL's buffers, fragmentation.
 """
 from __future__ import annotations
 
