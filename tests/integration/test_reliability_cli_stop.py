@@ -1,7 +1,7 @@
 """`llmforge run` stops when told: Ctrl-C in its terminal, then a cancel from Prefect, during real pretraining.
 
 After each stop: the CLI has exited, no process of the run is left, no new /dev/shm file, nothing left in
-the run's private TMPDIR, no MLflow run is RUNNING and the Prefect flow runs are Crashed or Cancelled.
+the run's private TMPDIR (but torch's compile cache), no MLflow run is RUNNING and the Prefect flow runs are Crashed or Cancelled.
 The Ctrl-C saves a checkpoint of the step it stopped at (far from the next scheduled one, step 100),
 and the second run, the same command, resumes pretraining from that step.
 
@@ -30,7 +30,9 @@ from tests.integration.test_reliability_signals import new_shm_files
 
 pytestmark = pytest.mark.slow
 STOP_WITHIN_S = 30.0
-RUN = ["run"] + [a for kv in seeds.SEED_OVERRIDES for a in ("--set", kv)]  # the tiny preset on the seed's stages
+# The tiny preset on the seed's stages, saying every step (the first line would be step 10): the stop comes
+# sooner, and any step it saves lies before the first scheduled checkpoint (step 100).
+RUN = ["run"] + [a for kv in seeds.SEED_OVERRIDES + ["pretrain.log.every=1"] for a in ("--set", kv)]
 small_stage_seed = seeds.small_stage_seed
 
 
@@ -52,9 +54,10 @@ def _start_until_pretraining(env: dict[str, str]) -> tuple[subprocess.Popen, str
     assert flow_run is not None
     # Keep draining the output (a full pipe would stall the run) while the rank starts training.
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a loaded 2-core machine takes minutes to import, build the op and start
     while not any(re.search(r"step \d+/", x) for x in lines) and time.monotonic() < deadline:
         time.sleep(0.5)
+    assert any(re.search(r"step \d+/", x) for x in lines), "no training step within 300 s:\n" + "".join(lines[-60:])
     return proc, flow_run, lines
 
 
@@ -94,7 +97,9 @@ def _check_stopped(proc, tree, lines, shm_before, ws, expected_rc, tmpdir: Path)
     assert proc.returncode in expected_rc, out[-5000:]
     assert _left(tree, max(1.0, STOP_WITHIN_S - (time.monotonic() - t0))) == []
     assert new_shm_files(shm_before) == set()
-    assert sorted(os.listdir(tmpdir)) == []  # whatever the run left in its TMPDIR outlived it
+    # Whatever the run left in its TMPDIR outlived it; torch's compile cache (torchinductor_<user>, created by
+    # torch's import in the ranks) is kept across runs on purpose, as in /tmp.
+    assert [name for name in os.listdir(tmpdir) if not name.startswith("torchinductor_")] == []
     statuses = _mlflow_statuses(ws)
     assert "RUNNING" not in statuses.values(), statuses
     return out, statuses
@@ -124,10 +129,10 @@ def test_ctrl_c_then_prefect_cancel_during_pretraining(prefect_env, prefect_api,
     assert "stopped by SIGINT" in out and "stopping the run" in out
     assert _flow_states(prefect_api, flow_run) == "Crashed"
     assert {s for k, s in statuses.items() if k.startswith(("pipeline", "pretrain"))} == {"KILLED"}
-    # The stop saved the step it stopped at, not a scheduled one (every 100 steps; the first log line is step 10).
+    # The stop saved the step it stopped at, not a scheduled one (every 100 steps).
     checkpoints = _checkpoint_folder(ws)
     saved = latest_checkpoint_step(checkpoints)
-    assert saved is not None and 10 <= saved < 100, out[-5000:]
+    assert saved is not None and 1 <= saved < 100, out[-5000:]
     assert f"after step {saved} " in out and f"continues from step {saved}" in out, out[-5000:]
     assert not (checkpoints.parent / "result.json").exists()  # a stopped stage is not a finished one
 
