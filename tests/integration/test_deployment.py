@@ -194,15 +194,32 @@ def flow_runs(api: str, deployment_id: str) -> list[dict]:
     return runs
 
 
+def api_call(method: str, url: str, **kwargs) -> httpx.Response:
+    """One API request, retried for a minute while the server answers 429/502/503 or not at all (a loaded
+    server's SQLite times out), as Prefect's own client retries."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            response = httpx.request(method, url, timeout=30, **kwargs)
+            if response.status_code not in (429, 502, 503) or time.monotonic() > deadline:
+                return response
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(2)
+
+
 def run_through_api(api: str, deployment: str, parameters: dict, timeout: float) -> dict:
     """A run of `deployment` created through the API (what `prefect deployment run` does, without its CLI's
     start-up), once the worker has finished it: the flow run as the API returns it."""
-    dep = httpx.get(f"{api}/deployments/name/{deployment}", timeout=10).json()
-    created = httpx.post(f"{api}/deployments/{dep['id']}/create_flow_run", json={"parameters": parameters}, timeout=30)
+    dep = api_call("GET", f"{api}/deployments/name/{deployment}").json()
+    # The key makes a retried request return the run the first one created.
+    created = api_call("POST", f"{api}/deployments/{dep['id']}/create_flow_run",
+                       json={"parameters": parameters, "idempotency_key": f"test-rerun-{time.time()}"})
     assert created.status_code in (200, 201), created.text
     deadline = time.monotonic() + timeout
     while True:
-        flow_run = httpx.get(f"{api}/flow_runs/{created.json()['id']}", timeout=10).json()
+        flow_run = api_call("GET", f"{api}/flow_runs/{created.json()['id']}").json()
         if flow_run["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
             return flow_run
         assert time.monotonic() < deadline, f"{deployment} run {flow_run['name']} still {flow_run['state_type']}"
