@@ -75,14 +75,17 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
     root = str(ws.root)
     catalog = load_catalog(config.data.catalog, only=config.data.sources)
     sources = {s.name: source_inputs(catalog, s) for s in catalog.sources}
-    what = {"data": config.data.outputs_identity(), "tokenizer": config.tokenizer, "tokenize": config.tokenize,
+    tokenizer = config.tokenizer  # the sweep's own vocabulary where scale.vocab_size names one
+    if config.scale.vocab_size is not None:
+        tokenizer = type(tokenizer).model_validate({**tokenizer.model_dump(), "vocab_size": config.scale.vocab_size})
+    what = {"data": config.data.outputs_identity(), "tokenizer": tokenizer, "tokenize": config.tokenize,
             "pretrain": config.pretrain, "scale": config.scale}
     with stop_on_cancel(), workspace_lock(ws), stage_run(
         ws, "scale", what, run_name=f"scale {describe_overrides(overrides or [])}".strip(),
         run_key=flow_key("scale", __name__, what, sources),
     ) as sweep_run:
         data = data_flow(config.data, workdir=root, overrides=[o for o in overrides or [] if o.startswith("data.")])
-        tok = tokenized(ws, data.manifest, config.tokenizer, config.tokenize)
+        tok = tokenized(ws, data.manifest, tokenizer, config.tokenize)
         vocab_size = load_tokenizer(tok.tokenizer).get_vocab_size()
         train_tokens = load_token_index(tok.tokens).tokens("train")
         members = sweep_members(config.scale, config.pretrain, vocab_size)

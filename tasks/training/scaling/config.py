@@ -14,6 +14,9 @@ class ScaleConfig(StrictModel):
     depths: list[int] = Field(default_factory=lambda: list(range(1, 13)))  # the family members to choose from
     aspect_ratio: int = Field(default=64, gt=0)  # width = depth * aspect_ratio (models/family.py ASPECT_RATIO)
     head_dim: int = Field(default=64, gt=0)  # models/family.py HEAD_DIM
+    # The sweep's own tokenizer vocabulary (None: the pipeline's). A small vocabulary keeps the tied embedding
+    # from being most of a small member's parameters, so that small budgets still bracket their optimum.
+    vocab_size: int | None = Field(default=None, gt=0)
     tokens_per_param: float = Field(default=20.0, gt=0)  # centres each budget's sizes (a guess, not a result)
     predict_factor: float = Field(default=4.0, gt=1)  # the predicted, then trained run: this x the largest budget
     warmup_fraction: float = Field(default=0.05, ge=0, lt=1)  # of each point's steps (the preset's warmup_steps is not used)
