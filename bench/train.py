@@ -46,6 +46,19 @@ from tasks.training.loop import train  # noqa: E402
 from tasks.training.metrics import ListSink, measure_peak_flops  # noqa: E402
 
 
+PEAK_MATMUL_S = 0.5  # the longest one timed matmul may take: the peak's sizes shrink to fit it
+
+
+def peak_sizes(device: str, dtype: torch.dtype, n: int) -> list[int]:
+    """The sizes n/2, n, 3n/2 of the peak measurement, less those whose one matmul would take over PEAK_MATMUL_S
+    at this precision's speed here (probed on a 256 matmul): an emulated bf16 runs at ~1/40 of fp32, and its
+    3,072 matmul took over a minute, so the bench spent 28 minutes before its first step on such a CPU."""
+    rate = measure_peak_flops(device, dtype, n=256, min_seconds=0.2)
+    largest = (rate * PEAK_MATMUL_S / 2) ** (1 / 3)
+    fitting = [size for size in (n // 2, n, n * 3 // 2) if size <= largest]
+    return fitting or [max(256, int(largest) // 64 * 64)]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="small25m", help="models.llama preset (default small25m)")
@@ -168,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         # Peaks are re-measured every round: on a shared machine they move with the background load.
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            peaks[name].append(max(measure_peak_flops(device, dtype, n=n)
-                                   for n in (args.peak_n // 2, args.peak_n, args.peak_n * 3 // 2)))
+            peaks[name].append(max(measure_peak_flops(device, dtype, n=n, min_seconds=0.5)
+                                   for n in peak_sizes(device, dtype, args.peak_n)))
         runs["before"].append(deepspeed_loop(args, batches, train_config(args, "fp32", "for_loop"))[0])
         runs["after"].append(deepspeed_loop(args, batches, train_config(args, "auto", "auto"))[0])
         runs["plain"].append(plain_loop(args, batches))

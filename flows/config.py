@@ -65,6 +65,11 @@ class RegistryConfig(StrictModel):
     greater_is_better: bool = True
 
 
+# The stages of `llmforge run` in order, and their minutes on an idle 2-core AVX2 machine training in fp32
+# (README "What the first command produced here").
+EXPECTED_MINUTES = {"data": 1.2, "pretrain": 3.3, "sft": 2.4, "grpo": 2.2, "evaluate": 0.9}
+
+
 class PipelineConfig(StrictModel):
     name: str = "llmforge"
     data: DataConfig = Field(default_factory=DataConfig)
@@ -77,6 +82,9 @@ class PipelineConfig(StrictModel):
     scale: ScaleConfig = Field(default_factory=ScaleConfig)  # `llmforge scale`: the IsoFLOP sweep (flows/scale_flow.py)
     registered_model: str = "llmforge-tiny"  # MLflow model registry name of the final model
     registry: RegistryConfig = Field(default_factory=RegistryConfig)  # when `@champion` moves
+    # Each stage's minutes on the machine the preset was measured on: the run's ETA scales them by this
+    # machine's pace as measured so far (infra/run_clock.py). An estimate only; nothing waits on it.
+    expected_minutes: dict[str, float] = Field(default_factory=lambda: dict(EXPECTED_MINUTES))
 
     # The GRPO worker looks its rewards up by name hours into a run; an unknown name fails here instead.
     @field_validator("grpo")

@@ -17,6 +17,7 @@ from flows.eval_flow import eval_flow
 from flows.pretrain_flow import TokenizedData, tokenized
 from infra.config import config_hash
 from infra.paths import Workspace
+from infra.run_clock import RunClock
 from infra.stage_cache import flow_key
 from infra.stages import run
 from infra.tracking import describe_overrides, describe_run, stage_run
@@ -68,18 +69,21 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = No
         run_key=flow_key("pipeline", __name__, config, sources),
     ) as pipeline_run:
         describe_run(pipeline_run, identity)
-        print("stage 1/5 data: collect, dedup, filter, mix, shard")
-        data = data_flow(config.data, workdir=root, overrides=[o for o in overrides or [] if o.startswith("data.")])
-        print("stage 2/5 pretrain: tokenizer, token shards, DeepSpeed pretraining")
-        tok = tokenized(ws, data.manifest, config.tokenizer, config.tokenize)
-        base = run(Pretrain(config.pretrain), ws, tokens=tok.tokens, tokenizer=tok.tokenizer)
-        print("stage 3/5 sft: supervised fine-tuning")
-        sft = run(Sft(config.sft), ws, base=base.model_dir, tokenizer=tok.tokenizer, tokens=tok.tokens)
-        print("stage 4/5 grpo: reinforcement learning with verifiable rewards")
-        grpo = run(Grpo(config.grpo), ws, sft=sft.model_dir, tokenizer=tok.tokenizer)
-        print("stage 5/5 evaluate: calibration of base, SFT and GRPO; report card")
-        models = {"base": str(base.model_dir), "sft": str(sft.model_dir), "grpo": str(grpo.model_dir)}
-        evals = eval_flow(config.eval, models, tokens=str(tok.tokens), tokenizer=str(tok.tokenizer), workdir=root)
+        clock = RunClock(config.expected_minutes)
+        with clock.stage("data", "collect, dedup, filter, mix, shard"):
+            data = data_flow(config.data, workdir=root,
+                             overrides=[o for o in overrides or [] if o.startswith("data.")])
+        with clock.stage("pretrain", "tokenizer, token shards, DeepSpeed pretraining"):
+            tok = tokenized(ws, data.manifest, config.tokenizer, config.tokenize)
+            base = run(Pretrain(config.pretrain), ws, tokens=tok.tokens, tokenizer=tok.tokenizer)
+        with clock.stage("sft", "supervised fine-tuning"):
+            sft = run(Sft(config.sft), ws, base=base.model_dir, tokenizer=tok.tokenizer, tokens=tok.tokens)
+        with clock.stage("grpo", "reinforcement learning with verifiable rewards"):
+            grpo = run(Grpo(config.grpo), ws, sft=sft.model_dir, tokenizer=tok.tokenizer)
+        with clock.stage("evaluate", "calibration of base, SFT and GRPO; report card"):
+            models = {"base": str(base.model_dir), "sft": str(sft.model_dir), "grpo": str(grpo.model_dir)}
+            evals = eval_flow(config.eval, models, tokens=str(tok.tokens), tokenizer=str(tok.tokenizer),
+                              workdir=root)
         report = publish_pipeline_report(ws, config, data, tok, base, sft, grpo, evals, time.time() - started, identity)
         print(report.markdown)
         return PipelineResult(

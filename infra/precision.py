@@ -14,7 +14,8 @@ makes the same choice, and a resumed run does not flip precision halfway.
 The CPU's practical peak FLOP/s, which MFU divides by, is kept the same way (`peak_flops.json`, per
 machine key and dtype): measured once, the best of a few matmuls (noise only slows), instead of at
 every launch (a second or more of each launch, and a low figure whenever another process shared the
-CPU at that moment, which printed MFU above 100%).
+CPU at that moment, which printed MFU above 100%). A figure kept from a busy moment shows itself when
+training runs faster than it: the rank then measures again and keeps the higher (`remeasure_cpu_peak`).
 """
 from __future__ import annotations
 
@@ -120,6 +121,23 @@ def cpu_peak_flops(dtype_name: str = "float32") -> float:
     """Practical peak FLOP/s of this CPU at its thread count in `dtype_name` ("float32" or "bfloat16"):
     the fastest of _PEAK_REPEATS square matmuls of _PEAK_N, measured once per machine and kept."""
     return _cached("peak_flops.json", f"{_machine_key()} | {dtype_name}", lambda: measure_cpu_peak_flops(dtype_name))
+
+
+def remeasure_cpu_peak(dtype_name: str, at_least: float) -> float:
+    """The kept peak replaced after training ran faster than it (`at_least` FLOP/s per rank), which shows it was
+    measured while something else used the CPU: measured again now, and never below what training reached."""
+    value = max(measure_cpu_peak_flops(dtype_name), at_least)
+    path = _cache_file("peak_flops.json")
+    try:
+        cached = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cached = {}
+    try:
+        write_json_atomic(path, {**cached, f"{_machine_key()} | {dtype_name}": float(f"{value:.4g}")})
+    except OSError:
+        pass
+    cpu_peak_flops.cache_clear()
+    return value
 
 
 def measure_cpu_peak_flops(dtype_name: str = "float32", n: int | None = None, repeats: int | None = None) -> float:

@@ -14,15 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from infra.run_clock import clock_text
+
 Tracker = Callable[[int, int], None]  # (done, total), after each batch
-
-
-def clock_text(seconds: float) -> str:
-    """`1m05s`, `1h02m`, `42s`."""
-    seconds = max(0, int(round(seconds)))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 class EvalProgress:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from infra.run_clock import clock_text, run_left_text
 from infra.tracking import log_metrics
 from models.flops import mfu
 
@@ -93,6 +94,7 @@ class Throughput:
 
     flops_per_token: float | None = None
     peak_flops: float | None = None  # per rank
+    cpu_peak_dtype: str | None = None  # set when peak_flops is the CPU's kept figure (infra/precision.py)
     seconds: float = 0.0
     tokens: int = 0
     window_seconds: float = 0.0
@@ -117,6 +119,11 @@ class Throughput:
         metrics = {"loss": sum(self.window_losses) / len(self.window_losses), "tokens_per_s": tps}
         if self.flops_per_token is not None and self.peak_flops:
             metrics["mfu"] = mfu(tps, self.flops_per_token, self.peak_flops * world)
+            if metrics["mfu"] > 1 and self.cpu_peak_dtype:  # the kept peak was measured on a busy CPU
+                from infra.precision import remeasure_cpu_peak
+
+                self.peak_flops = remeasure_cpu_peak(self.cpu_peak_dtype, tps * self.flops_per_token / world)
+                metrics["mfu"] = mfu(tps, self.flops_per_token, self.peak_flops * world)
         return metrics
 
     def window_parts_mean(self) -> dict[str, float]:
@@ -160,13 +167,6 @@ def loss_curve(result: "TrainResult", path: Path, title: str) -> Path | None:
     )
 
 
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
 class StepClock:
     """Elapsed time and ETA of a run of steps, measured over the steps this process trained."""
 
@@ -178,5 +178,7 @@ class StepClock:
         elapsed = time.monotonic() - self.started
         trained = done - self.first_step
         eta = elapsed / trained * (self.total - done) if trained > 0 else float("nan")
-        return f"elapsed {_clock(elapsed)}, ETA {_clock(eta) if eta == eta else '?'}"
+        if eta != eta:
+            return f"elapsed {clock_text(elapsed)}, ETA ?"
+        return f"elapsed {clock_text(elapsed)}, ETA {clock_text(eta)}{run_left_text(eta)}"
 

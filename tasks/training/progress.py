@@ -162,10 +162,13 @@ def throughput(model: torch.nn.Module, cfg: TrainingConfig, seq_len: int, device
                 flops_per_token: float | None) -> Throughput:
     """FLOPs per token and (rank 0, when not configured) the measured peak FLOP/s that MFU divides by."""
     fpt = flops_per_token if flops_per_token is not None else model_flops_per_token(model, seq_len)
-    peak = cfg.log.peak_flops
+    peak, cpu_dtype = cfg.log.peak_flops, None
     if peak is None and rank == 0 and fpt is not None:
         dtype = torch.bfloat16 if resolve_precision(cfg.launch.precision) == "bf16" else torch.float32
         # The CPU's is measured once per machine (infra/precision.py); a GPU's at each launch (a fraction of a second).
-        peak = cpu_peak_flops(str(dtype).removeprefix("torch.")) if torch.device(device).type == "cpu" \
-            else measure_peak_flops(device, dtype)
-    return Throughput(flops_per_token=fpt, peak_flops=peak)
+        if torch.device(device).type == "cpu":
+            cpu_dtype = str(dtype).removeprefix("torch.")
+            peak = cpu_peak_flops(cpu_dtype)
+        else:
+            peak = measure_peak_flops(device, dtype)
+    return Throughput(flops_per_token=fpt, peak_flops=peak, cpu_peak_dtype=cpu_dtype)

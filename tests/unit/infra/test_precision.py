@@ -73,3 +73,21 @@ def test_cpu_peak_is_measured_once_per_machine_and_dtype(cache_home, monkeypatch
 def test_cpu_peak_measurement_is_a_real_rate():
     flops = precision.measure_cpu_peak_flops("float32", n=256, repeats=3)
     assert 1e8 < flops < 1e13  # between a slow emulator and a many-core server
+
+
+def test_a_peak_kept_from_a_busy_moment_is_replaced_when_training_beats_it(cache_home, monkeypatch):
+    from tasks.training.metrics import Throughput
+
+    precision.cpu_peak_flops.cache_clear()
+    measured = iter([6e9, 4e10])  # kept while the CPU was shared, then measured again on a quiet one
+    monkeypatch.setattr(precision, "measure_cpu_peak_flops", lambda name: next(measured))
+    peak = precision.cpu_peak_flops("float32")
+    tp = Throughput(flops_per_token=1e7, peak_flops=peak, cpu_peak_dtype="float32")
+    tp.add(1.0, 2_000, 3.0)  # 2e10 FLOP/s: more than the kept 6e9 could allow
+    assert tp.window_metrics(world=1)["mfu"] == pytest.approx(0.5)
+    precision.cpu_peak_flops.cache_clear()
+    assert precision.cpu_peak_flops("float32") == 4e10  # kept for the next launch
+    # A measurement that is still below what training reached keeps the training's rate instead.
+    monkeypatch.setattr(precision, "measure_cpu_peak_flops", lambda name: 1e9)
+    assert precision.remeasure_cpu_peak("float32", at_least=3e10) == 3e10
+    precision.cpu_peak_flops.cache_clear()

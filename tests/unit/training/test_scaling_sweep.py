@@ -139,7 +139,9 @@ def test_presets_sweeps_validate_and_the_cli_has_scale():
     args = build_parser().parse_args(["scale", "--set", "scale.budgets=[1e12,2e12]"])
     assert args.command == "scale" and args.overrides == ["scale.budgets=[1e12,2e12]"]
     tiny = load_pipeline_config("tiny")
-    assert len(plan_sweep(tiny.scale, tiny.pretrain, tiny.tokenizer.vocab_size)) == 12
+    assert tiny.scale.vocab_size == 1024  # the sweep's own vocabulary: small members are not mostly embedding
+    tiny_points = plan_sweep(tiny.scale, tiny.pretrain, tiny.scale.vocab_size)
+    assert len(tiny_points) == 12 and min(p.tokens_per_param for p in tiny_points) < 8 < max(p.tokens_per_param for p in tiny_points)
     gpu = load_pipeline_config("gpt-124m")
     points = plan_sweep(gpu.scale, gpu.pretrain, gpu.tokenizer.vocab_size)
     assert len(points) == 12 and all(p.steps >= 100 for p in points)  # whole schedules, not a few steps

@@ -1,0 +1,33 @@
+"""The whole run's ETA: the preset's stage times scaled by the pace measured so far; ranks add it to their own."""
+from __future__ import annotations
+
+from infra.run_clock import RUN_AFTER_ENV, RunClock, clock_text, run_left_text
+
+
+class Ticks:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_stages_announce_the_run_so_far_and_the_rest_at_the_measured_pace(monkeypatch):
+    monkeypatch.delenv(RUN_AFTER_ENV, raising=False)
+    lines, now = [], Ticks()
+    clock = RunClock({"data": 1, "pretrain": 4, "sft": 2, "evaluate": 1}, out=lines.append, now=now)
+    with clock.stage("data", "collect"):
+        assert lines[-1] == "stage 1/4 data: collect (run: 0s so far, about 8m00s left)"
+        assert run_left_text(30) == ", run ~7m30s left"  # 30 s of this stage, then 7 minutes at pace 1
+        now.t += 120  # twice the reference: the rest is expected to take twice as long too
+    with clock.stage("pretrain", "train"):
+        assert lines[-1] == "stage 2/4 pretrain: train (run: 2m00s so far, about 14m00s left)"
+        now.t += 2  # reused from the cache: says nothing about this machine's pace
+    with clock.stage("sft", "tune"):
+        assert clock.pace() == 2.0 and lines[-1].endswith("(run: 2m02s so far, about 6m00s left)")
+    assert RUN_AFTER_ENV not in __import__("os").environ  # outside a stage the ranks add nothing
+    assert run_left_text(30) == ""
+
+
+def test_clock_text():
+    assert [clock_text(s) for s in (4.4, 65, 3725, -3)] == ["4s", "1m05s", "1h02m", "0s"]
