@@ -67,7 +67,7 @@ class RegistryConfig(StrictModel):
 
 # The stages of `llmforge run` in order, and their minutes on an idle 2-core AVX2 machine training in fp32
 # (README "What the first command produced here").
-EXPECTED_MINUTES = {"data": 1.2, "pretrain": 3.3, "sft": 2.4, "grpo": 2.2, "evaluate": 0.9}
+EXPECTED_MINUTES = {"data": 0.4, "pretrain": 7.0, "sft": 4.1, "grpo": 2.4, "evaluate": 1.2}
 
 
 class PipelineConfig(StrictModel):
