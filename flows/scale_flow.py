@@ -32,7 +32,7 @@ from tasks.data.collect import source_inputs
 from tasks.reports.scaling import publish_scale_report
 from tasks.training.scaling.prediction import Prediction, fit_problem, fit_sweep, predict_run, write_prediction
 from tasks.training.scaling.sweep import (MeasuredPoint, epoch_warnings, measured_point, plan_sweep, point_config,
-                                 sweep_members, world_size)
+                                 sweep_members, sweep_pretrain, world_size)
 from tasks.tokenizer.tokenize_shards import load_token_index
 from tasks.tokenizer.train import load_tokenizer
 from tasks.training.pretrain.stage import Pretrain
@@ -80,6 +80,7 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
         tokenizer = type(tokenizer).model_validate({**tokenizer.model_dump(), "vocab_size": config.scale.vocab_size})
     what = {"data": config.data.outputs_identity(), "tokenizer": tokenizer, "tokenize": config.tokenize,
             "pretrain": config.pretrain, "scale": config.scale}
+    pretrain = sweep_pretrain(config.pretrain, config.scale)
     with stop_on_cancel(), workspace_lock(ws), stage_run(
         ws, "scale", what, run_name=f"scale {describe_overrides(overrides or [])}".strip(),
         run_key=flow_key("scale", __name__, what, sources),
@@ -88,8 +89,8 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
         tok = tokenized(ws, data.manifest, tokenizer, config.tokenize)
         vocab_size = load_tokenizer(tok.tokenizer).get_vocab_size()
         train_tokens = load_token_index(tok.tokens).tokens("train")
-        members = sweep_members(config.scale, config.pretrain, vocab_size)
-        plan = plan_sweep(config.scale, config.pretrain, vocab_size)
+        members = sweep_members(config.scale, pretrain, vocab_size)
+        plan = plan_sweep(config.scale, pretrain, vocab_size)
         # The sweep's folder is keyed on what the sweep is, the data it trains on and this flow's code.
         folder = ws.output(STORE, flow_key("scale", __name__, what, {"tokens": tok.tokens, "tokenizer": tok.tokenizer}))
         folder.mkdir(parents=True, exist_ok=True)
@@ -101,7 +102,7 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
         def train(point, label: str):
             print(f"{label}: depth {point.depth}, N={point.n_params:,}, D={point.tokens:,} tokens "
                   f"({point.tokens_per_param:.1f}/param, {point.tokens / train_tokens:.2f} epochs), C={point.flops:.3g}")
-            result = run(Pretrain(point_config(config.pretrain, point, config.scale)), ws, tokens=tok.tokens,
+            result = run(Pretrain(point_config(pretrain, point, config.scale)), ws, tokens=tok.tokens,
                          tokenizer=tok.tokenizer)
             return result, measured_point(point, result, train_tokens)
 
@@ -121,7 +122,7 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
                 note = str(exc)
         if sb is not None:
             budget = config.scale.predict_factor * max(config.scale.budgets)
-            per_step = config.pretrain.batch.tokens_per_step(world_size(config.pretrain))
+            per_step = pretrain.batch.tokens_per_step(world_size(pretrain))
             prediction = predict_run(sb, members, budget, per_step)
             intervals = sb.intervals(budget)
             write_prediction(folder, prediction)  # written down before the run exists

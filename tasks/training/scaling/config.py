@@ -17,6 +17,9 @@ class ScaleConfig(StrictModel):
     # The sweep's own tokenizer vocabulary (None: the pipeline's). A small vocabulary keeps the tied embedding
     # from being most of a small member's parameters, so that small budgets still bracket their optimum.
     vocab_size: int | None = Field(default=None, gt=0)
+    # The sweep's own micro-batch (None: the preset's pretraining one). Small budgets on a large batch give the larger
+    # members too few optimizer steps, and the smallest member then wins at every budget (BENCHMARKS.md).
+    micro_batch_size: int | None = Field(default=None, gt=0)
     tokens_per_param: float = Field(default=20.0, gt=0)  # centres each budget's sizes (a guess, not a result)
     predict_factor: float = Field(default=4.0, gt=1)  # the predicted, then trained run: this x the largest budget
     warmup_fraction: float = Field(default=0.05, ge=0, lt=1)  # of each point's steps (the preset's warmup_steps is not used)

@@ -55,6 +55,15 @@ def world_size(cfg: PretrainConfig) -> int:
     return cfg.launch.num_procs * (node_count(cfg.launch.hostfile) if cfg.launch.hostfile else 1)
 
 
+def sweep_pretrain(pretrain: PretrainConfig, scale: ScaleConfig) -> PretrainConfig:
+    """The preset's pretraining settings as the sweep trains them: with `scale.micro_batch_size` where set."""
+    if scale.micro_batch_size is None:
+        return pretrain
+    data = pretrain.model_dump()
+    data["batch"]["micro_batch_size"] = scale.micro_batch_size
+    return PretrainConfig.model_validate(data)
+
+
 def sweep_members(scale: ScaleConfig, pretrain: PretrainConfig, vocab_size: int) -> list[FamilyMember]:
     """The family the sweep chooses from, at the preset's sequence length and the tokenizer's vocabulary."""
     return family_members(scale.depths, vocab_size, pretrain.batch.seq_len, scale.aspect_ratio, scale.head_dim)

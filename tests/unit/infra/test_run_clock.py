@@ -31,3 +31,12 @@ def test_stages_announce_the_run_so_far_and_the_rest_at_the_measured_pace(monkey
 
 def test_clock_text():
     assert [clock_text(s) for s in (4.4, 65, 3725, -3)] == ["4s", "1m05s", "1h02m", "0s"]
+
+
+def test_a_training_rank_adds_the_rest_of_the_run_to_its_own_eta(monkeypatch):
+    from tasks.training.metrics import StepClock
+
+    monkeypatch.setenv(RUN_AFTER_ENV, "300")  # set by the pipeline around the stage; the rank inherits it
+    clock = StepClock(first_step=0, total=10)
+    clock.started -= 10.0  # 5 steps in 10 s: 10 s of this stage left
+    assert clock.text(5) == "elapsed 10s, ETA 10s, run ~5m10s left"
