@@ -236,6 +236,9 @@ def _lbfgs(start: np.ndarray, data) -> tuple[float, np.ndarray]:
 
 def _law(theta: np.ndarray) -> LossLaw:
     a, b, e, alpha, beta = (float(v) for v in theta)
+    if not np.all(np.isfinite(theta)) or max(a, b, e) > 700:  # exp() past ~709 overflows a float
+        raise ValueError(f"approach 3 diverged (ln A, ln B, ln E = {a:.3g}, {b:.3g}, {e:.3g}): these runs do not "
+                         "pin the law down; add sizes or token counts")
     return LossLaw(E=math.exp(e), A=math.exp(a), B=math.exp(b), alpha=alpha, beta=beta)
 
 

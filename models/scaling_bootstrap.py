@@ -166,11 +166,21 @@ def bootstrap(compute, n_params, tokens, loss, *, flops_per_token: FlopsPerToken
         except ValueError:  # a parabola opened downward or lost its bracketed minimum
             pass
         idx = np.concatenate([rng.choice(runs, size=len(runs)) for runs in budgets])
-        laws.append(fit_loss_law(n[idx], d[idx], y[idx], start=law))
+        try:
+            resampled = fit_loss_law(n[idx], d[idx], y[idx], start=law)
+        except ValueError:  # a resample that repeats too few runs to pin 5 parameters (or whose fit diverged)
+            continue
+        if resampled.alpha > 0 and resampled.beta > 0:  # else no law of loss falling with N and D: left out too
+            laws.append(resampled)
     if len(exponents) < resamples / 2:
         raise ValueError(
             f"only {len(exponents)} of {resamples} resamples had a bracketed minimum at every budget: the "
             "sweep is too noisy for intervals of a and b; add sizes per budget or seeds per size"
+        )
+    if len(laws) < resamples / 2:
+        raise ValueError(
+            f"only {len(laws)} of {resamples} resamples could be fitted by approach 3: the sweep does not pin "
+            "L(N, D) down; add sizes per budget or budgets"
         )
     log_residuals = (np.log(y) - np.log(law.loss(n, d))) * math.sqrt(len(y) / max(len(y) - 5, 1))
     return ScalingBootstrap(level=level, seed=seed, resamples=resamples, isoflop=isoflop, law=law,

@@ -17,7 +17,7 @@ from tasks.training.scaling.config import ScaleConfig
 from tasks.training.scaling.prediction import (PREDICTION_FILE, fit_problem, fit_sweep, predict_run,
                                                read_prediction, write_prediction)
 from tasks.training.scaling.sweep import (MeasuredPoint, epoch_warnings, plan_sweep, point_config, sweep_members,
-                                          world_size)
+                                          sweep_pretrain, world_size)
 
 VOCAB = 4096
 PRETRAIN = PretrainConfig.model_validate({"batch": {"seq_len": 128, "micro_batch_size": 16}, "optim": {"lr": 0.002}})
@@ -31,6 +31,17 @@ def measured(points, noise=0.0, seed=0):
     rng = np.random.default_rng(seed)
     return [MeasuredPoint(**p.model_dump(), val_bpb=float(TRUTH.loss(p.n_params, p.tokens) * np.exp(rng.normal(0, noise))),
                           val_loss=1.0, epochs=p.tokens / 1e6, mlflow_run_id=None, out_dir="x") for p in points]
+
+
+def test_the_sweeps_own_micro_batch_gives_every_point_its_steps():
+    assert sweep_pretrain(PRETRAIN, SCALE) is PRETRAIN  # None: the pretraining batch
+    small = sweep_pretrain(PRETRAIN, SCALE.model_copy(update={"micro_batch_size": 4}))
+    assert small.batch.micro_batch_size == 4 and PRETRAIN.batch.micro_batch_size == 16
+    wide, narrow = plan_sweep(SCALE, PRETRAIN, VOCAB), plan_sweep(SCALE, small, VOCAB)
+    assert [p.depth for p in wide] == [p.depth for p in narrow]
+    for a, b in zip(wide, narrow):  # the same tokens, in four times the optimizer steps
+        assert abs(b.steps - 4 * a.steps) <= 2 and abs(b.tokens - a.tokens) <= 2 * 128 * 16
+        assert point_config(small, b, SCALE).steps == b.steps
 
 
 def test_config_defaults_are_the_familys():
