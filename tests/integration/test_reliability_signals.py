@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infra.deepspeed_launch import SHM_DIR, free_port, shm_buffers
+from infra.deepspeed_launch import SHM_DIR, SHM_PREFIX, free_port, shm_buffers
 from tests.integration.references import leak_checks, zero2_two_rank  # noqa: F401 - the clean 2-rank launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +46,9 @@ DRIVER = textwrap.dedent("""
 
 
 def _shm_files() -> set[str]:
-    return set(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else set()
+    """DeepSpeed's CPU all-reduce buffers in /dev/shm: what a launch can leak. Other names there belong to other
+    programs (a `tmpXXXXXXXX` file, not ours, appeared beside a full suite's run and failed this check once)."""
+    return {name for name in os.listdir(SHM_DIR) if name.startswith(SHM_PREFIX)} if SHM_DIR.is_dir() else set()
 
 
 def new_shm_files(before: set[str], settle_s: float = 5.0) -> set[str]:

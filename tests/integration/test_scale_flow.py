@@ -30,8 +30,9 @@ def test_two_point_sweep_tracked_and_cached(tmp_path, prefect_env, small_stage_s
 
     folder = work / "scale" / "latest"
     points = json.loads((folder / "points.json").read_text())
-    assert [p["depth"] for p in points] == [1, 2] and [p["steps"] for p in points] == [6, 2]
-    assert all(p["tokens"] == p["steps"] * 16 * 128 and p["val_bpb"] > 0 for p in points)
+    assert [p["depth"] for p in points] == [1, 2] and [p["steps"] for p in points] == [53, 16]
+    # On the sweep's own micro-batch (scale.micro_batch_size: 4 sequences of 128), not pretraining's 16.
+    assert all(p["tokens"] == p["steps"] * 4 * 128 and p["val_bpb"] > 0 for p in points)
     assert not (folder / "prediction.json").exists()
     report = (folder / "report.md").read_text()
     assert "Not fitted:" in report and (folder / "isoflop.png").stat().st_size > 1000

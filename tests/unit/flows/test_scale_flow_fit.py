@@ -23,7 +23,10 @@ TRAIN_TOKENS = 10**7
 
 @pytest.mark.slow  # ~200 s on the busy 2-core machine: 12 points' bootstrap, figures, an MLflow store
 def test_fit_then_prediction_written_before_the_run_then_measured(tmp_path, monkeypatch):
-    config = load_pipeline_config("tiny", {"scale.budgets": [1e12, 2e12, 4e12], "scale.resamples": 20})
+    # The family and budgets TRUTH is bracketed by (the tiny preset's sweep before it took its own vocabulary and batch).
+    config = load_pipeline_config("tiny", {"scale.budgets": [1e12, 2e12, 4e12], "scale.resamples": 20,
+                                           "scale.aspect_ratio": 32, "scale.head_dim": 32, "scale.tokens_per_param": 20,
+                                           "scale.vocab_size": None, "scale.micro_batch_size": None})
     trained: list[tuple[int, bool]] = []  # (tokens, whether prediction.json existed when it was trained)
 
     def fake_run(stage, ws, tokens, tokenizer):
