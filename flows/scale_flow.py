@@ -32,7 +32,7 @@ from tasks.data.collect import source_inputs
 from tasks.reports.scaling import publish_scale_report
 from tasks.training.scaling.prediction import Prediction, fit_problem, fit_sweep, predict_run, write_prediction
 from tasks.training.scaling.sweep import (MeasuredPoint, epoch_warnings, measured_point, plan_sweep, point_config,
-                                 sweep_members, sweep_pretrain, world_size)
+                                 sweep_members, sweep_pretrain, sweep_tokenizer, world_size)
 from tasks.tokenizer.tokenize_shards import load_token_index
 from tasks.tokenizer.train import load_tokenizer
 from tasks.training.pretrain.stage import Pretrain
@@ -75,12 +75,9 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
     root = str(ws.root)
     catalog = load_catalog(config.data.catalog, only=config.data.sources)
     sources = {s.name: source_inputs(catalog, s) for s in catalog.sources}
-    tokenizer = config.tokenizer  # the sweep's own vocabulary where scale.vocab_size names one
-    if config.scale.vocab_size is not None:
-        tokenizer = type(tokenizer).model_validate({**tokenizer.model_dump(), "vocab_size": config.scale.vocab_size})
+    tokenizer, pretrain = sweep_tokenizer(config.tokenizer, config.scale), sweep_pretrain(config.pretrain, config.scale)
     what = {"data": config.data.outputs_identity(), "tokenizer": tokenizer, "tokenize": config.tokenize,
             "pretrain": config.pretrain, "scale": config.scale}
-    pretrain = sweep_pretrain(config.pretrain, config.scale)
     with stop_on_cancel(), workspace_lock(ws), stage_run(
         ws, "scale", what, run_name=f"scale {describe_overrides(overrides or [])}".strip(),
         run_key=flow_key("scale", __name__, what, sources),

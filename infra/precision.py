@@ -92,21 +92,29 @@ def _cache_file(name: str = "precision.json") -> Path:
     return root / "llmforge" / name
 
 
-def _cached(name: str, key: str, measure) -> float:
-    """The number kept under `key` in the cache file `name`, measured (and kept) when missing."""
+def _read_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _keep(name: str, key: str, value: float) -> None:
+    """Keep `value` under `key` in the cache file `name`, beside what the file holds."""
     path = _cache_file(name)
     try:
-        cached = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        cached = {}
-    if isinstance(cached.get(key), (int, float)):
-        return float(cached[key])
-    value = measure()
-    try:
-        cached[key] = float(f"{value:.4g}")
-        write_json_atomic(path, cached)
+        write_json_atomic(path, {**_read_cache(path), key: float(f"{value:.4g}")})
     except OSError:
         pass  # a read-only home only costs the measurement again next time
+
+
+def _cached(name: str, key: str, measure) -> float:
+    """The number kept under `key` in the cache file `name`, measured (and kept) when missing."""
+    kept = _read_cache(_cache_file(name)).get(key)
+    if isinstance(kept, (int, float)):
+        return float(kept)
+    value = measure()
+    _keep(name, key, value)
     return value
 
 
@@ -120,22 +128,18 @@ def cpu_bf16_speedup() -> float:
 def cpu_peak_flops(dtype_name: str = "float32") -> float:
     """Practical peak FLOP/s of this CPU at its thread count in `dtype_name` ("float32" or "bfloat16"):
     the fastest of _PEAK_REPEATS square matmuls of _PEAK_N, measured once per machine and kept."""
-    return _cached("peak_flops.json", f"{_machine_key()} | {dtype_name}", lambda: measure_cpu_peak_flops(dtype_name))
+    return _cached("peak_flops.json", _peak_key(dtype_name), lambda: measure_cpu_peak_flops(dtype_name))
+
+
+def _peak_key(dtype_name: str) -> str:
+    return f"{_machine_key()} | {dtype_name}"
 
 
 def remeasure_cpu_peak(dtype_name: str, at_least: float) -> float:
     """The kept peak replaced after training ran faster than it (`at_least` FLOP/s per rank), which shows it was
     measured while something else used the CPU: measured again now, and never below what training reached."""
     value = max(measure_cpu_peak_flops(dtype_name), at_least)
-    path = _cache_file("peak_flops.json")
-    try:
-        cached = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        cached = {}
-    try:
-        write_json_atomic(path, {**cached, f"{_machine_key()} | {dtype_name}": float(f"{value:.4g}")})
-    except OSError:
-        pass
+    _keep("peak_flops.json", _peak_key(dtype_name), value)
     cpu_peak_flops.cache_clear()
     return value
 

@@ -55,6 +55,13 @@ def world_size(cfg: PretrainConfig) -> int:
     return cfg.launch.num_procs * (node_count(cfg.launch.hostfile) if cfg.launch.hostfile else 1)
 
 
+def sweep_tokenizer(tokenizer: Any, scale: ScaleConfig) -> Any:
+    """The pipeline's tokenizer config (a TokenizerConfig) as the sweep trains it: with `scale.vocab_size` where set."""
+    if scale.vocab_size is None:
+        return tokenizer
+    return type(tokenizer).model_validate({**tokenizer.model_dump(), "vocab_size": scale.vocab_size})
+
+
 def sweep_pretrain(pretrain: PretrainConfig, scale: ScaleConfig) -> PretrainConfig:
     """The preset's pretraining settings as the sweep trains them: with `scale.micro_batch_size` where set."""
     if scale.micro_batch_size is None:

@@ -17,7 +17,7 @@ from tasks.training.scaling.config import ScaleConfig
 from tasks.training.scaling.prediction import (PREDICTION_FILE, fit_problem, fit_sweep, predict_run,
                                                read_prediction, write_prediction)
 from tasks.training.scaling.sweep import (MeasuredPoint, epoch_warnings, plan_sweep, point_config, sweep_members,
-                                          sweep_pretrain, world_size)
+                                          sweep_pretrain, sweep_tokenizer, world_size)
 
 VOCAB = 4096
 PRETRAIN = PretrainConfig.model_validate({"batch": {"seq_len": 128, "micro_batch_size": 16}, "optim": {"lr": 0.002}})
@@ -42,6 +42,17 @@ def test_the_sweeps_own_micro_batch_gives_every_point_its_steps():
     for a, b in zip(wide, narrow):  # the same tokens, in four times the optimizer steps
         assert abs(b.steps - 4 * a.steps) <= 2 and abs(b.tokens - a.tokens) <= 2 * 128 * 16
         assert point_config(small, b, SCALE).steps == b.steps
+
+
+def test_the_sweeps_own_vocabulary():
+    from tasks.tokenizer.train import TokenizerConfig
+
+    pipeline = TokenizerConfig(vocab_size=4096, min_frequency=3)
+    assert sweep_tokenizer(pipeline, SCALE) is pipeline
+    own = sweep_tokenizer(pipeline, SCALE.model_copy(update={"vocab_size": 1024}))
+    assert (own.vocab_size, own.min_frequency, pipeline.vocab_size) == (1024, 3, 4096)
+    with pytest.raises(ValueError):  # too small to hold the special tokens and the 256 bytes: refused, not kept
+        sweep_tokenizer(pipeline, SCALE.model_copy(update={"vocab_size": 100}))
 
 
 def test_config_defaults_are_the_familys():
