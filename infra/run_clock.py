@@ -6,7 +6,8 @@
 
 The estimate of the stages still to come is the preset's reference times scaled by this machine's measured
 pace: the time the stages that ran here took over their reference times. Stages reused from the cache (done in
-well under their reference time) do not count towards the pace; before any stage has run the pace is 1.
+well under their reference time) and stages of a few seconds do not count towards the pace (a few seconds more
+or less would swing it); before any stage has counted the pace is 1.
 A training rank reads the seconds expected after its stage from RUN_AFTER_ENV and adds them to its own ETA.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Callable, Iterator
 
 RUN_AFTER_ENV = "LLMFORGE_RUN_AFTER_S"  # seconds the run is expected to take after the current stage
 CACHED_BELOW = 0.2  # a stage done in under this fraction of its reference time was reused, not run
+PACE_MIN_S = 30.0  # nor does a stage shorter than this count: a rerun's reused data stage took 5 s of its 24
 
 
 def clock_text(seconds: float) -> str:
@@ -51,7 +53,8 @@ class RunClock:
 
     def pace(self) -> float:
         """This machine's time over the reference time, over the stages that ran here (1.0 before any did)."""
-        ran = {n: s for n, s in self.done.items() if self.expected.get(n) and s >= CACHED_BELOW * self.expected[n]}
+        ran = {n: s for n, s in self.done.items()
+               if self.expected.get(n) and s >= max(CACHED_BELOW * self.expected[n], PACE_MIN_S)}
         reference = sum(self.expected[n] for n in ran)
         return sum(ran.values()) / reference if reference else 1.0
 

@@ -25,6 +25,11 @@ def test_stages_announce_the_run_so_far_and_the_rest_at_the_measured_pace(monkey
         now.t += 2  # reused from the cache: says nothing about this machine's pace
     with clock.stage("sft", "tune"):
         assert clock.pace() == 2.0 and lines[-1].endswith("(run: 2m02s so far, about 6m00s left)")
+    # A rerun whose data stage was reused in 15 s (a quarter of its minute): a few seconds set no pace.
+    rerun = RunClock({"data": 1, "pretrain": 4}, out=lines.append, now=now)
+    with rerun.stage("data", "collect"):
+        now.t += 15
+    assert rerun.pace() == 1.0
     assert RUN_AFTER_ENV not in __import__("os").environ  # outside a stage the ranks add nothing
     assert run_left_text(30) == ""
 
