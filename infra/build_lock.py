@@ -91,14 +91,27 @@ def clear_stale_build_locks(env: Mapping[str, str] | None = None, log: Callable[
     return removed
 
 
-def clear_lock_of_stopped_build(env: Mapping[str, str] | None = None, log: Callable[[str], Any] = print) -> list[Path]:
+def _builders_gone(folder: Path, wait_s: float) -> bool:
+    """Whether the processes building in `folder` have exited within `wait_s` (a Ctrl-C reaches ninja and the
+    compiler with the launch, and they take a moment to die: seen leaving the lock behind in CI)."""
+    deadline = time.monotonic() + wait_s
+    while _builders(folder):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def clear_lock_of_stopped_build(env: Mapping[str, str] | None = None, log: Callable[[str], Any] = print,
+                                wait_s: float = 10.0) -> list[Path]:
     """After a launch whose rank said BUILDING_SHM_OP has stopped: remove the lock it left, saying so (its
     compilers die with it on Ctrl-C, and the next launch would wait STALE_AFTER_S before calling the lock
-    stale). A finished build has released it already."""
+    stale). A finished build has released it already. A build still running after `wait_s` is another
+    launch's (ours waited on its lock): its lock stays."""
     removed = []
     for folder in [extensions_root(env) / SHM_OP]:
         lock = folder / LOCK_NAME
-        if lock.exists() and not _builders(folder):
+        if lock.exists() and _builders_gone(folder, wait_s):
             lock.unlink(missing_ok=True)
             removed.append(lock)
             log(f"removed the build lock {lock}: this launch was stopped while building the op "

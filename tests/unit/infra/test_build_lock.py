@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from infra.build_lock import clear_stale_build_locks, extensions_root, stale_locks
+from infra.build_lock import clear_lock_of_stopped_build, clear_stale_build_locks, extensions_root, stale_locks
 
 
 def _lock(root, op="deepspeed_shm_comm", age_s=600.0):
@@ -44,6 +44,30 @@ def test_a_lock_with_a_process_working_in_the_folder_is_left(tmp_path):
         builder.kill()
         builder.wait()
     assert stale_locks(tmp_path) == [lock]
+
+
+def test_a_stopped_builds_lock_waits_for_its_dying_compiler_and_a_live_build_keeps_it(tmp_path):
+    # Ctrl-C reaches the compiler with the launch; it may still be exiting when the launch clears the lock (seen
+    # in CI: the lock stayed). The launch waits for it; a build that outlives the wait is another launch's.
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    lock = _lock(tmp_path, age_s=0)
+    dying = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"], cwd=lock.parent)
+    lines: list[str] = []
+    try:
+        time.sleep(0.2)
+        assert clear_lock_of_stopped_build(env, lines.append, wait_s=10) == [lock] and not lock.exists()
+        assert dying.poll() is not None and "removed the build lock" in lines[0]
+    finally:
+        dying.kill()
+        dying.wait()
+    lock = _lock(tmp_path, age_s=0)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=lock.parent)
+    try:
+        time.sleep(0.2)
+        assert clear_lock_of_stopped_build(env, lines.append, wait_s=0.5) == [] and lock.exists()
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_the_root_is_torch_extensions_dir_else_torchs_cache_folder(tmp_path):
