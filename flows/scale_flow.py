@@ -85,7 +85,8 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
         data = data_flow(config.data, workdir=root, overrides=[o for o in overrides or [] if o.startswith("data.")])
         tok = tokenized(ws, data.manifest, tokenizer, config.tokenize)
         vocab_size = load_tokenizer(tok.tokenizer).get_vocab_size()
-        train_tokens = load_token_index(tok.tokens).tokens("train")
+        index = load_token_index(tok.tokens)
+        train_tokens, val_tokens = index.tokens("train"), index.tokens("val")
         members = sweep_members(config.scale, pretrain, vocab_size)
         plan = plan_sweep(config.scale, pretrain, vocab_size)
         # The sweep's folder is keyed on what the sweep is, the data it trains on and this flow's code.
@@ -99,7 +100,7 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
         def train(point, label: str):
             print(f"{label}: depth {point.depth}, N={point.n_params:,}, D={point.tokens:,} tokens "
                   f"({point.tokens_per_param:.1f}/param, {point.tokens / train_tokens:.2f} epochs), C={point.flops:.3g}")
-            result = run(Pretrain(point_config(pretrain, point, config.scale)), ws, tokens=tok.tokens,
+            result = run(Pretrain(point_config(pretrain, point, config.scale, val_tokens)), ws, tokens=tok.tokens,
                          tokenizer=tok.tokenizer)
             return result, measured_point(point, result, train_tokens)
 

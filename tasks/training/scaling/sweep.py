@@ -1,7 +1,7 @@
 """An IsoFLOP sweep as ordinary pretraining runs: which family members each compute budget trains, for how long.
 
     points = plan_sweep(config.scale, config.pretrain, vocab_size)     budgets x sizes, smallest first
-    run(Pretrain(point_config(config.pretrain, point, config.scale)), ws, tokens=..., tokenizer=...)
+    run(Pretrain(point_config(config.pretrain, point, config.scale, val_tokens)), ws, tokens=..., tokenizer=...)
     measured_point(point, result, train_tokens)                       what the fits and the report read
 
 Every point is a member of one model family (models/family.py: depth sets every shape) trained for
@@ -109,11 +109,13 @@ def plan_sweep(scale: ScaleConfig, pretrain: PretrainConfig, vocab_size: int) ->
     return [point_at(b, m, per_step) for b in scale.budgets for m in sizes_for(b, members, scale)]
 
 
-def point_config(pretrain: PretrainConfig, point: SweepPoint, scale: ScaleConfig) -> PretrainConfig:
+def point_config(pretrain: PretrainConfig, point: SweepPoint, scale: ScaleConfig, val_tokens: int) -> PretrainConfig:
     """The preset's pretraining config for one point: its member's shape, its steps, a warmup in proportion.
 
     No Hugging Face export (a sweep point is a measurement, not a model to ship) and validation
-    only at the end, where the fits read it.
+    only at the end, where the fits read it, over the whole val split (`val_tokens`): the preset's
+    few eval batches are a sample whose noise (about 2% of the loss on 16 windows, BENCHMARKS.md)
+    would be most of the points' scatter about the law.
     """
     from models.family import family_config
 
@@ -123,6 +125,8 @@ def point_config(pretrain: PretrainConfig, point: SweepPoint, scale: ScaleConfig
     data.update(model_overrides=overrides, steps=point.steps, export_hf=False)
     data["optim"]["warmup_steps"] = round(scale.warmup_fraction * point.steps)
     data["log"]["eval_every"] = 0
+    rows = pretrain.batch.micro_batch_size * world_size(pretrain)
+    data["log"]["eval_batches"] = max(1, (val_tokens - 1) // pretrain.batch.seq_len // rows)
     return PretrainConfig.model_validate(data)
 
 

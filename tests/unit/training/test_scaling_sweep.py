@@ -41,7 +41,7 @@ def test_the_sweeps_own_micro_batch_gives_every_point_its_steps():
     assert [p.depth for p in wide] == [p.depth for p in narrow]
     for a, b in zip(wide, narrow):  # the same tokens, in four times the optimizer steps
         assert abs(b.steps - 4 * a.steps) <= 2 and abs(b.tokens - a.tokens) <= 2 * 128 * 16
-        assert point_config(small, b, SCALE).steps == b.steps
+        assert point_config(small, b, SCALE, 10_000).steps == b.steps
 
 
 def test_the_sweeps_own_vocabulary():
@@ -81,12 +81,15 @@ def test_plan_spends_each_budget_on_whole_steps_around_the_guess():
 
 def test_point_config_is_the_presets_pretraining_with_the_members_shape():
     point = plan_sweep(SCALE, PRETRAIN, VOCAB)[5]
-    cfg = point_config(PRETRAIN, point, SCALE)
+    cfg = point_config(PRETRAIN, point, SCALE, val_tokens=31_423)
     arch = resolve_model_config(cfg, VOCAB)
     assert arch == family_config(point.depth, VOCAB, 128, 32, 32).model_dump(mode="json")
     assert cfg.steps == point.steps and cfg.optim.warmup_steps == round(0.05 * point.steps)
     assert cfg.optim.lr == PRETRAIN.optim.lr and cfg.batch == PRETRAIN.batch and cfg.export_hf is False
     assert cfg.log.eval_every == 0  # validated once, at the end, where the fits read it
+    # over the whole val split: 245 windows of 128 tokens, in batches of the micro-batch's rows (no window twice)
+    rows = PRETRAIN.batch.micro_batch_size
+    assert cfg.log.eval_batches == 245 // rows and cfg.log.eval_batches * rows <= 245 < (cfg.log.eval_batches + 1) * rows
 
 
 def test_epochs_past_four_are_warned():
