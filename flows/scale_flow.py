@@ -2,7 +2,7 @@
 
     data → tokenizer → token shards (as the pipeline's: the same cached stages)
     for each budget C and each size N of the family: run(Pretrain(point), ...)   cached: a rerun trains only what is missing
-    fit (Chinchilla approaches 2 and 3, bootstrap) → prediction.json at predict_factor x the largest C
+    fit (Chinchilla approaches 2 and 3, bootstrap) → prediction.json at predict_factor x the largest C, fit.json
     run(Pretrain(the predicted run), ...) → prediction.json with measured_bpb → report
 
 One MLflow parent run (`scale`) with each point's pretraining run nested under it, tagged with
@@ -30,6 +30,7 @@ from infra.workspace_lock import workspace_lock
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs
 from tasks.reports.scaling import publish_scale_report
+from tasks.training.scaling.fit_record import write_fit
 from tasks.training.scaling.prediction import Prediction, fit_problem, fit_sweep, predict_run, write_prediction
 from tasks.training.scaling.sweep import (MeasuredPoint, epoch_warnings, measured_point, plan_sweep, point_config,
                                  sweep_members, sweep_pretrain, sweep_tokenizer, world_size)
@@ -124,6 +125,7 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
             prediction = predict_run(sb, members, budget, per_step)
             intervals = sb.intervals(budget)
             write_prediction(folder, prediction)  # written down before the run exists
+            write_fit(folder, sb, index)  # the predicted run's report (and later runs on these shards) read its ratio
             for line in epoch_warnings([prediction.point()], train_tokens):
                 print(f"WARNING: {line}")
                 warnings.append(line)

@@ -23,8 +23,17 @@ CHINCHILLA_TOKENS_PER_PARAM = 20.0  # Hoffmann et al. 2022, approach 1-3 rounded
 # Outside [5, 100] tokens/param the run is far from compute-optimal: below 5 the model is
 # badly undertrained for its size; above 100 a bigger model would reach a lower loss for
 # the same compute (acceptable on purpose when inference cost matters, as in Llama 3).
+# With a ratio fitted by a sweep, the same band in proportion: [ratio / 4, ratio * 5].
 UNDERTRAINED_BELOW = 5.0
 OVERTRAINED_ABOVE = 100.0
+
+
+def count(n: float) -> str:
+    """A parameter or token count for a report line: 20.5k, 2.36M, 1.4B."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.0f}"
 
 
 def num_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
@@ -55,7 +64,7 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float
 
 @dataclass(frozen=True)
 class ChinchillaReport:
-    """Where a run sits against the Chinchilla rule D ~ 20 N with C ~ 6 N D."""
+    """Where a run sits against the compute-optimal D ~ ratio x N with C ~ 6 N D (Chinchilla's ratio, or a fitted one)."""
 
     compute_flops: float | None
     n_params: int | None
@@ -64,38 +73,45 @@ class ChinchillaReport:
     optimal_params: int | None  # for this compute budget
     optimal_tokens: int | None
     warning: str | None
+    optimal_ratio: float = CHINCHILLA_TOKENS_PER_PARAM
+    ratio_source: str = "Chinchilla"  # or the sweep that fitted optimal_ratio, with its interval
 
     def summary(self) -> str:
         """One line for a report card."""
         parts = []
         if self.n_params is not None:
-            parts.append(f"params {self.n_params / 1e6:.1f}M")
+            parts.append(f"params {count(self.n_params)}")
         if self.tokens is not None:
-            parts.append(f"tokens {self.tokens / 1e6:.1f}M")
+            parts.append(f"tokens {count(self.tokens)}")
         if self.tokens_per_param is not None:
-            parts.append(f"{self.tokens_per_param:.1f} tokens/param (optimal ~{CHINCHILLA_TOKENS_PER_PARAM:.0f})")
+            parts.append(f"{self.tokens_per_param:.1f} tokens/param (optimal ~{self.optimal_ratio:.3g}, "
+                         f"{self.ratio_source})")
         if self.optimal_params is not None:
             parts.append(
                 f"compute-optimal for {self.compute_flops:.2e} FLOPs: "
-                f"{self.optimal_params / 1e6:.1f}M params on {self.optimal_tokens / 1e6:.1f}M tokens"
+                f"{count(self.optimal_params)} params on {count(self.optimal_tokens)} tokens"
             )
         line = "; ".join(parts)
         return f"{line}. WARNING: {self.warning}" if self.warning else line
 
 
 def chinchilla(
-    compute_flops: float | None = None, n_params: int | None = None, tokens: int | None = None
+    compute_flops: float | None = None, n_params: int | None = None, tokens: int | None = None,
+    optimal_ratio: float = CHINCHILLA_TOKENS_PER_PARAM, ratio_source: str = "Chinchilla",
 ) -> ChinchillaReport:
     """Fill in what two of (C, N, D) imply via C = 6 N D, and compare with the compute-optimal N, D for C.
 
-    With only N (or only D), the optimal partner D = 20 N (N = D / 20) and its compute are reported.
+    With only N (or only D), the optimal partner D = ratio N (N = D / ratio) and its compute are reported.
+    `optimal_ratio` is Chinchilla's 20 tokens per parameter unless a sweep on the same data fitted its own
+    (tasks/training/scaling/fit_record.py); `ratio_source` says which, for the report line.
     """
     given = {k: v for k, v in dict(compute_flops=compute_flops, n_params=n_params, tokens=tokens).items() if v is not None}
     if not given:
         raise ValueError("chinchilla() needs at least one of compute_flops, n_params, tokens")
-    for key, value in given.items():
+    for key, value in {**given, "optimal_ratio": optimal_ratio}.items():
         if value <= 0:
             raise ValueError(f"chinchilla(): {key}={value} must be positive")
+    r = optimal_ratio
     C, N, D = compute_flops, n_params, tokens
     if C is None and N is not None and D is not None:
         C = 6.0 * N * D
@@ -104,26 +120,27 @@ def chinchilla(
     elif C is not None and N is None and D is not None:
         N = int(round(C / (6.0 * D)))
     elif C is None and N is not None:  # N only: budget of the optimal run for this size
-        C = 6.0 * N * CHINCHILLA_TOKENS_PER_PARAM * N
+        C = 6.0 * N * r * N
     elif C is None and D is not None:  # D only
-        C = 6.0 * (D / CHINCHILLA_TOKENS_PER_PARAM) * D
+        C = 6.0 * (D / r) * D
 
-    # C = 6 N (20 N)  =>  N_opt = sqrt(C / 120)
-    optimal_params = int(round(math.sqrt(C / (6.0 * CHINCHILLA_TOKENS_PER_PARAM))))
-    optimal_tokens = int(round(CHINCHILLA_TOKENS_PER_PARAM * optimal_params))
+    # C = 6 N (r N)  =>  N_opt = sqrt(C / 6 r)
+    optimal_params = int(round(math.sqrt(C / (6.0 * r))))
+    optimal_tokens = int(round(r * optimal_params))
 
     ratio = D / N if (N is not None and D is not None) else None
+    under, over = r * UNDERTRAINED_BELOW / CHINCHILLA_TOKENS_PER_PARAM, r * OVERTRAINED_ABOVE / CHINCHILLA_TOKENS_PER_PARAM
     warning = None
-    if ratio is not None and ratio < UNDERTRAINED_BELOW:
+    if ratio is not None and ratio < under:
         warning = (
-            f"only {ratio:.1f} tokens per parameter (< {UNDERTRAINED_BELOW:.0f}): the model is undertrained; "
-            f"for this compute a ~{optimal_params / 1e6:.1f}M-parameter model on ~{optimal_tokens / 1e6:.1f}M tokens "
+            f"only {ratio:.1f} tokens per parameter (< {under:.3g}): the model is undertrained; "
+            f"for this compute a ~{count(optimal_params)}-parameter model on ~{count(optimal_tokens)} tokens "
             "would reach a lower loss"
         )
-    elif ratio is not None and ratio > OVERTRAINED_ABOVE:
+    elif ratio is not None and ratio > over:
         warning = (
-            f"{ratio:.0f} tokens per parameter (> {OVERTRAINED_ABOVE:.0f}): far past compute-optimal; a larger "
-            f"model (~{optimal_params / 1e6:.1f}M params) would use this compute better, unless inference cost matters"
+            f"{ratio:.0f} tokens per parameter (> {over:.3g}): far past compute-optimal; a larger "
+            f"model (~{count(optimal_params)} params) would use this compute better, unless inference cost matters"
         )
     return ChinchillaReport(
         compute_flops=C,
@@ -133,4 +150,6 @@ def chinchilla(
         optimal_params=optimal_params,
         optimal_tokens=optimal_tokens,
         warning=warning,
+        optimal_ratio=r,
+        ratio_source=ratio_source,
     )

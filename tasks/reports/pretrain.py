@@ -1,5 +1,8 @@
 """Pretraining's evaluation step: validation perplexity against the unigram baseline of the
-same tokenizer on the same validation tokens, plus the Chinchilla view of the run."""
+same tokenizer on the same validation tokens, plus the Chinchilla view of the run: its tokens per
+parameter (all parameters, as Chinchilla counts them) against the compute-optimal ratio, which is
+the one a scaling sweep fitted on the same data and tokenizer where there is one (`llmforge scale`),
+else Chinchilla's 20."""
 from __future__ import annotations
 
 import json
@@ -30,14 +33,23 @@ def log_pretrain_report(tokenizer: Path, tokens_dir: Path, result: PretrainResul
 
     unigram = unigram_perplexity(tokens_dir)
     index = load_token_index(tokens_dir)
+    from tasks.training.scaling.fit_record import find_fit
+
     cfg = load_config(result.model_dir)
-    report = chinchilla(n_params=num_params(cfg, include_embeddings=False), tokens=result.tokens_seen)
+    n_params = num_params(cfg)
+    fit = find_fit(tokens_dir) if result.tokens_seen else None
+    if fit is not None:
+        compute = 6.0 * n_params * result.tokens_seen
+        report = chinchilla(n_params=n_params, tokens=result.tokens_seen,
+                            optimal_ratio=fit.optimal_ratio(compute).estimate, ratio_source=fit.source(compute))
+    else:
+        report = chinchilla(n_params=n_params, tokens=result.tokens_seen)
     lines = [
         "# Pretraining",
         "",
         "| metric | value |",
         "|---|---|",
-        f"| parameters (non-embedding) | {num_params(cfg, include_embeddings=False):,} |",
+        f"| parameters | {n_params:,} ({num_params(cfg, include_embeddings=False):,} non-embedding) |",
         f"| steps | {result.steps} |",
         f"| tokens seen | {result.tokens_seen:,} |",
         f"| train tokens available | {index.tokens('train'):,} |",
@@ -50,7 +62,8 @@ def log_pretrain_report(tokenizer: Path, tokens_dir: Path, result: PretrainResul
     ]
     markdown = "\n".join(lines)
     md = write_text_atomic(out_dir / "pretrain_report.md", markdown)
-    metrics = {"unigram_ppl": unigram, "tokens_per_param": report.tokens_per_param}
+    metrics = {"unigram_ppl": unigram, "tokens_per_param": report.tokens_per_param,
+               "optimal_tokens_per_param": report.optimal_ratio}
     if result.val_ppl is not None:
         metrics["final_val_ppl"] = result.val_ppl  # the worker's name, so a cached stage logs the same key
         metrics["val_ppl_over_unigram"] = result.val_ppl / unigram

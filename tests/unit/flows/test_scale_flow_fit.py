@@ -16,6 +16,7 @@ from flows.pretrain_flow import TokenizedData
 from models.flops import num_params
 from models.llama import ModelConfig
 from models.scaling import LossLaw
+from tasks.training.scaling.fit_record import SweepFit
 
 TRUTH = LossLaw(E=0.8, A=20.0, B=30.0, alpha=0.30, beta=0.32)  # bracketed by the tiny family at these budgets
 TRAIN_TOKENS = 10**7
@@ -44,7 +45,8 @@ def test_fit_then_prediction_written_before_the_run_then_measured(tmp_path, monk
     monkeypatch.setattr(scale_flow_module, "tokenized",
                         lambda *a: TokenizedData(tokenizer=tmp_path / "tok.json", tokens=tmp_path / "tokens"))
     monkeypatch.setattr(scale_flow_module, "load_tokenizer", lambda path: SimpleNamespace(get_vocab_size=lambda: 4096))
-    monkeypatch.setattr(scale_flow_module, "load_token_index", lambda path: SimpleNamespace(tokens=lambda s: TRAIN_TOKENS))
+    monkeypatch.setattr(scale_flow_module, "load_token_index", lambda path: SimpleNamespace(
+        tokens=lambda s: TRAIN_TOKENS, tokenizer_sha256="t" * 64, manifest_sha256="m" * 64))
 
     result = scale_flow_module.scale_flow.fn(config, workdir=str(tmp_path / "work"))
 
@@ -55,6 +57,11 @@ def test_fit_then_prediction_written_before_the_run_then_measured(tmp_path, monk
     assert data["measured_bpb"] == pytest.approx(TRUTH.loss(pred.n_params, pred.tokens))
     assert data["flops"] == pytest.approx(4 * 4e12, rel=0.01) and trained[12][0] == data["tokens"]
     assert data["interval"][0] <= data["measured_bpb"] <= data["interval"][1]
+    fit = SweepFit.model_validate_json((result.folder / "fit.json").read_text())  # for later runs' Chinchilla line
+    assert fit.bootstrap.law.loss(pred.n_params, pred.tokens) == pytest.approx(pred.predicted_bpb)
+    assert fit.manifest_sha256 == "m" * 64 and fit.tokenizer_sha256 == "t" * 64
+    ratio = fit.optimal_ratio(pred.budget)
+    assert ratio.low <= ratio.estimate <= ratio.high
     report = result.report.read_text()
     assert "## Predicted, then trained" in report and "| yes |" in report
     for png in ("isoflop.png", "frontier.png", "contours.png"):

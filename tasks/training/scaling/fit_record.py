@@ -1,0 +1,67 @@
+"""A sweep's fit, kept in its folder so that later runs on the same data and tokenizer can use it.
+
+    write_fit(folder, sb, index)     <sweep folder>/fit.json: the bootstrapped fits and the token shards they came from
+    find_fit(tokens_dir)             the newest sweep fit on the same data and tokenizer as these shards, or None
+    fit.optimal_ratio(compute)       the law's compute-optimal tokens per parameter at `compute`, with its interval
+
+The pretraining report reads it (tasks/reports/pretrain.py): its Chinchilla line then compares the
+run with the ratio measured on this data, model family and tokenizer instead of Chinchilla's 20.
+"Same" is the token index's tokenizer and data-manifest sha256: a sweep on its own vocabulary
+(scale.vocab_size) fits another tokenizer, and its ratio is not used.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from infra.atomic import write_json_atomic
+from models.scaling_bootstrap import Interval, ScalingBootstrap
+from tasks.tokenizer.tokenize_shards import TokenShards, load_token_index
+
+FIT_FILE = "fit.json"
+SWEEPS = "scale"  # the workspace store of the sweeps (flows/scale_flow.py STORE)
+
+
+class SweepFit(BaseModel):
+    """fit.json: both fits with their bootstrap resamples, and what they were fitted on."""
+
+    folder: str
+    tokenizer_sha256: str
+    manifest_sha256: str
+    bootstrap: ScalingBootstrap
+
+    def optimal_ratio(self, compute: float) -> Interval:
+        """Approach 3's D_opt / N_opt at `compute` (C = 6 N D, N with embeddings), with its bootstrap interval."""
+        return self.bootstrap.intervals(compute).tokens_per_param
+
+    def source(self, compute: float) -> str:
+        """How a report names the ratio: fitted, its interval, the sweep."""
+        iv = self.optimal_ratio(compute)
+        return (f"fitted at this compute by the sweep in {self.folder}, "
+                f"{self.bootstrap.level:.0%} interval [{iv.low:.3g}, {iv.high:.3g}]")
+
+
+def write_fit(folder: Path, sb: ScalingBootstrap, index: TokenShards) -> Path:
+    fit = SweepFit(folder=str(folder), tokenizer_sha256=index.tokenizer_sha256,
+                   manifest_sha256=index.manifest_sha256, bootstrap=sb)
+    return write_json_atomic(Path(folder) / FIT_FILE, fit)
+
+
+def find_fit(tokens_dir: Path) -> SweepFit | None:
+    """The newest fit.json among the workspace's sweeps whose shards share these shards' tokenizer and data.
+
+    The workspace is the one holding `tokens_dir` (<workspace>/tokens/<key>); a fit.json that cannot be
+    read is passed over, as if that sweep had not finished.
+    """
+    index = load_token_index(tokens_dir)
+    sweeps = Path(tokens_dir).resolve().parent.parent / SWEEPS
+    files = sorted(sweeps.glob(f"*/{FIT_FILE}"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in files:
+        try:
+            fit = SweepFit.model_validate_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if (fit.tokenizer_sha256, fit.manifest_sha256) == (index.tokenizer_sha256, index.manifest_sha256):
+            return fit
+    return None
