@@ -30,7 +30,7 @@ from infra.workspace_lock import workspace_lock
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs
 from tasks.reports.scaling import publish_scale_report
-from tasks.training.scaling.fit_record import write_fit
+from tasks.training.scaling.fit_record import SWEEPS, write_fit
 from tasks.training.scaling.prediction import Prediction, fit_problem, fit_sweep, predict_run, write_prediction
 from tasks.training.scaling.sweep import (MeasuredPoint, epoch_warnings, measured_point, plan_sweep, point_config,
                                  sweep_members, sweep_pretrain, sweep_tokenizer, world_size)
@@ -38,7 +38,7 @@ from tasks.tokenizer.tokenize_shards import load_token_index
 from tasks.tokenizer.train import load_tokenizer
 from tasks.training.pretrain.stage import Pretrain
 
-STORE = "scale"
+STORE = SWEEPS  # the workspace store of the sweeps, where later runs look for a fit.json
 
 
 class ScaleResult(BaseModel):

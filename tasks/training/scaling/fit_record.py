@@ -20,7 +20,7 @@ from models.scaling_bootstrap import Interval, ScalingBootstrap
 from tasks.tokenizer.tokenize_shards import TokenShards, load_token_index
 
 FIT_FILE = "fit.json"
-SWEEPS = "scale"  # the workspace store of the sweeps (flows/scale_flow.py STORE)
+SWEEPS = "scale"  # the workspace store of the sweeps (flows/scale_flow.py writes them there)
 
 
 class SweepFit(BaseModel):
