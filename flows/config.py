@@ -67,7 +67,7 @@ class RegistryConfig(StrictModel):
 
 # The stages of `llmforge run` in order, and their minutes on an idle 2-core AVX2 machine training in fp32
 # (README "What the first command produced here").
-EXPECTED_MINUTES = {"data": 0.4, "pretrain": 7.0, "sft": 4.1, "grpo": 2.4, "evaluate": 1.2}
+EXPECTED_MINUTES = {"data": 0.2, "pretrain": 4.2, "sft": 2.6, "grpo": 1.5, "evaluate": 0.8}
 
 
 class PipelineConfig(StrictModel):
