@@ -30,18 +30,17 @@ def log_pretrain_report(tokenizer: Path, tokens_dir: Path, result: PretrainResul
     """Compute the baseline, log the comparison and artifacts to the active MLflow run."""
     from models.export import load_config
     from models.flops import chinchilla, num_params
+    from tasks.training.scaling.fit_record import find_fit
 
     unigram = unigram_perplexity(tokens_dir)
     index = load_token_index(tokens_dir)
-    from tasks.training.scaling.fit_record import find_fit
-
     cfg = load_config(result.model_dir)
     n_params = num_params(cfg)
     fit = find_fit(tokens_dir) if result.tokens_seen else None
     if fit is not None:
-        compute = 6.0 * n_params * result.tokens_seen
-        report = chinchilla(n_params=n_params, tokens=result.tokens_seen,
-                            optimal_ratio=fit.optimal_ratio(compute).estimate, ratio_source=fit.source(compute))
+        ratio = fit.optimal_ratio(6.0 * n_params * result.tokens_seen)
+        report = chinchilla(n_params=n_params, tokens=result.tokens_seen, optimal_ratio=ratio.estimate,
+                            ratio_source=fit.source(ratio))
     else:
         report = chinchilla(n_params=n_params, tokens=result.tokens_seen)
     lines = [

@@ -35,11 +35,10 @@ class SweepFit(BaseModel):
         """Approach 3's D_opt / N_opt at `compute` (C = 6 N D, N with embeddings), with its bootstrap interval."""
         return self.bootstrap.intervals(compute).tokens_per_param
 
-    def source(self, compute: float) -> str:
-        """How a report names the ratio: fitted, its interval, the sweep."""
-        iv = self.optimal_ratio(compute)
+    def source(self, ratio: Interval) -> str:
+        """How a report names a ratio of optimal_ratio(): fitted, by which sweep, its interval."""
         return (f"fitted at this compute by the sweep in {self.folder}, "
-                f"{self.bootstrap.level:.0%} interval [{iv.low:.3g}, {iv.high:.3g}]")
+                f"{self.bootstrap.level:.0%} interval [{ratio.low:.3g}, {ratio.high:.3g}]")
 
 
 def write_fit(folder: Path, sb: ScalingBootstrap, index: TokenShards) -> Path:

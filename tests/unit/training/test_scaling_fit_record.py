@@ -16,7 +16,8 @@ from tests.unit.models.test_scaling import BUDGETS, TRUTH, sweep
 def _shards(folder, manifest="m" * 64):
     folder.mkdir(parents=True)
     index = TokenShards(dtype="uint16", vocab_size=1024, eos_id=2, val_fraction=0.05, tokenizer_sha256="t" * 64,
-                        manifest_sha256=manifest, files={}, sources={})
+                        manifest_sha256=manifest, sources={},
+                        files={"train": {"file": "train.bin", "tokens": 1_000_000, "bytes": 2_000_000, "sha256": "0" * 64}})
     (folder / "index.json").write_text(index.model_dump_json())
     return index
 
@@ -60,3 +61,37 @@ def test_the_chinchilla_line_names_the_fitted_ratio_and_moves_its_band_with_it()
     assert fitted.optimal_params == pytest.approx((6 * n * d / (6 * 200)) ** 0.5, rel=1e-6)
     line = chinchilla(n_params=20_528, tokens=1_353_728).summary()
     assert "params 20.5k" in line and "tokens 1.35M" in line and f"optimal ~{CHINCHILLA_TOKENS_PER_PARAM:.3g}" in line
+
+
+def test_the_pretraining_report_uses_the_sweeps_ratio_on_the_same_shards(tmp_path, small_bootstrap, monkeypatch):
+    from types import SimpleNamespace
+
+    import models.export
+    import tasks.reports.pretrain as pretrain_report
+    from models.flops import num_params
+    from models.llama import model_config
+
+    cfg = model_config("demo", 1024)
+    logged: dict = {}
+    monkeypatch.setattr(models.export, "load_config", lambda folder: cfg)
+    monkeypatch.setattr(pretrain_report, "unigram_perplexity", lambda folder: 900.0)
+    monkeypatch.setattr(pretrain_report, "log_metrics", logged.update)
+    for name in ("log_artifact", "log_artifacts", "log_text", "set_tag"):
+        monkeypatch.setattr(pretrain_report, name, lambda *a, **k: None)
+    ws = tmp_path / "work"
+    index = _shards(ws / "tokens" / "k")
+    result = SimpleNamespace(model_dir=tmp_path / "model", tokens_seen=2_000_000, steps=100, final_train_loss=4.0,
+                             val_ppl=150.0, tokens_per_s=None, out_dir=tmp_path / "run")
+
+    def line() -> str:
+        (tmp_path / "reports").mkdir(exist_ok=True)
+        return pretrain_report.log_pretrain_report(tmp_path / "tok.json", ws / "tokens" / "k", result,
+                                                   tmp_path / "reports").chinchilla
+
+    assert "(optimal ~20, Chinchilla)" in line() and logged["optimal_tokens_per_param"] == 20
+    (ws / "scale" / "s").mkdir(parents=True)
+    write_fit(ws / "scale" / "s", small_bootstrap, index)
+    fitted = small_bootstrap.law.optimum(6.0 * num_params(cfg) * 2_000_000).tokens_per_param
+    assert f"fitted at this compute by the sweep in {ws / 'scale' / 's'}, 95% interval [" in line()
+    assert logged["optimal_tokens_per_param"] == pytest.approx(fitted)
+    assert logged["tokens_per_param"] == pytest.approx(2_000_000 / num_params(cfg))  # all parameters, as Chinchilla
