@@ -129,6 +129,7 @@ def _plan(args: argparse.Namespace) -> int:
     import json
 
     from infra.config import ConfigError
+    from models.flops import count
     from models.memory_plan import GiB, load_model, plan
 
     try:
@@ -146,8 +147,7 @@ def _plan(args: argparse.Namespace) -> int:
     def size(n: int) -> str:
         return f"{n / unit:.1f}"
 
-    n = result.n_params
-    print(f"{args.model}: {f'{n / 1e9:.2f}B' if n >= 1e9 else f'{n / 1e6:.1f}M'} params, seq len {result.seq_len}, micro-batch "
+    print(f"{args.model}: {count(result.n_params)} params, seq len {result.seq_len}, micro-batch "
           f"{result.micro_batch}, {result.precision}, {args.devices} devices of {args.device_mem:g} GB "
           f"({name} per device, of 2**{30 if unit == GiB else 20} bytes; ckpt = full activation checkpointing)")
     cols = ("dp", "tp", "pp", "zero", "params", "grads", "optim", "act", "act ckpt", "comm", "total", "total ckpt", "fits")
