@@ -7,7 +7,7 @@ import errno
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,12 +177,12 @@ PREFECT_DEFAULTS = {
 }
 
 
-def _start_flow_services() -> None:
-    """Ctrl-C/SIGTERM handlers that stop the whole run, Prefect's temporary server shielded from Ctrl-C, and
-    a watch on Prefect's API."""
-    from infra.run_signals import install_stop_handlers, shielded_prefect_server
+def _start_flow_services(server_started: Callable[[], int | None]) -> None:
+    """Ctrl-C/SIGTERM handlers that stop the whole run, once Prefect's temporary server (shielded from Ctrl-C,
+    started by `infra.run_signals.prefect_server_starting`) is up, and a watch on Prefect's API."""
+    from infra.run_signals import install_stop_handlers
 
-    server_pid = shielded_prefect_server()
+    server_pid = server_started()
     # The server is spared by the first signal: it records the run's end, and Prefect stops it at exit.
     install_stop_handlers(protect=[server_pid] if server_pid else [])
     from infra.api_watch import watch_prefect_api
@@ -252,24 +252,29 @@ def _run_flow(args: argparse.Namespace) -> int:
 
     cfg = load_pipeline_config(args.preset, _overrides(args))
     load_catalog(cfg.data.catalog, only=cfg.data.sources)  # fail before any work starts
-    _start_flow_services()
+    from infra.run_signals import prefect_server_starting
+
+    server_started = prefect_server_starting()  # it starts while the flow's modules import
     # The flows get the override strings too: they name the MLflow runs after them.
     pairs = list(args.overrides) + ([f"data.catalog={args.catalog}"] if getattr(args, "catalog", None) else [])
     if args.command == "scale":
         from flows.scale_flow import scale_flow
 
+        _start_flow_services(server_started)
         sweep = scale_flow(cfg, workdir=args.workdir, overrides=pairs)
         _say_where(args.workdir, sweep.mlflow_run_id, f"report: {Path(sweep.report).resolve()}")
         return 0
     if args.command == "data":
         from flows.data_flow import flow_for
 
+        _start_flow_services(server_started)
         # The task runner of data.executor set here: no second flow run just to switch it.
         data = flow_for(cfg.data)(cfg.data, workdir=args.workdir, overrides=[p for p in pairs if p.startswith("data.")])
         _say_where(args.workdir, data.mlflow_run_id, f"manifest: {Path(data.manifest).resolve()}")
         return 0
     from flows.pipeline_flow import pipeline_flow
 
+    _start_flow_services(server_started)
     result = pipeline_flow(cfg, workdir=args.workdir, preset=args.preset, overrides=pairs)  # the run says its preset
     _say_where(args.workdir, result.mlflow_run_id, f"report: {Path(result.report).resolve()}")
     return 0

@@ -4,6 +4,8 @@
                                      and raises RunStopped; a second one kills them and exits
     shielded_prefect_server()        the CLI: Prefect's temporary API server, deaf to the terminal's
                                      Ctrl-C, so it is still up to record that the run crashed
+    prefect_server_starting()        the same server started in a thread while the caller imports
+                                     the flow; the function it returns waits and gives the pid
     stop_on_cancel()                 a flow: a cancel in Prefect (UI or `prefect flow-run cancel`)
                                      becomes a SIGTERM to the flow's own process
 
@@ -12,11 +14,12 @@ The processes themselves and how they die with the run live in infra/process_tre
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +97,36 @@ def shielded_prefect_server() -> int | None:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
     return server.server_process.pid if server.server_process else None
+
+
+def prefect_server_starting() -> Callable[[], int | None]:
+    """`shielded_prefect_server()` in a thread: its ~10 s of start-up overlap the caller's imports (the flow's
+    modules, another ~5 s on a 2-core machine). Call the returned function to wait for it; it gives the
+    server's pid, or raises what the start raised.
+
+    The thread blocks SIGINT only in itself (pthread_sigmask is per thread), so the caller still
+    stops on Ctrl-C while it waits; the server, forked from that thread, inherits the block."""
+    outcome: dict[str, Any] = {}
+
+    def start() -> None:
+        try:
+            outcome["pid"] = shielded_prefect_server()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+            outcome["error"] = exc
+
+    # A daemon: a run that fails before waiting exits at once; Prefect's atexit stops a started server.
+    # The caller's context goes with it (Prefect's settings live in context variables).
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(start,), name="prefect-server-start",
+                              daemon=True)
+    thread.start()
+
+    def wait() -> int | None:
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["pid"]
+
+    return wait
 
 
 def _cancel_requested(flow_run_id: str) -> bool:
