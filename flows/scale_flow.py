@@ -33,7 +33,7 @@ from tasks.reports.scaling import publish_scale_report
 from tasks.training.scaling.fit_record import SWEEPS, write_fit
 from tasks.training.scaling.prediction import Prediction, fit_problem, fit_sweep, predict_run, write_prediction
 from tasks.training.scaling.sweep import (MeasuredPoint, epoch_warnings, measured_point, plan_sweep, point_config,
-                                 sweep_members, sweep_pretrain, sweep_tokenizer, world_size)
+                                 sweep_members, sweep_pretrain, sweep_tokenizer)
 from tasks.tokenizer.tokenize_shards import load_token_index
 from tasks.tokenizer.train import load_tokenizer
 from tasks.training.pretrain.stage import Pretrain
@@ -121,8 +121,7 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
                 note = str(exc)
         if sb is not None:
             budget = config.scale.predict_factor * max(config.scale.budgets)
-            per_step = pretrain.batch.tokens_per_step(world_size(pretrain))
-            prediction = predict_run(sb, members, budget, per_step)
+            prediction = predict_run(sb, members, budget, pretrain, config.scale)
             intervals = sb.intervals(budget)
             write_prediction(folder, prediction)  # written down before the run exists
             write_fit(folder, sb, index)  # the predicted run's report (and later runs on these shards) read its ratio

@@ -20,6 +20,10 @@ class ScaleConfig(StrictModel):
     # The sweep's own micro-batch (None: the preset's pretraining one). Small budgets on a large batch give the larger
     # members too few optimizer steps, and the smallest member then wins at every budget (BENCHMARKS.md).
     micro_batch_size: int | None = Field(default=None, gt=0)
+    # A point with fewer optimizer steps than this trains on a smaller micro-batch (halved, down to one sequence):
+    # the same tokens in more steps. A large member's short run is otherwise a few hundred steps, most of them
+    # warm-up and decay, and lies above the law the other points follow (BENCHMARKS.md). 0: one micro-batch for all.
+    min_steps: int = Field(default=0, ge=0)
     tokens_per_param: float = Field(default=20.0, gt=0)  # centres each budget's sizes (a guess, not a result)
     predict_factor: float = Field(default=4.0, gt=1)  # the predicted, then trained run: this x the largest budget
     warmup_fraction: float = Field(default=0.05, ge=0, lt=1)  # of each point's steps (the preset's warmup_steps is not used)

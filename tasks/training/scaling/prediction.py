@@ -24,7 +24,8 @@ from scipy.optimize import minimize_scalar
 from infra.atomic import write_json_atomic
 from models.family import FamilyMember, flops_per_token_of
 from models.scaling_bootstrap import ScalingBootstrap, bootstrap
-from tasks.training.scaling.sweep import MeasuredPoint, ScaleConfig, SweepPoint, point_at
+from tasks.training.config import PretrainConfig
+from tasks.training.scaling.sweep import MeasuredPoint, ScaleConfig, SweepPoint, point_for
 
 PREDICTION_FILE = "prediction.json"
 
@@ -39,6 +40,7 @@ class Prediction(BaseModel):
     tokens: int
     steps: int
     tokens_per_param: float
+    micro_batch_size: int | None = None  # as SweepPoint's
     predicted_bpb: float
     interval: tuple[float, float]  # [low, high] at `level`, for one run's measured value
     level: float
@@ -52,7 +54,8 @@ class Prediction(BaseModel):
     def point(self) -> SweepPoint:
         return SweepPoint(budget=self.budget, depth=self.depth, n_params=self.n_params,
                           flops_per_token=self.flops / self.tokens, steps=self.steps, tokens=self.tokens,
-                          flops=self.flops, tokens_per_param=self.tokens_per_param)
+                          flops=self.flops, tokens_per_param=self.tokens_per_param,
+                          micro_batch_size=self.micro_batch_size)
 
     def measured(self, result: Any) -> "Prediction":
         """This prediction with the trained run's validation bits per byte (a PretrainResult)."""
@@ -89,12 +92,14 @@ def fit_sweep(points: list[MeasuredPoint], members: list[FamilyMember], scale: S
                      resamples=scale.resamples, seed=scale.seed)
 
 
-def predict_run(sb: ScalingBootstrap, members: list[FamilyMember], budget: float, tokens_per_step: int) -> Prediction:
-    """The family member the law says is compute-optimal at `budget`, and its predicted bits per byte."""
+def predict_run(sb: ScalingBootstrap, members: list[FamilyMember], budget: float, pretrain: PretrainConfig,
+                scale: ScaleConfig) -> Prediction:
+    """The family member the law says is compute-optimal at `budget`, and its predicted bits per byte (each member
+    trained as a sweep point would be: `pretrain`'s batch, `scale.min_steps`)."""
     candidates = []
     for m in members:
         try:
-            candidates.append(point_at(budget, m, tokens_per_step))
+            candidates.append(point_for(budget, m, pretrain, scale))
         except ValueError:  # the budget buys this member less than half a step
             continue
     if not candidates:
@@ -108,7 +113,8 @@ def predict_run(sb: ScalingBootstrap, members: list[FamilyMember], budget: float
                           bounds=(float(log_n.min()), float(log_n.max())), method="bounded")
     law_n = math.exp(opt.x)
     return Prediction(budget=budget, flops=best.flops, depth=best.depth, n_params=best.n_params, tokens=best.tokens,
-                      steps=best.steps, tokens_per_param=best.tokens_per_param, predicted_bpb=pred.loss,
+                      steps=best.steps, tokens_per_param=best.tokens_per_param,
+                      micro_batch_size=best.micro_batch_size, predicted_bpb=pred.loss,
                       interval=(pred.low, pred.high), level=pred.level, law_n_params=law_n,
                       law_tokens=budget / per_token(law_n), isoflop_n_params=sb.isoflop.n_opt(budget))
 

@@ -38,6 +38,7 @@ class SweepPoint(BaseModel):
     tokens: int  # steps x tokens per step: D, exactly what the schedule ends at
     flops: float  # tokens x flops_per_token: the C actually spent (within half a step of the budget)
     tokens_per_param: float
+    micro_batch_size: int | None = None  # its own, smaller than the sweep's (scale.min_steps); None: the sweep's
 
 
 class MeasuredPoint(SweepPoint):
@@ -90,6 +91,18 @@ def point_at(budget: float, member: FamilyMember, tokens_per_step: int) -> Sweep
                       flops=tokens * member.flops_per_token, tokens_per_param=tokens / member.n_params)
 
 
+def point_for(budget: float, member: FamilyMember, pretrain: PretrainConfig, scale: ScaleConfig) -> SweepPoint:
+    """`member` at `budget` on the sweep's micro-batch, halved (down to one sequence) while that gives fewer than
+    `scale.min_steps` optimizer steps."""
+    world, rows = world_size(pretrain), pretrain.batch.micro_batch_size
+    point = point_at(budget, member, pretrain.batch.tokens_per_step(world))
+    while point.steps < scale.min_steps and rows > 1:
+        rows = max(1, rows // 2)
+        smaller = pretrain.batch.model_copy(update={"micro_batch_size": rows})
+        point = point_at(budget, member, smaller.tokens_per_step(world)).model_copy(update={"micro_batch_size": rows})
+    return point
+
+
 def sizes_for(budget: float, members: list[FamilyMember], scale: ScaleConfig) -> list[FamilyMember]:
     """`sizes_per_budget` neighbouring members around the one nearest `tokens_per_param` at `budget`."""
     k = scale.sizes_per_budget
@@ -105,12 +118,12 @@ def sizes_for(budget: float, members: list[FamilyMember], scale: ScaleConfig) ->
 def plan_sweep(scale: ScaleConfig, pretrain: PretrainConfig, vocab_size: int) -> list[SweepPoint]:
     """Every point of the sweep, budget by budget, smallest model first."""
     members = sweep_members(scale, pretrain, vocab_size)
-    per_step = pretrain.batch.tokens_per_step(world_size(pretrain))
-    return [point_at(b, m, per_step) for b in scale.budgets for m in sizes_for(b, members, scale)]
+    return [point_for(b, m, pretrain, scale) for b in scale.budgets for m in sizes_for(b, members, scale)]
 
 
 def point_config(pretrain: PretrainConfig, point: SweepPoint, scale: ScaleConfig, val_tokens: int) -> PretrainConfig:
-    """The preset's pretraining config for one point: its member's shape, its steps, a warmup in proportion.
+    """The preset's pretraining config for one point: its member's shape, its steps (on its own micro-batch where it
+    has one), a warmup in proportion.
 
     No Hugging Face export (a sweep point is a measurement, not a model to ship) and validation
     only at the end, where the fits read it, over the whole val split (`val_tokens`): the preset's
@@ -125,7 +138,9 @@ def point_config(pretrain: PretrainConfig, point: SweepPoint, scale: ScaleConfig
     data.update(model_overrides=overrides, steps=point.steps, export_hf=False)
     data["optim"]["warmup_steps"] = round(scale.warmup_fraction * point.steps)
     data["log"]["eval_every"] = 0
-    rows = pretrain.batch.micro_batch_size * world_size(pretrain)
+    if point.micro_batch_size is not None:
+        data["batch"]["micro_batch_size"] = point.micro_batch_size
+    rows = data["batch"]["micro_batch_size"] * world_size(pretrain)
     data["log"]["eval_batches"] = max(1, (val_tokens - 1) // pretrain.batch.seq_len // rows)
     return PretrainConfig.model_validate(data)
 

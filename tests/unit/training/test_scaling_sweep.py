@@ -44,6 +44,24 @@ def test_the_sweeps_own_micro_batch_gives_every_point_its_steps():
         assert point_config(small, b, SCALE, 10_000).steps == b.steps
 
 
+def test_a_point_short_of_min_steps_trains_the_same_tokens_on_a_smaller_micro_batch():
+    plain = plan_sweep(SCALE, PRETRAIN, VOCAB)
+    floor = sorted(p.steps for p in plain)[len(plain) // 2]  # half the points fall short of it
+    stepped = plan_sweep(SCALE.model_copy(update={"min_steps": floor}), PRETRAIN, VOCAB)
+    assert [p.depth for p in stepped] == [p.depth for p in plain]
+    for a, b in zip(plain, stepped):
+        if a.steps >= floor:
+            assert b == a and b.micro_batch_size is None  # the sweep's micro-batch
+            continue
+        rows = b.micro_batch_size
+        assert rows is not None and rows < 16 and (b.steps >= floor or rows == 1)
+        assert b.steps // 2 < floor  # twice the micro-batch would have fallen short: the largest that gives it
+        assert b.tokens % (rows * 128) == 0 and b.flops == pytest.approx(a.flops, rel=0.05)
+        cfg = point_config(PRETRAIN, b, SCALE, 100_000)
+        assert (cfg.batch.micro_batch_size, cfg.steps) == (rows, b.steps)
+        assert cfg.steps * cfg.batch.tokens_per_step(1) == b.tokens
+
+
 def test_the_sweeps_own_vocabulary():
     from tasks.tokenizer.train import TokenizerConfig
 
@@ -118,7 +136,7 @@ def test_prediction_picks_the_true_best_member_and_covers_its_loss(fitted, tmp_p
     members, points, sb = fitted
     budget = SCALE.predict_factor * max(SCALE.budgets)
     per_step = PRETRAIN.batch.tokens_per_step(1)
-    pred = predict_run(sb, members, budget, per_step)
+    pred = predict_run(sb, members, budget, PRETRAIN, SCALE)
     # The member the true law puts lowest at this budget, each trained on whole steps.
     truth = {m.depth: TRUTH.loss(m.n_params, round(budget / m.flops_per_token / per_step) * per_step) for m in members}
     assert pred.depth == min(truth, key=truth.get)
@@ -145,7 +163,7 @@ def test_prediction_picks_the_true_best_member_and_covers_its_loss(fitted, tmp_p
 def test_report_draws_the_sweep_and_tables_the_prediction(fitted, tmp_path):
     members, points, sb = fitted
     budget = SCALE.predict_factor * max(SCALE.budgets)
-    pred = predict_run(sb, members, budget, PRETRAIN.batch.tokens_per_step(1))
+    pred = predict_run(sb, members, budget, PRETRAIN, SCALE)
     for draw, name in ((lambda p: isoflop_png(points, sb, p), "isoflop.png"),
                        (lambda p: frontier_png(points, sb, pred, p), "frontier.png"),
                        (lambda p: contours_png(points, sb, pred, p), "contours.png")):
