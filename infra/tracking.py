@@ -232,20 +232,19 @@ def describe_stage_runs(parent_run_id: str, identity: Any) -> None:
 
 
 def describe_overrides(overrides: list[str] | Mapping[str, Any], stage: str | None = None) -> str:
-    """Config overrides as a run-name suffix: `["data.near.threshold=0.7"]` -> `near.threshold=0.7`.
+    """Config overrides as a run-name suffix: `["grpo.optim.lr=2e-5"]` -> `grpo.optim.lr=2e-5`.
 
-    The leading part of each key is dropped when it is `stage`, or, without `stage`, when
-    every key shares it; with `stage`, overrides of other stages are left out. Secret-named
-    keys show `***`. Join with the stage yourself: `f"data {suffix}".strip()`.
+    With `stage`, the leading part of each key is dropped when it is `stage` (a stage's own run:
+    `data` -> `near.threshold=0.7`) and overrides of other stages are left out. Without it (a
+    pipeline or sweep run) keys stay whole: `optim.lr` alone could be any training stage's.
+    Secret-named keys show `***`. Join with the stage yourself: `f"data {suffix}".strip()`.
     """
     pairs = list(overrides.items()) if isinstance(overrides, Mapping) else [_split_override(o) for o in overrides]
-    heads = {key.split(".", 1)[0] for key, _ in pairs}
     if stage is not None:
         pairs = [(key, value) for key, value in pairs if key.split(".", 1)[0] == stage]
-    drop = stage if stage is not None else (next(iter(heads)) if len(heads) == 1 else None)
     shown = []
     for key, value in pairs:
-        short = key.split(".", 1)[1] if drop is not None and key.startswith(f"{drop}.") else key
+        short = key.split(".", 1)[1] if stage is not None else key
         shown.append(f"{short}={redact(key, str(value))}")
     return " ".join(shown)[:200]  # MLflow caps run names at 250 characters
 

@@ -240,10 +240,12 @@ def test_a_failed_stage_fails_its_pipeline_run_while_earlier_stages_stay_finishe
 # ----------------------------------------------------------------------------- describe_overrides
 
 
-def test_describe_overrides_drops_the_stage_prefix() -> None:
-    assert describe_overrides(["data.near.threshold=0.7"]) == "near.threshold=0.7"
-    assert describe_overrides({"data.near.threshold": 0.7, "data.mix.seed": 3}) == "near.threshold=0.7 mix.seed=3"
+def test_describe_overrides_drops_the_prefix_of_the_stage_named() -> None:
+    assert describe_overrides(["data.near.threshold=0.7"], stage="data") == "near.threshold=0.7"
+    assert describe_overrides({"data.near.threshold": 0.7, "data.mix.seed": 3}, "data") == "near.threshold=0.7 mix.seed=3"
     assert describe_overrides([]) == ""
+    # A pipeline run's name keeps the stage: `optim.lr` alone could be any training stage's.
+    assert describe_overrides(["grpo.optim.lr=2e-5"]) == "grpo.optim.lr=2e-5"
 
 
 def test_describe_overrides_keeps_full_keys_across_stages_or_picks_one_stage() -> None:
@@ -254,6 +256,6 @@ def test_describe_overrides_keeps_full_keys_across_stages_or_picks_one_stage() -
 
 
 def test_describe_overrides_hides_secrets_and_refuses_malformed_pairs() -> None:
-    assert describe_overrides(["hub.token=hf_abc", "hub.repo=x"]) == "token=*** repo=x"
+    assert describe_overrides(["hub.token=hf_abc", "hub.repo=x"]) == "hub.token=*** hub.repo=x"
     with pytest.raises(ValueError, match="not key=value"):
         describe_overrides(["data.near.threshold"])
