@@ -35,11 +35,13 @@ def scale_report_markdown(points: Sequence[MeasuredPoint], train_tokens: int, sb
              f"{len(points)} runs of one model family (models/family.py) on the same token shards "
              f"({train_tokens:,} unique training tokens), tokenizer and validation windows; each trained for "
              "D = C / (its FLOPs per token) tokens, its cosine schedule ending at D.", "",
-             "| budget C (FLOPs) | depth | N | D | tokens/param | epochs | val bits/byte | val loss (nats/token) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| budget C (FLOPs) | depth | N | D | tokens/param | steps | epochs | val bits/byte | val loss (nats/token) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in sorted(points, key=lambda p: (p.budget, p.n_params)):
+        # A point on its own, smaller micro-batch (scale.min_steps) says so beside its steps.
+        steps = f"{p.steps:,}" + (f" ({p.micro_batch_size}/micro-batch)" if p.micro_batch_size else "")
         lines.append(f"| {p.budget:.3g} | {p.depth} | {p.n_params:,} | {p.tokens:,} | {p.tokens_per_param:.1f} | "
-                     f"{p.epochs:.2f} | {p.val_bpb:.4f} | {p.val_loss:.4f} |")
+                     f"{steps} | {p.epochs:.2f} | {p.val_bpb:.4f} | {p.val_loss:.4f} |")
     lines += [""] + [f"WARNING: {w}" for w in warnings] + ([""] if warnings else [])
     if sb is None or intervals is None:
         return "\n".join(lines + [f"Not fitted: {note}", ""])
