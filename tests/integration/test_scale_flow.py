@@ -10,9 +10,10 @@ import pytest
 from tests.conftest import run_cli
 from tests.integration import seeds
 
-# One budget, depths 1 and 2 of a 32-wide family on a 1,024-token vocabulary: 6 and 2 optimizer steps.
+# One budget, depths 1 and 2 of the tiny family on a 1,024-token vocabulary: 53 and 16 optimizer steps of 4
+# sequences, and depth 2, short of min_steps, on 2 sequences instead (32 steps).
 TWO_POINTS = ["tokenizer.vocab_size=1024", "data.mix.total=400000", "scale.budgets=[4e9]", "scale.depths=[1,2]",
-              "scale.sizes_per_budget=2", "pretrain.log.every=1"]
+              "scale.sizes_per_budget=2", "scale.min_steps=20", "pretrain.log.every=1"]
 small_stage_seed = seeds.small_stage_seed  # its data, tokenizer and tokens: the same keys as TWO_POINTS'
 
 
@@ -30,9 +31,11 @@ def test_two_point_sweep_tracked_and_cached(tmp_path, prefect_env, small_stage_s
 
     folder = work / "scale" / "latest"
     points = json.loads((folder / "points.json").read_text())
-    assert [p["depth"] for p in points] == [1, 2] and [p["steps"] for p in points] == [53, 16]
-    # On the sweep's own micro-batch (scale.micro_batch_size: 4 sequences of 128), not pretraining's 16.
-    assert all(p["tokens"] == p["steps"] * 4 * 128 and p["val_bpb"] > 0 for p in points)
+    assert [p["depth"] for p in points] == [1, 2] and [p["steps"] for p in points] == [53, 32]
+    # On the sweep's own micro-batch (scale.micro_batch_size: 4 sequences of 128), not pretraining's 16; depth 2,
+    # short of scale.min_steps on 4, on 2.
+    assert [p["micro_batch_size"] for p in points] == [None, 2] and all(p["val_bpb"] > 0 for p in points)
+    assert [p["tokens"] for p in points] == [53 * 4 * 128, 32 * 2 * 128]
     assert not (folder / "prediction.json").exists()
     report = (folder / "report.md").read_text()
     assert "Not fitted:" in report and (folder / "isoflop.png").stat().st_size > 1000
