@@ -247,37 +247,49 @@ def _workspace_held(workdir: str) -> Iterator[None]:
 
 def _run_flow(args: argparse.Namespace) -> int:
     """`data`, `run` or `scale`: validate, check the services, start Prefect's server, run the flow, say where to see it."""
+    # From here (the workspace held) until the stop handlers are in place, Ctrl-C and SIGTERM wait, a few seconds:
+    # two threads import meanwhile (the config and flow modules here, Prefect's server beside them), and a signal
+    # that cuts an import short can leave Python's import lock held, so that the other thread, then this one,
+    # waits forever. Blocked here before the thread starts, in both; then delivered to the stop handlers.
+    deferred = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        cfg, flow = _flow_ready(args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, deferred)
+    # The flows get the override strings too: they name the MLflow runs after them.
+    pairs = list(args.overrides) + ([f"data.catalog={args.catalog}"] if getattr(args, "catalog", None) else [])
+    if args.command == "scale":
+        sweep = flow(cfg, workdir=args.workdir, overrides=pairs)
+        _say_where(args.workdir, sweep.mlflow_run_id, f"report: {Path(sweep.report).resolve()}")
+    elif args.command == "data":
+        data = flow(cfg.data, workdir=args.workdir, overrides=[p for p in pairs if p.startswith("data.")])
+        _say_where(args.workdir, data.mlflow_run_id, f"manifest: {Path(data.manifest).resolve()}")
+    else:
+        result = flow(cfg, workdir=args.workdir, preset=args.preset, overrides=pairs)  # the run says its preset
+        _say_where(args.workdir, result.mlflow_run_id, f"report: {Path(result.report).resolve()}")
+    return 0
+
+
+def _flow_ready(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The validated config and the command's flow, with Prefect's server up (started while the flow imports) and
+    the stop handlers installed."""
     from flows.config import load_pipeline_config
+    from infra.run_signals import prefect_server_starting
     from tasks.data.catalog import load_catalog
 
     cfg = load_pipeline_config(args.preset, _overrides(args))
     load_catalog(cfg.data.catalog, only=cfg.data.sources)  # fail before any work starts
-    from infra.run_signals import prefect_server_starting
-
-    server_started = prefect_server_starting()  # it starts while the flow's modules import
-    # The flows get the override strings too: they name the MLflow runs after them.
-    pairs = list(args.overrides) + ([f"data.catalog={args.catalog}"] if getattr(args, "catalog", None) else [])
+    server_started = prefect_server_starting()
     if args.command == "scale":
-        from flows.scale_flow import scale_flow
-
-        _start_flow_services(server_started)
-        sweep = scale_flow(cfg, workdir=args.workdir, overrides=pairs)
-        _say_where(args.workdir, sweep.mlflow_run_id, f"report: {Path(sweep.report).resolve()}")
-        return 0
-    if args.command == "data":
+        from flows.scale_flow import scale_flow as flow
+    elif args.command == "data":
         from flows.data_flow import flow_for
 
-        _start_flow_services(server_started)
-        # The task runner of data.executor set here: no second flow run just to switch it.
-        data = flow_for(cfg.data)(cfg.data, workdir=args.workdir, overrides=[p for p in pairs if p.startswith("data.")])
-        _say_where(args.workdir, data.mlflow_run_id, f"manifest: {Path(data.manifest).resolve()}")
-        return 0
-    from flows.pipeline_flow import pipeline_flow
-
+        flow = flow_for(cfg.data)  # the task runner of data.executor set here: no second flow run to switch it
+    else:
+        from flows.pipeline_flow import pipeline_flow as flow
     _start_flow_services(server_started)
-    result = pipeline_flow(cfg, workdir=args.workdir, preset=args.preset, overrides=pairs)  # the run says its preset
-    _say_where(args.workdir, result.mlflow_run_id, f"report: {Path(result.report).resolve()}")
-    return 0
+    return cfg, flow
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:

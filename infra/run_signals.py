@@ -91,7 +91,7 @@ def shielded_prefect_server() -> int | None:
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()  # the instance Prefect's own client uses
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    old = signal.pthread_sigmask(signal.SIG_SETMASK, {signal.SIGINT})  # SIGTERM open: Prefect stops it so at exit
     try:
         server.start()
     finally:
@@ -104,8 +104,9 @@ def prefect_server_starting() -> Callable[[], int | None]:
     modules, another ~5 s on a 2-core machine). Call the returned function to wait for it; it gives the
     server's pid, or raises what the start raised.
 
-    The thread blocks SIGINT only in itself (pthread_sigmask is per thread), so the caller still
-    stops on Ctrl-C while it waits; the server, forked from that thread, inherits the block."""
+    The thread inherits the caller's signal mask (the CLI blocks SIGINT and SIGTERM around it: a
+    signal that cuts an import short in one of two importing threads can deadlock them); the server,
+    forked from that thread, gets SIGINT blocked and nothing else (`shielded_prefect_server`)."""
     outcome: dict[str, Any] = {}
 
     def start() -> None:
