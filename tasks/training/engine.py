@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
@@ -39,13 +40,10 @@ class Schedule:
         return cls(optim.warmup_steps, steps, optim.min_lr_ratio, optim.schedule)
 
 
-
 def import_deepspeed() -> Any:
     """`deepspeed`, imported with MLflow kept out: its autotuner, which training never uses, imports mlflow
     at import time, about 3 s of every rank's start on a 2-core CPU (half of DeepSpeed's import). A rank
     logs no MLflow itself; `import mlflow` works again afterwards."""
-    import sys
-
     if "deepspeed" in sys.modules or "mlflow" in sys.modules:
         import deepspeed
 
@@ -56,6 +54,7 @@ def import_deepspeed() -> Any:
     finally:
         del sys.modules["mlflow"]
     return deepspeed
+
 
 def ds_config_for(optim: OptimConfig, launch: LaunchConfig, micro_batch_size: int, grad_accum: int) -> dict[str, Any]:
     """The DeepSpeed config the ranks train with: the ZeRO stage's JSON, the batch shape, the precision

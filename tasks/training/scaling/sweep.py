@@ -97,7 +97,7 @@ def point_for(budget: float, member: FamilyMember, pretrain: PretrainConfig, sca
     world, rows = world_size(pretrain), pretrain.batch.micro_batch_size
     point = point_at(budget, member, pretrain.batch.tokens_per_step(world))
     while point.steps < scale.min_steps and rows > 1:
-        rows = max(1, rows // 2)
+        rows //= 2
         smaller = pretrain.batch.model_copy(update={"micro_batch_size": rows})
         point = point_at(budget, member, smaller.tokens_per_step(world)).model_copy(update={"micro_batch_size": rows})
     return point
