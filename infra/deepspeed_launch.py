@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import importlib.util
 import json
 import os
 import re
@@ -93,26 +94,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def deepspeed_executable() -> Path:
-    """The `deepspeed` launcher installed next to this interpreter (same venv, same packages)."""
-    exe = Path(sys.executable).parent / "deepspeed"
-    if not exe.is_file():
-        raise FileNotFoundError(
-            f"no 'deepspeed' launcher next to {sys.executable}; install deepspeed in this environment "
-            "(pip install deepspeed)"
-        )
-    return exe
+def runner_command() -> list[str]:
+    """DeepSpeed's launcher as this interpreter runs it (same venv, same packages): `deepspeed`'s own runner, started
+    through infra/deepspeed_runner.py, which keeps DeepSpeed's unused MLflow import out of its start-up."""
+    if importlib.util.find_spec("deepspeed") is None:
+        raise FileNotFoundError(f"DeepSpeed is not installed for {sys.executable}; install it in this environment "
+                                "(pip install deepspeed)")
+    return [sys.executable, "-m", "infra.deepspeed_runner"]
 
 
 def launch_command(module: str, args: list[str], num_procs: int = 1, hostfile: Path | None = None,
                    master_port: int | None = None, launcher_args: list[str] | None = None) -> list[str]:
-    """The `deepspeed` command line: N ranks per node (CPU processes or GPUs) running `python -m module`.
+    """DeepSpeed's launcher command line (runner_command: `deepspeed ...`): N ranks per node (CPU processes or
+    GPUs) running `python -m module`.
 
     `launcher_args` are more of the runner's own flags, for multi-node runs (e.g. `--master_addr`,
     `--ssh_port`, `--launcher openmpi`)."""
     if num_procs < 1:
         raise ValueError(f"num_procs must be >= 1, got {num_procs}")
-    cmd = [str(deepspeed_executable())]
+    cmd = runner_command()
     if hostfile is not None:
         if not Path(hostfile).is_file():
             raise FileNotFoundError(f"hostfile {hostfile} does not exist; write one line per node: '<host> slots=<n>'")

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from infra import deepspeed_runner
 from infra.build_lock import BUILDING_SHM_OP
 from infra.deepspeed_launch import build_ds_config, free_port, remove_shm_buffers, resolve_precision
 from models.optim import GuardedAdamW, build_adamw, build_scheduler
@@ -41,19 +41,9 @@ class Schedule:
 
 
 def import_deepspeed() -> Any:
-    """`deepspeed`, imported with MLflow kept out: its autotuner, which training never uses, imports mlflow
-    at import time, about 3 s of every rank's start on a 2-core CPU (half of DeepSpeed's import). A rank
-    logs no MLflow itself; `import mlflow` works again afterwards."""
-    if "deepspeed" in sys.modules or "mlflow" in sys.modules:
-        import deepspeed
-
-        return deepspeed
-    sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError meanwhile
-    try:
-        import deepspeed
-    finally:
-        del sys.modules["mlflow"]
-    return deepspeed
+    """`deepspeed`, imported with MLflow kept out (infra/deepspeed_runner.py): its autotuner, which training never
+    uses, imports mlflow, about 3 s of every rank's start on a 2-core CPU. A rank logs no MLflow itself."""
+    return deepspeed_runner.import_deepspeed()
 
 
 def ds_config_for(optim: OptimConfig, launch: LaunchConfig, micro_batch_size: int, grad_accum: int) -> dict[str, Any]:

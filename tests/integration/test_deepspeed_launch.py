@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +15,12 @@ from infra.deepspeed_launch import (
     build_ds_config,
     launch,
     launch_command,
+    runner_command,
     launch_env,
     load_zero_json,
     resolve_precision,
 )
-from tests.conftest import launch_into, tiny_pretrain_config
+from tests.conftest import ROOT, launch_into, tiny_pretrain_config
 from tests.integration.references import zero2_two_rank  # noqa: F401 - the shared 2-rank ZeRO-2 run
 
 
@@ -56,9 +59,22 @@ def test_unknown_stage_names_the_choices():
         load_zero_json("zero4")
 
 
+def test_the_runner_is_deepspeeds_without_mlflow():
+    """infra.deepspeed_runner runs the `deepspeed` script's runner (its own --help), and neither it nor a rank's
+    import_deepspeed imports MLflow, which DeepSpeed's autotuner would."""
+    probe = ("import sys; from infra.deepspeed_runner import import_deepspeed; "
+             "runner = import_deepspeed('deepspeed.launcher.runner'); "
+             "print('mlflow' in sys.modules, runner.__name__); import mlflow; print(mlflow.__name__)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "deepspeed.launcher.runner", "mlflow"]
+    help_text = subprocess.run([*runner_command(), "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert help_text.returncode == 0 and "--num_gpus" in help_text.stdout and "--hostfile" in help_text.stdout
+
+
 def test_launch_command(tmp_path):
     cmd = launch_command("tasks.training.loop", ["--job", "j.json"], num_procs=2, master_port=29555)
-    assert Path(cmd[0]).name == "deepspeed" and Path(cmd[0]).is_file()
+    assert cmd[:3] == [sys.executable, "-m", "infra.deepspeed_runner"]
     assert cmd[cmd.index("--num_gpus") + 1] == "2"
     assert cmd[cmd.index("--master_port") + 1] == "29555"
     assert cmd[cmd.index("--module") + 1] == "tasks.training.loop"

@@ -38,7 +38,7 @@ from infra.tracking import set_tag
 from tasks.eval.answers import AnswerScore
 from tasks.training import worker
 from tasks.training.config import GrpoConfig
-from tasks.training.grpo.loop import GrpoSteps, grpo_shape, heldout_score
+from tasks.training.grpo.loop import GrpoSteps, grpo_shape
 from tasks.training.loop import TrainResult
 from tasks.training.worker import ExportedModel, TrainingStage, saved_model_config
 
@@ -111,10 +111,10 @@ def flat_training(history: list[dict[str, float]]) -> bool:
     return not any(_moved(values) for values in series.values())
 
 
-def _heldout(score: AnswerScore, distinct_answers: int | None = None) -> HeldoutScore:
-    """result.json's view of a held-out score; `distinct_answers` overrides the score's own count."""
+def _heldout(score: AnswerScore) -> HeldoutScore:
+    """result.json's view of a held-out score."""
     return HeldoutScore(accuracy=score.accuracy, mean_reward=score.mean_reward, n_correct=score.n_correct, n=score.n,
-                        distinct_answers=score.distinct_answers if distinct_answers is None else distinct_answers)
+                        distinct_answers=score.distinct_answers)
 
 
 def heldout_metrics(out: GrpoStageResult) -> dict[str, float]:
@@ -175,15 +175,13 @@ class Grpo(TrainingStage):
         cfg, job = self.config, self.job
         res = self.grpo.finished(trained)
         assert res.eval_before is not None and res.eval_after is not None  # eval_prompts >= 1 is checked at launch
-        # The reference is the untouched SFT model, so it stands in for "before" in the distinct answers.
-        distinct_before = heldout_score(self.reference, self.tokenizer, self.eval_problems, cfg).distinct_answers
         samples = job.out_dir / SAMPLES_FILE
         samples.write_text(res.samples_text(), encoding="utf-8")
         model_dir, hf_dir = worker.export_model(res.policy, job, cfg.export_hf)
         out = GrpoStageResult(
             out_dir=job.out_dir, model_dir=model_dir, hf_dir=hf_dir, samples_path=samples, mlflow_run_id=run.info.run_id,
             steps=cfg.steps, n_train_problems=len(self.train_problems),
-            before=_heldout(res.eval_before, distinct_before), after=_heldout(res.eval_after),
+            before=_heldout(res.eval_before), after=_heldout(res.eval_after),
             final_train_reward=res.history[-1]["reward_mean"] if res.history else None,
             skipped_steps=res.skipped_steps, flat=flat_training(res.history), seconds=res.seconds,
             resumed_from=res.resumed_from,
