@@ -136,15 +136,17 @@ def bootstrap(compute, n_params, tokens, loss, *, flops_per_token: FlopsPerToken
               seed: int = 0, level: float = LEVEL) -> ScalingBootstrap:
     """Fit both approaches on all runs, then on `resamples` seeded resamples.
 
-    Approach 3 resamples the runs with replacement within each budget: the budgets are the
-    sweep's design and the runs' losses its noisy measurements, so every resample keeps every
-    budget. Refits start from the all-runs law, whose grid search already found the basin.
-
-    Approach 2 resamples residuals instead: each budget's parabola plus residuals drawn from all
-    budgets' parabolas. Resampling a budget's 4 runs keeps 3 distinct sizes only about two times
-    in three, and a parabola through repeated points says nothing; resampled residuals keep
-    every size. A resample whose parabola at some budget has no bracketed minimum is left out of
-    a and b; if more than half are, the sweep is too noisy for those intervals and this raises.
+    Both approaches resample residuals, not runs: the budgets and sizes are the sweep's design and
+    only the runs' losses are noisy measurements, so every resample keeps every run's (N, D).
+    Approach 2: each budget's parabola plus residuals drawn from all budgets' parabolas.
+    Approach 3: the all-runs law times exp() of its log residuals drawn with replacement. Resampling
+    a budget's 4 runs instead keeps all 4 sizes in about one resample in ten and loses its largest
+    or smallest in about half; a parabola through repeated points says nothing, and a law fitted
+    without the largest sizes is extrapolated further than the sweep was (BENCHMARKS.md, "Scaling
+    laws": the 95% interval of the default sweep's prediction was 1.6 times as wide, the interval
+    of alpha ran to 13). Refits start from the all-runs law, whose grid search already found the
+    basin. A resample whose parabola at some budget has no bracketed minimum is left out of a and b;
+    if more than half are, the sweep is too noisy for those intervals and this raises.
     """
     if resamples < 10:
         raise ValueError(f"resamples={resamples} is too few for a {level:.0%} interval; use 200 or more")
@@ -154,9 +156,11 @@ def bootstrap(compute, n_params, tokens, loss, *, flops_per_token: FlopsPerToken
     c, n, d, y = (np.asarray(v, dtype=float).ravel() for v in (compute, n_params, tokens, loss))
     fitted, residuals = _parabola_residuals(isoflop, c, n, y)
     law = fit_loss_law(n, d, y)  # with the IsoFLOP fit, this has checked every input
+    log_fitted = np.log(law.loss(n, d))
+    # Scaled by sqrt(n / (n - 5)): a fit of 5 parameters leaves residuals smaller than the noise.
+    log_residuals = (np.log(y) - log_fitted) * math.sqrt(len(y) / max(len(y) - 5, 1))
 
     rng = np.random.default_rng(seed)
-    budgets = [np.flatnonzero(c == m.compute) for m in isoflop.minima]
     exponents, laws = [], []
     for _ in range(resamples):
         try:
@@ -165,10 +169,9 @@ def bootstrap(compute, n_params, tokens, loss, *, flops_per_token: FlopsPerToken
             exponents.append((fit.a, fit.b))
         except ValueError:  # a parabola opened downward or lost its bracketed minimum
             pass
-        idx = np.concatenate([rng.choice(runs, size=len(runs)) for runs in budgets])
         try:
-            resampled = fit_loss_law(n[idx], d[idx], y[idx], start=law)
-        except ValueError:  # a resample that repeats too few runs to pin 5 parameters (or whose fit diverged)
+            resampled = fit_loss_law(n, d, np.exp(log_fitted + rng.choice(log_residuals, size=len(y))), start=law)
+        except ValueError:  # a resample whose fit diverged
             continue
         if resampled.alpha > 0 and resampled.beta > 0:  # else no law of loss falling with N and D: left out too
             laws.append(resampled)
@@ -182,6 +185,5 @@ def bootstrap(compute, n_params, tokens, loss, *, flops_per_token: FlopsPerToken
             f"only {len(laws)} of {resamples} resamples could be fitted by approach 3: the sweep does not pin "
             "L(N, D) down; add sizes per budget or budgets"
         )
-    log_residuals = (np.log(y) - np.log(law.loss(n, d))) * math.sqrt(len(y) / max(len(y) - 5, 1))
     return ScalingBootstrap(level=level, seed=seed, resamples=resamples, isoflop=isoflop, law=law,
                             isoflop_exponents=exponents, laws=laws, log_residuals=log_residuals.tolist())

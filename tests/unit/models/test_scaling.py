@@ -170,7 +170,7 @@ def test_prediction_at_a_larger_budget_covers_the_true_loss(noisy_bootstrap):
 
 def test_bootstrap_of_a_small_sweep_keeps_every_size():
     # The scaling flow's default: 3 budgets x 4 sizes. Resampling runs within a budget would
-    # often lose a size; approach 2's residual bootstrap does not, so most resamples count.
+    # often lose a size; resampling residuals does not, so most resamples count.
     c, n, d, loss = sweep(sizes_per_budget=4, noise=0.002, seed=3, budgets=BUDGETS[:3])
     sb = bootstrap(c, n, d, loss, flops_per_token=six_n, resamples=10, seed=0)
     assert len(sb.isoflop_exponents) >= 8 and len(sb.laws) == 10
