@@ -12,6 +12,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import json
+import threading
 from pathlib import Path
 
 # Packages whose source is the project's code (what a stage's code version covers).
@@ -40,11 +41,30 @@ def _module_file(name: str) -> Path | None:
     return Path(spec.origin)
 
 
+_PARSE_LOCK = threading.Lock()
+_PARSE_TRIES = 3
+
+
+def _parse(source: str) -> ast.AST:
+    """`ast.parse`, one thread at a time, tried again on CPython 3.11's spurious "AST constructor recursion depth
+    mismatch": the AST builder keeps its depth in state the interpreter's threads share, so a compile in another
+    thread (an import, another task's parse) can trip the check (python/cpython#106905). It failed a deployed
+    data flow run once in the suite."""
+    with _PARSE_LOCK:
+        for _ in range(_PARSE_TRIES - 1):
+            try:
+                return ast.parse(source)
+            except SystemError as err:
+                if "recursion depth mismatch" not in str(err):
+                    raise
+        return ast.parse(source)
+
+
 def _project_imports(name: str, source: str, packages: tuple[str, ...]) -> set[str]:
     """Project modules that `name`'s source imports (at any depth in the file, lazy imports included)."""
     found: set[str] = set()
     package = name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):

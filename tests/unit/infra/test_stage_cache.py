@@ -62,6 +62,27 @@ def test_a_moved_module_gets_a_new_key(package: Path):
     assert code_version(f"{PKG}.moved", packages=(PKG,)) != before
 
 
+def test_a_spurious_ast_depth_error_is_parsed_again(package: Path, monkeypatch):
+    """CPython 3.11's "AST constructor recursion depth mismatch" (python/cpython#106905), raised when another thread
+    compiles meanwhile, once failed a deployed data flow: the parse is tried again; other SystemErrors stand."""
+    from infra import code_version as module
+
+    real, calls = module.ast.parse, []
+
+    def flaky(source, *args, **kwargs):
+        calls.append(source)
+        if len(calls) == 1:
+            raise SystemError("AST constructor recursion depth mismatch (before=48, after=73)")
+        return real(source, *args, **kwargs)
+
+    expected = _key()
+    monkeypatch.setattr(module.ast, "parse", flaky)
+    assert _key() == expected and len(calls) > 1
+    monkeypatch.setattr(module.ast, "parse", lambda *a, **k: (_ for _ in ()).throw(SystemError("something else")))
+    with pytest.raises(SystemError, match="something else"):
+        _key()
+
+
 def test_the_real_stages_have_a_code_version():
     code_version.cache_clear()
     for module in ("tasks.data.collect", "flows.data_flow"):
