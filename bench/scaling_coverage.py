@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicates", type=int, default=30)
     ap.add_argument("--resamples", type=int, default=200, help="bootstrap resamples per replicate (the flow's default)")
     ap.add_argument("--factor", type=float, default=4.0,
-                    help="without a prediction.json beside the points: the predicted run's budget over the largest swept")
+                    help="without a prediction.json beside the points: the predicted run's budget / the largest swept")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
