@@ -28,10 +28,10 @@ from models.scaling_bootstrap import LEVEL, bootstrap  # noqa: E402
 from tasks.eval.intervals import wilson_interval  # noqa: E402
 
 
-def case_interval(n, d, y, budgets, at_n, at_d, resamples, rng):
-    """The baseline: the new-run interval with runs resampled within each budget."""
-    law = fit_loss_law(n, d, y)
-    log_res = (np.log(y) - np.log(law.loss(n, d))) * math.sqrt(len(y) / max(len(y) - 5, 1))
+def case_interval(sb, n, d, y, budgets, at_n, at_d, resamples, rng):
+    """The baseline: the new-run interval of `sb`'s fit (all runs, the same law and scaled residuals) with runs
+    resampled within each budget."""
+    law = sb.law
     groups = [np.flatnonzero(budgets == b) for b in np.unique(budgets)]
     samples = []
     for _ in range(resamples):
@@ -43,7 +43,7 @@ def case_interval(n, d, y, budgets, at_n, at_d, resamples, rng):
         if fit.alpha > 0 and fit.beta > 0:
             samples.append(fit.loss(at_n, at_d))
     tail = 100 * (1 - LEVEL) / 2
-    return np.percentile(np.outer(samples, np.exp(log_res)).ravel(), [tail, 100 - tail])
+    return np.percentile(np.outer(samples, np.exp(sb.log_residuals)).ravel(), [tail, 100 - tail])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         new_run = true_loss * math.exp(rng.normal(0.0, noise))
         sb = bootstrap(c, n, d, ys, flops_per_token=six_n, resamples=args.resamples, seed=r)
         pred = sb.predict(at_n, at_d, new_run=True)
-        low, high = case_interval(n, d, ys, c, at_n, at_d, args.resamples, np.random.default_rng(r))
+        low, high = case_interval(sb, n, d, ys, c, at_n, at_d, args.resamples, np.random.default_rng(r))
         for key, (lo, hi) in zip(rows, [(pred.low, pred.high), (low, high)]):
             rows[key].append((lo <= new_run <= hi, (hi - lo) / 2 / pred.loss, pred.loss / true_loss - 1))
         print(f"  replicate {r + 1}/{args.replicates} ({time.monotonic() - started:.0f}s)", end="\r", flush=True)

@@ -244,7 +244,7 @@ def describe_overrides(overrides: list[str] | Mapping[str, Any], stage: str | No
         pairs = [(key, value) for key, value in pairs if key.split(".", 1)[0] == stage]
     shown = []
     for key, value in pairs:
-        short = key.split(".", 1)[1] if stage is not None else key
+        short = key.removeprefix(f"{stage}.") if stage is not None else key
         shown.append(f"{short}={redact(key, str(value))}")
     return " ".join(shown)[:200]  # MLflow caps run names at 250 characters
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from infra import deepspeed_runner
 from infra.build_lock import BUILDING_SHM_OP
 from infra.deepspeed_launch import build_ds_config, free_port, remove_shm_buffers, resolve_precision
+from infra.deepspeed_runner import import_deepspeed  # DeepSpeed without its unused MLflow import: ~3 s a rank
 from models.optim import GuardedAdamW, build_adamw, build_scheduler
 from tasks.training.config import LaunchConfig, OptimConfig
 
@@ -38,12 +38,6 @@ class Schedule:
         if optim.schedule == "constant" and optim.warmup_steps == 0:
             return None
         return cls(optim.warmup_steps, steps, optim.min_lr_ratio, optim.schedule)
-
-
-def import_deepspeed() -> Any:
-    """`deepspeed`, imported with MLflow kept out (infra/deepspeed_runner.py): its autotuner, which training never
-    uses, imports mlflow, about 3 s of every rank's start on a 2-core CPU. A rank logs no MLflow itself."""
-    return deepspeed_runner.import_deepspeed()
 
 
 def ds_config_for(optim: OptimConfig, launch: LaunchConfig, micro_batch_size: int, grad_accum: int) -> dict[str, Any]:

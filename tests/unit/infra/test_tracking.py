@@ -246,6 +246,7 @@ def test_describe_overrides_drops_the_prefix_of_the_stage_named() -> None:
     assert describe_overrides([]) == ""
     # A pipeline run's name keeps the stage: `optim.lr` alone could be any training stage's.
     assert describe_overrides(["grpo.optim.lr=2e-5"]) == "grpo.optim.lr=2e-5"
+    assert describe_overrides(["data=x"], stage="data") == "data=x"  # a key that is the stage alone stays whole
 
 
 def test_describe_overrides_keeps_full_keys_across_stages_or_picks_one_stage() -> None:
