@@ -128,6 +128,38 @@ def sample_rollouts(
     return rollouts
 
 
+def guide_abstentions(rollouts: list[Rollout], tokenizer: Any, group_size: int, per_group: int) -> list[int]:
+    """Replace the last `per_group` completions of each group by the abstention (`<answer>unknown</answer>`); their
+    indices. Off-policy guidance (as LUFFY, Yan et al. 2025, mixes off-policy completions into GRPO's groups): a
+    policy that almost never says "I don't know" inside the range it was trained on never samples it there, so it
+    cannot learn that abstaining beats its likely-wrong answers. With the abstention scored beside its own samples,
+    the group-relative advantage raises it where the group did worse than abstaining and lowers it elsewhere. Their
+    old log-probs are left to the caller (the policy's own, from a forward pass)."""
+    if per_group <= 0:
+        return []
+    from tasks.eval.rewards import ABSTENTION
+
+    ids = tokenizer.encode(ABSTENTION, add_special_tokens=False).ids + [special_ids(tokenizer).end_turn]
+    guided = [g * group_size + j for g in range(len(rollouts) // group_size)
+              for j in range(group_size - per_group, group_size)]
+    for i in guided:
+        r = rollouts[i]
+        rollouts[i] = Rollout(r.group, r.problem, r.prompt_ids, list(ids), [0.0] * len(ids),
+                              text=decode_completion(tokenizer, ids))
+    return guided
+
+
+@torch.no_grad()
+def own_logprobs(model: torch.nn.Module, batch: RolloutBatch, rows: Sequence[int], temperature: float) -> None:
+    """Set the old log-probs of `rows` (completions the policy did not sample) to the tempered policy's own, so their
+    first update's ratio is 1 as a sampled completion's is."""
+    if not rows:
+        return
+    idx = torch.tensor(list(rows), device=batch.input_ids.device)
+    own = token_logprobs(tempered(model(batch.input_ids[idx]), temperature), batch.targets[idx]).float()
+    batch.old_logprobs[idx] = torch.where(batch.mask[idx], own, batch.old_logprobs[idx])
+
+
 def rollout_batch(rollouts: Sequence[Rollout], pad_id: int) -> RolloutBatch:
     """Right-padded prompt+completion rows; targets and old log-probs aligned with the completion tokens."""
     seqs = [r.prompt_ids + r.completion_ids for r in rollouts]
@@ -217,11 +249,13 @@ def grpo_step(engine, reference: torch.nn.Module, tokenizer: Any, picked: Sequen
     rollouts = sample_rollouts(
         engine.module, tokenizer, picked, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.top_p, generator
     )
+    guided = guide_abstentions(rollouts, tokenizer, cfg.group_size, cfg.abstain_guidance)
     rewards = scorer.score(rollouts)
     advantages = group_advantages(rewards, group_size=cfg.group_size).to(device)
     batch = rollout_batch(rollouts, special_ids(tokenizer).pad).to(device)
     with torch.no_grad():
         ref_logp = token_logprobs(tempered(reference(batch.input_ids), cfg.temperature), batch.targets)
+    own_logprobs(engine.module, batch, guided, cfg.temperature)
     updates = _policy_updates(engine, batch, ref_logp, advantages, cfg)
     rollout = _rollout_metrics(rollouts, rewards, len(picked), cfg.group_size)
     metrics = {

@@ -22,7 +22,7 @@ from tasks.eval.arithmetic import make_problems  # noqa: E402
 from tasks.eval.rewards import REWARDS, register_reward  # noqa: E402
 from tasks.training.config import GrpoConfig  # noqa: E402
 from tasks.training.grpo.loop import grpo_train  # noqa: E402
-from tasks.training.grpo.rollouts import rollout_batch, sample_rollouts  # noqa: E402
+from tasks.training.grpo.rollouts import guide_abstentions, own_logprobs, rollout_batch, sample_rollouts  # noqa: E402
 from tests.conftest import grpo_config, small_alphabet_bpe  # noqa: E402
 from tests.conftest import tiny_llama as tiny_model  # noqa: E402
 
@@ -101,6 +101,38 @@ def test_the_first_updates_ratio_is_exactly_one_at_a_sampling_temperature(tok):
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and stats["clip_fraction"] == 0.0
     # The temperature-1 log-probs the update used before are off by far more than rounding.
     assert (torch.exp(untempered - batch.old_logprobs)[batch.mask] - 1).abs().max() > 1e-2
+
+
+def test_guided_abstentions_replace_the_last_of_each_group_and_start_at_ratio_one(tok):
+    """abstain_guidance: the last k completions of every group become the abstention, scored as one, with the
+    tempered policy's own log-probs as their old ones (ratio 1 at the first update, as for a sampled completion)."""
+    from models.sampling import tempered
+    from models.chat_template import decode_completion, special_ids
+    from tasks.eval.rewards import ABSTENTION
+
+    model = tiny_model(tok.get_vocab_size())
+    rollouts = sample_rollouts(model, tok, make_problems(3, seed=3), group_size=4, max_new_tokens=6, temperature=0.7,
+                               generator=torch.Generator().manual_seed(0))
+    sampled = [r.text for r in rollouts]
+    guided = guide_abstentions(rollouts, tok, group_size=4, per_group=1)
+    assert guided == [3, 7, 11]
+    # This test tokenizer's alphabet lacks some letters of "unknown": the text is what its tokens decode to.
+    said = decode_completion(tok, tok.encode(ABSTENTION, add_special_tokens=False).ids)
+    assert [r.text for r in rollouts] == [said if i in guided else t for i, t in enumerate(sampled)]
+    assert [r.group for r in rollouts] == [0] * 4 + [1] * 4 + [2] * 4
+    assert all(rollouts[i].completion_ids[-1] == special_ids(tok).end_turn for i in guided)
+    batch = rollout_batch(rollouts, pad_id=0)
+    assert (batch.old_logprobs[guided] == 0).all()  # not the policy's yet
+    own_logprobs(model, batch, guided, temperature=0.7)
+    with torch.no_grad():
+        logp = token_logprobs(tempered(model(batch.input_ids), 0.7), batch.targets)
+    ratio = torch.exp(logp - batch.old_logprobs)[batch.mask]
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5)
+    assert guide_abstentions(rollouts, tok, group_size=4, per_group=0) == []
+    with pytest.raises(ValueError, match="abstain_guidance"):
+        grpo_config(abstain_guidance=1)  # no abstain reward to score it
+    with pytest.raises(ValueError, match="abstain_guidance"):
+        grpo_config(abstain_guidance=8, group_size=8, rewards={"arithmetic_exact": 1.0, "abstain": 0.3})
 
 
 def test_greedy_answer_score_plumbing(tok, rewards):
