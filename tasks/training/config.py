@@ -276,7 +276,8 @@ class GrpoConfig(StrictModel):
     abstain_max_operand: int | None = Field(default=None, ge=0)
     # Completions per group replaced by the abstention (rollouts.guide_abstentions): inside the trained range the
     # SFT policy gives "I don't know" a probability near 1e-4, so without this it never samples, and never learns,
-    # abstaining where it is likely wrong. Needs the `abstain` reward.
+    # abstaining where it is likely wrong. Needs the `abstain` reward. A step's logged reward_mean and accuracy count
+    # the guided completions too (BENCHMARKS.md "SFT's batch, and GRPO on three bases" measured it).
     abstain_guidance: int = Field(default=0, ge=0)
     problem_seed: int = 0
     optim: GrpoOptim = Field(default_factory=GrpoOptim)
@@ -289,11 +290,11 @@ class GrpoConfig(StrictModel):
         if self.abstain_n and (self.abstain_max_operand is None or self.abstain_max_operand <= self.max_operand):
             raise ValueError(f"grpo.abstain_n={self.abstain_n} needs grpo.abstain_max_operand above grpo.max_operand="
                              f"{self.max_operand} (got {self.abstain_max_operand})")
-        # right > abstain > wrong: an abstention paying as much as a right answer would teach the policy
-        # to abstain on everything, one paying nothing would not teach it to abstain at all.
         if self.abstain_guidance and ("abstain" not in self.rewards or self.abstain_guidance >= self.group_size):
             raise ValueError(f"grpo.abstain_guidance={self.abstain_guidance} needs the abstain reward in grpo.rewards and "
                              f"fewer than grpo.group_size={self.group_size} guided completions per group")
+        # right > abstain > wrong: an abstention paying as much as a right answer would teach the policy
+        # to abstain on everything, one paying nothing would not teach it to abstain at all.
         right, unknown = self.rewards.get(self.accuracy_reward), self.rewards.get("abstain")
         if right is not None and unknown is not None and not 0.0 < unknown < right:
             raise ValueError(f"grpo.rewards.abstain={unknown} must lie between 0 and grpo.rewards.{self.accuracy_reward}="
