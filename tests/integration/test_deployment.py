@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -408,9 +409,11 @@ def check_pipeline_run_and_its_rerun(deployed: dict, client, exp, parent) -> Non
     report = (folder / "report.md").read_text()
     assert "held-out arithmetic accuracy SFT → GRPO" in report and "## Calibration" in report
     for row in ("| preset | tiny |", "| overrides (--set) | pretrain.steps=6 ", "| git commit | ", "| machine | ",
-                "| precision, pretrain | fp32 (", "| packages | python ", "| stage | wall time | this run |",
-                "| pretrain | ", "| evaluate | "):
+                "| packages | python ", "| stage | wall time | this run |", "| pretrain | ", "| evaluate | "):
         assert row in report, (row, report[:2500])
+    # `precision: auto` picks by measuring this CPU (bf16 where its bf16 matmuls pay, as on AVX-512 with bf16), and
+    # says which and why.
+    assert re.search(r"^\| precision, pretrain \| (fp32|bf16) \(auto: .+\) \|$", report, re.M), report[:2500]
     assert "pretrain.steps" in report.split("| differs from the preset |")[1].split("\n")[0]
     for png in ("pretrain_loss.png", "sft_loss.png", "calibration_comparison.png"):
         assert (folder / png).stat().st_size > 1000
