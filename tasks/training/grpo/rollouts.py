@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -142,10 +142,9 @@ def guide_abstentions(rollouts: list[Rollout], tokenizer: Any, group_size: int, 
     ids = tokenizer.encode(ABSTENTION, add_special_tokens=False).ids + [special_ids(tokenizer).end_turn]
     guided = [g * group_size + j for g in range(len(rollouts) // group_size)
               for j in range(group_size - per_group, group_size)]
+    text = decode_completion(tokenizer, ids)
     for i in guided:
-        r = rollouts[i]
-        rollouts[i] = Rollout(r.group, r.problem, r.prompt_ids, list(ids), [0.0] * len(ids),
-                              text=decode_completion(tokenizer, ids))
+        rollouts[i] = replace(rollouts[i], completion_ids=list(ids), old_logprobs=[0.0] * len(ids), text=text)
     return guided
 
 
