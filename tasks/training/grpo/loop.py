@@ -2,9 +2,10 @@
 
     fit(policy, cfg, GrpoSteps(...))                          # tasks/training/loop.py: resume, log, checkpoint
       GrpoSteps.step(engine, step):                           # grpo_step, tasks/training/grpo/rollouts.py
-        problems = next prompts_per_step problems             # a seeded shuffle, cycled
+        problems = next prompts_per_step x oversample problems  # a seeded shuffle, cycled
         rollouts = G completions per prompt                    # KV-cache sampling; old log-probs kept
         rewards = sum(w * reward_fn(completion, problem))      # tasks/eval/rewards.py registry
+        oversample > 1: keep prompts_per_step groups whose rewards differ  # DAPO's dynamic sampling
         advantages = group_advantages(rewards)                 # no value model
         ref_logp = reference(batch)                            # frozen copy, for the KL term
         for _ in range(cfg.updates_per_batch):                 # reuse the batch; ratios move off 1
@@ -180,10 +181,10 @@ class GrpoSteps:
 
     def step(self, engine, step: int, rank: int, world: int) -> StepStats:
         lr = float(engine.get_lr()[0])
-        picked = self.cycle.take(self.cfg.prompts_per_step)
+        picked = self.cycle.take(self.cfg.prompts_per_step * self.cfg.oversample)
         metrics, rollouts = grpo_step(engine, self.reference, self.tokenizer, picked, self.cfg, self.scorer,
                                       self._on(engine), step)
-        _keep_samples(self.result, rollouts, step, len(picked), self.cfg)
+        _keep_samples(self.result, rollouts, step, len(rollouts) // self.cfg.group_size, self.cfg)
         loss = metrics.pop("loss")
         bad = not math.isfinite(loss) or not engine.was_step_applied()
         tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)

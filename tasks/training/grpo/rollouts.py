@@ -140,12 +140,25 @@ def guide_abstentions(rollouts: list[Rollout], tokenizer: Any, group_size: int, 
     from tasks.eval.rewards import ABSTENTION
 
     ids = tokenizer.encode(ABSTENTION, add_special_tokens=False).ids + [special_ids(tokenizer).end_turn]
-    guided = [g * group_size + j for g in range(len(rollouts) // group_size)
-              for j in range(group_size - per_group, group_size)]
+    guided = guided_rows(len(rollouts) // group_size, group_size, per_group)
     text = decode_completion(tokenizer, ids)
     for i in guided:
         rollouts[i] = replace(rollouts[i], completion_ids=list(ids), old_logprobs=[0.0] * len(ids), text=text)
     return guided
+
+
+def guided_rows(n_groups: int, group_size: int, per_group: int) -> list[int]:
+    """The rows guide_abstentions replaces: the last `per_group` of each of `n_groups` groups."""
+    return [g * group_size + j for g in range(n_groups) for j in range(group_size - max(per_group, 0), group_size)]
+
+
+def informative_groups(rewards: torch.Tensor, group_size: int, want: int) -> list[int]:
+    """The first `want` groups whose rewards are not all equal, in order (DAPO's dynamic sampling, Yu et al. 2025):
+    a group whose completions all scored alike gets zero advantages and teaches nothing but the KL term. When no
+    group differs, the first `want` groups, so that a step still has a batch (it then moves only by the KL term)."""
+    flat = rewards.view(-1, group_size)
+    varied = [g for g in range(flat.shape[0]) if not bool((flat[g] == flat[g, 0]).all())]
+    return (varied or list(range(flat.shape[0])))[:want]
 
 
 @torch.no_grad()
@@ -248,15 +261,22 @@ def grpo_step(engine, reference: torch.nn.Module, tokenizer: Any, picked: Sequen
     rollouts = sample_rollouts(
         engine.module, tokenizer, picked, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.top_p, generator
     )
-    guided = guide_abstentions(rollouts, tokenizer, cfg.group_size, cfg.abstain_guidance)
+    guide_abstentions(rollouts, tokenizer, cfg.group_size, cfg.abstain_guidance)
     rewards = scorer.score(rollouts)
-    advantages = group_advantages(rewards, group_size=cfg.group_size).to(device)
+    rollout = _rollout_metrics(rollouts, rewards, len(picked), cfg.group_size)  # of every group sampled
+    G = cfg.group_size
+    if cfg.oversample > 1:  # train on the groups that carry a signal, at most prompts_per_step of them
+        keep = informative_groups(rewards, G, cfg.prompts_per_step)
+        rows = [g * G + j for g in keep for j in range(G)]
+        rollouts = [replace(rollouts[i], group=n // G) for n, i in enumerate(rows)]
+        rewards = rewards[rows]
+    guided = guided_rows(len(rollouts) // G, G, cfg.abstain_guidance)
+    advantages = group_advantages(rewards, group_size=G).to(device)
     batch = rollout_batch(rollouts, special_ids(tokenizer).pad).to(device)
     with torch.no_grad():
         ref_logp = token_logprobs(tempered(reference(batch.input_ids), cfg.temperature), batch.targets)
     own_logprobs(engine.module, batch, guided, cfg.temperature)
     updates = _policy_updates(engine, batch, ref_logp, advantages, cfg)
-    rollout = _rollout_metrics(rollouts, rewards, len(picked), cfg.group_size)
     metrics = {
         **{k: rollout[k] for k in ("reward_mean", "reward_std", "accuracy")},
         **{k: updates[k] for k in ("kl", "clip_fraction", "ratio_mean")},
@@ -264,6 +284,7 @@ def grpo_step(engine, reference: torch.nn.Module, tokenizer: Any, picked: Sequen
         "entropy": updates["entropy"],
         "loss": updates["loss"],
         "zero_std_groups": rollout["zero_std_groups"],
+        **({"trained_groups": float(len(rollouts) // G)} if cfg.oversample > 1 else {}),
         "step_seconds": time.perf_counter() - t0,
     }
     return metrics, rollouts

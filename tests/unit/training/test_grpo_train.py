@@ -22,7 +22,9 @@ from tasks.eval.arithmetic import make_problems  # noqa: E402
 from tasks.eval.rewards import REWARDS, register_reward  # noqa: E402
 from tasks.training.config import GrpoConfig  # noqa: E402
 from tasks.training.grpo.loop import grpo_train  # noqa: E402
-from tasks.training.grpo.rollouts import guide_abstentions, own_logprobs, rollout_batch, sample_rollouts  # noqa: E402
+from tasks.training.grpo.rollouts import (  # noqa: E402
+    guide_abstentions, informative_groups, own_logprobs, rollout_batch, sample_rollouts,
+)
 from tests.conftest import grpo_config, small_alphabet_bpe  # noqa: E402
 from tests.conftest import tiny_llama as tiny_model  # noqa: E402
 
@@ -133,6 +135,37 @@ def test_guided_abstentions_replace_the_last_of_each_group_and_start_at_ratio_on
         grpo_config(abstain_guidance=1)  # no abstain reward to score it
     with pytest.raises(ValueError, match="abstain_guidance"):
         grpo_config(abstain_guidance=8, group_size=8, rewards={"arithmetic_exact": 1.0, "abstain": 0.3})
+
+
+def test_informative_groups_keep_the_first_whose_rewards_differ():
+    rewards = torch.tensor([1, 1, 0, 1, 0.5, 0.5, 1, 0, 2, 2, 0, 2], dtype=torch.float32)  # 6 groups of 2
+    assert informative_groups(rewards, 2, want=2) == [1, 3]
+    assert informative_groups(rewards, 2, want=9) == [1, 3, 5]
+    assert informative_groups(torch.ones(6), 2, want=2) == [0, 1]  # none differs: a batch all the same
+
+
+def test_oversampling_trains_only_on_groups_whose_rewards_differ(tok, rewards):
+    """grpo.oversample (DAPO's dynamic sampling): a step draws prompts_per_step x oversample prompts and trains on the
+    first prompts_per_step whose completions scored differently; the rest never reach the batch."""
+    def odd_only(completion: str, problem) -> float:  # every completion of an even sum scores alike
+        return completion.count(TARGET) / len(completion) if completion and problem.answer % 2 else 0.5
+
+    register_reward("test_odd_only")(odd_only)
+    try:
+        policy = tiny_model(tok.get_vocab_size())
+        cfg = grpo_config(group_size=4, prompts_per_step=2, oversample=4, max_new_tokens=6, lr=1e-2, steps=4,
+                          rewards={"test_odd_only": 1.0}, accuracy_reward="test_odd_only", eval_prompts=0,
+                          samples_every=1, samples_per_step=8)
+        problems = make_problems(32, seed=0, split="grpo")
+        assert {p.answer % 2 for p in problems} == {0, 1}
+        result = grpo_train(policy, copy.deepcopy(policy), tok, problems, cfg)
+    finally:
+        REWARDS.pop("test_odd_only", None)
+    answers = {p.question: p.answer for p in problems}
+    trained = [s["question"] for s in result.samples]
+    assert trained and all(answers[q] % 2 for q in trained)  # only the groups that could differ, odd sums
+    assert all(h["trained_groups"] <= 2 and 0 < h["zero_std_groups"] < 1 for h in result.history)
+    assert len(trained) == sum(h["trained_groups"] for h in result.history)
 
 
 def test_greedy_answer_score_plumbing(tok, rewards):
