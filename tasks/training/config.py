@@ -252,7 +252,8 @@ class GrpoConfig(StrictModel):
     group_size: int = Field(default=8, ge=2)  # completions per prompt (G)
     prompts_per_step: int = Field(default=8, gt=0)
     # DAPO's dynamic sampling (rollouts.informative_groups): draw prompts_per_step x oversample prompts a step and
-    # train on the first prompts_per_step whose completions scored differently; 1 trains on every prompt drawn.
+    # train on the first prompts_per_step whose completions scored differently; 1 trains on every prompt drawn. With
+    # abstain_guidance every group holds a guided abstention beside its samples, so few groups are filtered.
     oversample: int = Field(default=1, ge=1)
     max_new_tokens: int = Field(default=24, gt=0)  # "<answer>nn</answer>" is ~16 tokens, plus <|end|>
     temperature: float = Field(default=1.0, gt=0)  # > 0: a greedy group would hold G copies of one answer
