@@ -42,11 +42,15 @@ def publish_prefect_artifact(markdown: str, key: str = "funnel") -> str | None:
     return stable
 
 
-def narrow_tables(markdown: str, max_columns: int = 6) -> str:
-    """Transpose each Markdown table wider than `max_columns` that has fewer rows than columns.
+def narrow_tables(markdown: str, max_columns: int = 6, max_chars: int = 90) -> str:
+    """Transpose each Markdown table wider than `max_columns` that has fewer rows than columns, and write each
+    other table with a row longer than `max_chars` characters as a list (`- label: value`, or `- label: base 1.2 ·
+    sft 1.1` for several value columns).
 
-    Prefect's artifact page clips a table at its panel's width (the funnel's last columns
-    vanished); transposed, the same table keeps every column as a row.
+    Prefect's artifact page clips a table at its panel's width and does not wrap its cells: the funnel's
+    last columns vanished, and the report card's headline values and the calibration table's SFT and GRPO
+    columns sat to the right of their long labels, out of sight. Transposed, a wide table keeps every column
+    as a row; as a list, a label and its values wrap.
     """
     lines, out, i = markdown.split("\n"), [], 0
     while i < len(lines):
@@ -64,10 +68,20 @@ def narrow_tables(markdown: str, max_columns: int = 6) -> str:
             out.append("| " + " | ".join(columns[0]) + " |")
             out.append("|---" * len(columns[0]) + "|")
             out += ["| " + " | ".join(col) + " |" for col in columns[1:]]
+        elif all(len(r) == len(header) for r in body) and any(len(" ".join(r)) > max_chars for r in body):
+            out += [" — ".join(f"**{h}**" for h in header[:2] if h) if len(header) == 2 else f"**{header[0]}**", ""]
+            out += [f"- {r[0]}: {_row_values(header, r)}" if any(r[1:]) else f"- {r[0]}" for r in body]
         else:
             out += lines[i:j]
         i = j
     return "\n".join(out)
+
+
+def _row_values(header: list[str], row: list[str]) -> str:
+    """A table row's values after its label: the value alone beside one column, else each after its column's name."""
+    if len(row) == 2:
+        return row[1]
+    return " · ".join(f"{h} {v}" for h, v in zip(header[1:], row[1:]))
 
 
 def funnel_metrics(manifest_path: Path) -> dict[str, float]:

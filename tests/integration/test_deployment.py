@@ -388,6 +388,8 @@ def test_readme_deployment_sequence_on_another_port(deployed):
             # Wide tables are transposed: the artifact panel clips columns, never rows.
             assert "| sampled_rows |" in art["data"], art["key"]
             assert max(line.count("|") for line in art["data"].splitlines()) <= 8, art["key"]
+    # The headline's long labels would push their values out of the panel: a list instead, which wraps.
+    assert "\n- pipeline wall time: " in report_art["data"], report_art["data"][:3000]
 
     check_pipeline_run_and_its_rerun(deployed, client, exp, pipeline)
 

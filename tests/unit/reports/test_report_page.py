@@ -67,3 +67,20 @@ def test_wide_tables_are_transposed_for_the_prefect_artifact():
     assert narrow[-2:] == ["", "after"]
     small = "| source | kept |\n|---|---|\n| news | 3 |"
     assert narrow_tables(small) == small
+
+
+def test_long_two_column_tables_become_lists_for_the_prefect_artifact():
+    """A label-value table whose labels run long: Prefect's panel would clip the values off; as a list they wrap."""
+    from tasks.reports.data import narrow_tables
+
+    label = "GRPO − SFT within the training range (paired, 95% CI) and more words to make it long"
+    table = f"intro\n\n| headline | value |\n|---|---|\n| {label} | +4.1 pts [+0.5, +8.0] |\n| preset | |\n\nafter"
+    assert narrow_tables(table).splitlines() == [
+        "intro", "", "**headline** — **value**", "", f"- {label}: +4.1 pts [+0.5, +8.0]", "- preset", "", "after"]
+    assert narrow_tables("| this run | |\n|---|---|\n| " + label + " | a longer value |").splitlines()[0] == "**this run**"
+    short = "| headline | value |\n|---|---|\n| preset | tiny |"
+    assert narrow_tables(short) == short
+    calibration = ("| metric | base | sft | grpo |\n|---|---:|---:|---:|\n"
+                   "| bits per byte (comparable across tokenizers) | 1.9633 [1.8891, 2.0408] | 1.9927 [1.9154, 2.0740] | 1.9931 |")
+    assert narrow_tables(calibration).splitlines() == [
+        "**metric**", "", "- bits per byte (comparable across tokenizers): base 1.9633 [1.8891, 2.0408] · sft 1.9927 [1.9154, 2.0740] · grpo 1.9931"]
