@@ -2,6 +2,7 @@
 artifacts (manifest, funnel table and chart) and the shards as a dataset input."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from infra.atomic import write_text_atomic
@@ -42,6 +43,9 @@ def publish_prefect_artifact(markdown: str, key: str = "funnel") -> str | None:
     return stable
 
 
+_CELL_SEP = re.compile(r"(?<!\\)\|")  # a cell boundary: a pipe the cell's text did not escape as \|
+
+
 def narrow_tables(markdown: str, max_columns: int = 6, max_chars: int = 90) -> str:
     """Transpose each Markdown table wider than `max_columns` that has fewer rows than columns, and write each
     other table with a row longer than `max_chars` characters as a list (`- label: value`, or `- label: base 1.2 ·
@@ -61,7 +65,8 @@ def narrow_tables(markdown: str, max_columns: int = 6, max_chars: int = 90) -> s
             out.append(lines[i])
             i += 1
             continue
-        rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[i:j]]
+        rows = [[c.strip() for c in _CELL_SEP.split(line.strip().removeprefix("|").removesuffix("|"))]
+                for line in lines[i:j]]
         header, body = rows[0], rows[2:]
         if len(header) > max_columns and len(body) + 1 < len(header) and all(len(r) == len(header) for r in body):
             columns = list(zip(header, *body))
@@ -69,7 +74,8 @@ def narrow_tables(markdown: str, max_columns: int = 6, max_chars: int = 90) -> s
             out.append("|---" * len(columns[0]) + "|")
             out += ["| " + " | ".join(col) + " |" for col in columns[1:]]
         elif all(len(r) == len(header) for r in body) and any(len(" ".join(r)) > max_chars for r in body):
-            out += [" — ".join(f"**{h}**" for h in header[:2] if h) if len(header) == 2 else f"**{header[0]}**", ""]
+            heading = " — ".join(f"**{h}**" for h in (header if len(header) == 2 else header[:1]) if h)
+            out += [heading, ""] if heading else []
             out += [f"- {r[0]}: {_row_values(header, r)}" if any(r[1:]) else f"- {r[0]}" for r in body]
         else:
             out += lines[i:j]
@@ -81,7 +87,7 @@ def _row_values(header: list[str], row: list[str]) -> str:
     """A table row's values after its label: the value alone beside one column, else each after its column's name."""
     if len(row) == 2:
         return row[1]
-    return " · ".join(f"{h} {v}" for h, v in zip(header[1:], row[1:]))
+    return " · ".join(f"{h} {v}" for h, v in zip(header[1:], row[1:]) if v)
 
 
 def funnel_metrics(manifest_path: Path) -> dict[str, float]:

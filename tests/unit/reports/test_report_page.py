@@ -80,6 +80,11 @@ def test_long_two_column_tables_become_lists_for_the_prefect_artifact():
     assert narrow_tables("| this run | |\n|---|---|\n| " + label + " | a longer value |").splitlines()[0] == "**this run**"
     short = "| headline | value |\n|---|---|\n| preset | tiny |"
     assert narrow_tables(short) == short
+    escaped = f"| this run | |\n|---|---|\n| overrides | a=1 \\| b=2, {label} |"
+    assert narrow_tables(escaped).splitlines() == ["**this run**", "", f"- overrides: a=1 \\| b=2, {label}"]
+    gaps = f"| metric | base | sft |\n|---|---|---|\n| {label}, and on | 1.0 | |\n| x | | |"
+    assert narrow_tables(gaps).splitlines()[2:] == [f"- {label}, and on: base 1.0", "- x"]
+    assert narrow_tables(gaps.replace("| metric |", "| |")).splitlines()[0] == f"- {label}, and on: base 1.0"  # no heading
     calibration = ("| metric | base | sft | grpo |\n|---|---:|---:|---:|\n"
                    "| bits per byte (comparable across tokenizers) | 1.9633 [1.8891, 2.0408] | 1.9927 [1.9154, 2.0740] | 1.9931 |")
     assert narrow_tables(calibration).splitlines() == [
