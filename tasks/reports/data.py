@@ -68,12 +68,13 @@ def narrow_tables(markdown: str, max_columns: int = 6, max_chars: int = 90) -> s
         rows = [[c.strip() for c in _CELL_SEP.split(line.strip().removeprefix("|").removesuffix("|"))]
                 for line in lines[i:j]]
         header, body = rows[0], rows[2:]
-        if len(header) > max_columns and len(body) + 1 < len(header) and all(len(r) == len(header) for r in body):
+        rectangular = all(len(r) == len(header) for r in body)
+        if len(header) > max_columns and len(body) + 1 < len(header) and rectangular:
             columns = list(zip(header, *body))
             out.append("| " + " | ".join(columns[0]) + " |")
             out.append("|---" * len(columns[0]) + "|")
             out += ["| " + " | ".join(col) + " |" for col in columns[1:]]
-        elif all(len(r) == len(header) for r in body) and any(len(" ".join(r)) > max_chars for r in body):
+        elif rectangular and any(len(" ".join(r)) > max_chars for r in body):
             heading = " — ".join(f"**{h}**" for h in (header if len(header) == 2 else header[:1]) if h)
             out += [heading, ""] if heading else []
             out += [f"- {r[0]}: {_row_values(header, r)}" if any(r[1:]) else f"- {r[0]}" for r in body]

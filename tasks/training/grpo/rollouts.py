@@ -152,13 +152,19 @@ def guided_rows(n_groups: int, group_size: int, per_group: int) -> list[int]:
     return [g * group_size + j for g in range(n_groups) for j in range(group_size - max(per_group, 0), group_size)]
 
 
+def alike_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[n_groups] bool: True where every completion of the group scored the same (its advantages are all zero)."""
+    flat = rewards.view(-1, group_size)
+    return (flat == flat[:, :1]).all(dim=1)
+
+
 def informative_groups(rewards: torch.Tensor, group_size: int, want: int) -> list[int]:
     """The first `want` groups whose rewards are not all equal, in order (DAPO's dynamic sampling, Yu et al. 2025):
     a group whose completions all scored alike gets zero advantages and teaches nothing but the KL term. When no
     group differs, the first `want` groups, so that a step still has a batch (it then moves only by the KL term)."""
-    flat = rewards.view(-1, group_size)
-    varied = [g for g in range(flat.shape[0]) if not bool((flat[g] == flat[g, 0]).all())]
-    return (varied or list(range(flat.shape[0])))[:want]
+    alike = alike_groups(rewards, group_size)
+    varied = (~alike).nonzero().flatten().tolist()
+    return (varied or list(range(alike.numel())))[:want]
 
 
 @torch.no_grad()
@@ -225,16 +231,15 @@ def _policy_updates(engine, batch: RolloutBatch, ref_logp: torch.Tensor, advanta
     return {**means, "entropy": entropy, "loss": sum(losses) / len(losses)}
 
 
-def _rollout_metrics(rollouts: Sequence[Rollout], rewards: torch.Tensor, n_groups: int, group_size: int) -> dict:
+def _rollout_metrics(rollouts: Sequence[Rollout], rewards: torch.Tensor, group_size: int) -> dict:
     """Reward mean/std, accuracy, completion length and the share of groups whose rewards are all equal."""
-    flat = rewards.view(n_groups, group_size)
     return {
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std(correction=0)),
         "accuracy": sum(r.correct for r in rollouts) / len(rollouts),
         "completion_len": sum(len(r.completion_ids) for r in rollouts) / len(rollouts),
         # Groups whose rewards are all equal give no gradient signal; many means the task is too hard or too easy.
-        "zero_std_groups": float((flat == flat[:, :1]).all(dim=1).float().mean()),
+        "zero_std_groups": float(alike_groups(rewards, group_size).float().mean()),
     }
 
 
@@ -263,7 +268,7 @@ def grpo_step(engine, reference: torch.nn.Module, tokenizer: Any, picked: Sequen
     )
     guide_abstentions(rollouts, tokenizer, cfg.group_size, cfg.abstain_guidance)
     rewards = scorer.score(rollouts)
-    rollout = _rollout_metrics(rollouts, rewards, len(picked), cfg.group_size)  # of every group sampled
+    rollout = _rollout_metrics(rollouts, rewards, cfg.group_size)  # of every group sampled
     G = cfg.group_size
     if cfg.oversample > 1:  # train on the groups that carry a signal, at most prompts_per_step of them
         keep = informative_groups(rewards, G, cfg.prompts_per_step)
