@@ -72,12 +72,19 @@ class ArithmeticSftOptions(StrictModel):
     # answered "I don't know" (tasks/eval/rewards.ABSTENTION), so the model learns the one way to abstain.
     abstain_n: int = Field(default=0, ge=0)
     abstain_max_operand: int | None = Field(default=None, ge=0)
+    # The abstained questions have an operand above this (default max_operand). Above max_operand, it leaves a band
+    # of sums SFT neither answers nor abstains on: where the model's knowledge ends there is GRPO's to find.
+    abstain_above: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _abstain_range(self) -> "ArithmeticSftOptions":
         if self.abstain_n and (self.abstain_max_operand is None or self.abstain_max_operand <= self.max_operand):
             raise ValueError(f"abstain_n={self.abstain_n} needs abstain_max_operand above max_operand={self.max_operand} "
                              f"(got {self.abstain_max_operand}): the abstained questions lie outside the trained range")
+        above = self.abstain_above
+        if above is not None and not (self.max_operand <= above < (self.abstain_max_operand or 0)):
+            raise ValueError(f"abstain_above={above} must lie in [max_operand={self.max_operand}, abstain_max_operand="
+                             f"{self.abstain_max_operand}): the abstained questions have an operand above it")
         return self
 
 
@@ -295,8 +302,9 @@ def _arithmetic_examples(opts: ArithmeticSftOptions) -> Iterator[tuple[str, str,
         yield ARITHMETIC_ID_PATH, f"problem:{i}", {"instruction": p.question, "response": p.response}
     if opts.abstain_n:
         assert opts.abstain_max_operand is not None  # checked by ArithmeticSftOptions
+        above = opts.max_operand if opts.abstain_above is None else opts.abstain_above
         unknown = make_problems(opts.abstain_n, opts.seed, opts.abstain_max_operand, opts.ops, split="sft",
-                                outside=opts.max_operand)
+                                outside=above)
         for i, p in enumerate(unknown):
             yield ARITHMETIC_ID_PATH, f"abstain:{i}", {"instruction": p.question, "response": ABSTENTION}
 

@@ -61,6 +61,19 @@ def test_out_of_range_problems_and_sft_examples_that_abstain() -> None:
         ArithmeticSftOptions(max_operand=10, abstain_n=3, abstain_max_operand=10)
 
 
+def test_sft_abstains_only_above_its_band_when_asked() -> None:
+    """abstain_above leaves the sums between max_operand and it unanswered and unabstained: GRPO's to find."""
+    opts = ArithmeticSftOptions(n=30, max_operand=10, ops="+", abstain_n=12, abstain_max_operand=20, abstain_above=15)
+    source = SftSourceConfig(name="arithmetic", kind="sft_builtin", builtin="arithmetic", licence="CC0-1.0", arithmetic=opts)
+    examples, _ = load_sft_examples([source])
+    abstained = [e for e in examples if e.response == ABSTENTION]
+    assert len(abstained) == 12 and all(max(int(t) for t in e.instruction[8:-1].split(" + ")) > 15 for e in abstained)
+    assert ArithmeticSftOptions(abstain_n=3, max_operand=10, abstain_max_operand=20, abstain_above=10).abstain_above == 10
+    for above in (9, 20, 25):
+        with pytest.raises(ValueError, match=f"abstain_above={above} must lie in"):
+            ArithmeticSftOptions(max_operand=10, abstain_n=3, abstain_max_operand=20, abstain_above=above)
+
+
 def test_shares_of_right_abstained_and_hallucinated_answers() -> None:
     correct = [True] * 6 + [False] * 14
     abstained = [False] * 6 + [True] * 10 + [False] * 4
