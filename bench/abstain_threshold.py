@@ -11,14 +11,15 @@ for a calibrated model (right 1 > abstain 0.3 > wrong 0 gives 0.3; right 1, abst
 0.5). Per tau and model it prints the hallucination rate (wrong and not abstained, of all questions) with
 its Wilson interval and the in-range accuracy with the paired difference against SFT's own answers; then
 how well confidence separates right from wrong in-range answers (AUROC), and the lowest tau at which the
-policy would meet the goal, chosen on these very questions (so an upper bound, not a result). If even that
-tau fails, no decision on the model's confidence can meet the goal; if it passes, the signal is there and
-what is missing is a policy that acts on it by itself.
+policy would halve its hallucination rate, chosen on these very questions (so an upper bound, not a result).
+If that tau costs in-range accuracy, no threshold on the model's confidence can meet the goal; if it does
+not, the signal is there and what is missing is a policy that acts on it by itself.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -44,7 +45,8 @@ def answers(path: Path) -> dict[str, dict]:
 
 
 def abstains(a: dict, tau: float) -> bool:
-    return bool(a["abstained"]) or (a.get("parsed") is not None and a["confidence"] < tau)
+    """Abstained, or answered (a number or not) with a confidence under tau."""
+    return bool(a["abstained"]) or a["confidence"] < tau
 
 
 def outcome(model: dict[str, dict], tau: float, in_range: list[str]) -> tuple:
@@ -76,25 +78,28 @@ def main(argv: list[str] | None = None) -> int:
         halluc, right = outcome(model, tau, in_range)
         diff = paired_difference(sft_right, right)
         goal = halluc.accuracy <= sft_halluc.accuracy / 2 and diff.hi >= 0
-        print(f"  tau {tau:.2f} {name:6s}: hallucinated {halluc.describe()}; in range {sum(right)}/{len(in_range)}, "
-              f"- SFT {diff.describe('SFT', f'{name}@{tau:.2f}')}" + ("; goal 2 met" if goal and name != "SFT" else ""))
+        print(f"  tau {tau:.4g} {name:6s}: hallucinated {halluc.describe()}; in range {sum(right)}/{len(in_range)}, "
+              f"- SFT {diff.describe('SFT', f'{name}@{tau:.4g}')}" + ("; goal 2 met" if goal and name != "SFT" else ""))
         return goal
 
     for tau in args.thresholds:
         row("SFT", sft, tau)
         row("policy", policy, tau)
     for name, model in (("SFT", sft), ("policy", policy)):
-        answered = [model[q] for q in in_range if model[q].get("parsed") is not None and not model[q]["abstained"]]
+        answered = [model[q] for q in in_range if not model[q]["abstained"]]
         score = auroc([a["confidence"] for a in answered if a["correct"]], [a["confidence"] for a in answered if not a["correct"]])
         print(f"{name}: confidence ranks its right in-range answers above its wrong ones with AUROC {score:.3f}")
-    taus = sorted({round(a["confidence"], 6) for a in policy.values() if a.get("parsed") is not None})
-    best = next((t for t in [0.0, *[t + 1e-9 for t in taus]] if outcome(policy, t, in_range)[0].accuracy
-                 <= sft_halluc.accuracy / 2), None)
+    # Candidate thresholds: 0, and just above each answer's confidence (that answer and every one under it abstain).
+    taus = [0.0, *(math.nextafter(c, math.inf) for c in sorted({a["confidence"] for a in policy.values()
+                                                                   if not a["abstained"]}))]
+    best = next((t for t in taus if outcome(policy, t, in_range)[0].accuracy <= sft_halluc.accuracy / 2), None)
     if best is None:
         print("no threshold halves the policy's hallucination rate")
+    elif best == 0.0:
+        print("the policy halves SFT's hallucination rate as it answers, without a threshold")
     elif not row("policy", policy, best):
         print("the lowest threshold that halves the hallucination rate costs in-range accuracy: goal 2 is out of reach "
-              "for any decision on the policy's confidence")
+              "for any threshold on the policy's confidence")
     else:
         print("(the line above picks tau on these questions: an upper bound, not a held-out result)")
     return 0

@@ -21,13 +21,14 @@ def _write(path: Path, records: list[dict]) -> Path:
 
 
 def test_answers_under_the_threshold_count_as_abstentions() -> None:
+    unparsed = {**_record(5, False, 0.3), "parsed": None}  # said something, not a number: it too can fall under tau
     model = {r["question"]: r for r in [_record(1, True, 0.9), _record(2, False, 0.2), _record(3, False, 0.6),
-                                         _record(4, False, 0.0, abstained=True, in_range=False)]}
+                                         _record(4, False, 0.0, abstained=True, in_range=False), unparsed]}
     in_range = [q for q, r in model.items() if r["in_train_range"]]
     halluc, right = at.outcome(model, 0.5, in_range)
-    assert (halluc.correct, halluc.n, right) == (1, 4, [True, False, False])  # only the 0.6 wrong answer is left
+    assert (halluc.correct, halluc.n, right) == (1, 5, [True, False, False, False])  # only the 0.6 wrong one is left
     halluc, _ = at.outcome(model, 0.0, in_range)
-    assert halluc.correct == 2
+    assert halluc.correct == 3
     assert at.auroc([0.9, 0.8], [0.2, 0.6]) == 1.0 and at.auroc([0.5], [0.5]) == 0.5
 
 
@@ -39,9 +40,23 @@ def test_prints_goal_2_for_a_policy_whose_wrong_answers_are_unsure(tmp_path, cap
     rc = at.main(["--sft", str(_write(tmp_path / "s.json", sft)), "--policy", str(_write(tmp_path / "p.json", policy)),
                   "--thresholds", "0.5"])
     out = capsys.readouterr().out
-    assert rc == 0 and "tau 0.50 policy: hallucinated 0/30" in out and "goal 2 met" in out
+    assert rc == 0 and "tau 0.5 policy: hallucinated 0/30" in out and "goal 2 met" in out
+    # The lowest threshold that halves it lies just above the wrong answers' 0.2, not at the 0.5 asked for.
+    best = [line for line in out.splitlines() if line.startswith("  tau 0.2")]
+    assert len(best) == 1 and "policy: hallucinated 0/30" in best[0] and "goal 2 met" in best[0]
     assert "policy: confidence ranks its right in-range answers above its wrong ones with AUROC 1.000" in out
     assert "upper bound" in out
+
+
+def test_a_threshold_just_above_a_confidence_abstains_that_answer(tmp_path, capsys) -> None:
+    # SFT hallucinates on 2 of 4; the policy on 2, at confidences that rounding to 6 digits would push up, not down.
+    sft = [_record(i, i < 2, 0.9) for i in range(4)]
+    policy = [_record(0, True, 0.9), _record(1, True, 0.9), _record(2, False, 0.1234564), _record(3, False, 0.95)]
+    at.main(["--sft", str(_write(tmp_path / "s.json", sft)), "--policy", str(_write(tmp_path / "p.json", policy)),
+             "--thresholds", "0.5"])
+    out = capsys.readouterr().out
+    best = [line for line in out.splitlines() if line.startswith("  tau 0.1235 policy")]
+    assert len(best) == 1 and "hallucinated 1/4" in best[0] and "goal 2 met" in best[0]
 
 
 def test_refuses_files_that_are_not_evaluations_of_the_same_questions(tmp_path) -> None:
