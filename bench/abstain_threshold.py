@@ -23,7 +23,8 @@ import math
 import sys
 from pathlib import Path
 
-from tasks.eval.intervals import paired_difference, proportion
+from tasks.eval.abstention import abstention_report
+from tasks.eval.intervals import paired_difference
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,8 +52,10 @@ def abstains(a: dict, tau: float) -> bool:
 
 def outcome(model: dict[str, dict], tau: float, in_range: list[str]) -> tuple:
     """(hallucination Proportion over all questions, in-range right flags) with answers under tau abstained."""
-    halluc = proportion([not a["correct"] and not abstains(a, tau) for a in model.values()])
-    return halluc, [bool(model[q]["correct"]) and not abstains(model[q], tau) for q in in_range]
+    abstained = {q: abstains(a, tau) for q, a in model.items()}
+    right = {q: bool(a["correct"]) and not abstained[q] for q, a in model.items()}
+    report = abstention_report(list(right.values()), list(abstained.values()))  # the evaluation's own shares
+    return report.hallucination, [right[q] for q in in_range]
 
 
 def auroc(right: list[float], wrong: list[float]) -> float:
