@@ -128,28 +128,40 @@ def sample_rollouts(
     return rollouts
 
 
-def guide_abstentions(rollouts: list[Rollout], tokenizer: Any, group_size: int, per_group: int) -> list[int]:
-    """Replace the last `per_group` completions of each group by the abstention (`<answer>unknown</answer>`); their
-    indices. Off-policy guidance (as LUFFY, Yan et al. 2025, mixes off-policy completions into GRPO's groups): a
-    policy that almost never says "I don't know" inside the range it was trained on never samples it there, so it
-    cannot learn that abstaining beats its likely-wrong answers. With the abstention scored beside its own samples,
-    the group-relative advantage raises it where the group did worse than abstaining and lowers it elsewhere. Their
-    old log-probs are left to the caller (the policy's own, from a forward pass)."""
+def guide_abstentions(rollouts: list[Rollout], tokenizer: Any, group_size: int, per_group: int,
+                      groups: Sequence[int] | None = None) -> list[int]:
+    """Replace the last `per_group` completions of each group in `groups` (default: every group) by the abstention
+    (`<answer>unknown</answer>`); their indices. Off-policy guidance (as LUFFY, Yan et al. 2025, mixes off-policy
+    completions into GRPO's groups): a policy that almost never says "I don't know" inside the range it was trained
+    on never samples it there, so it cannot learn that abstaining beats its likely-wrong answers. With the abstention
+    scored beside its own samples, the group-relative advantage raises it where the group did worse than abstaining
+    and lowers it elsewhere. Their old log-probs are left to the caller (the policy's own, from a forward pass)."""
     if per_group <= 0:
         return []
     from tasks.eval.rewards import ABSTENTION
 
     ids = tokenizer.encode(ABSTENTION, add_special_tokens=False).ids + [special_ids(tokenizer).end_turn]
-    guided = guided_rows(len(rollouts) // group_size, group_size, per_group)
+    n_groups = len(rollouts) // group_size
+    chosen = range(n_groups) if groups is None else groups
+    guided = [i for g in chosen for i in guided_rows(1, group_size, per_group, first=g * group_size)]
     text = decode_completion(tokenizer, ids)
     for i in guided:
         rollouts[i] = replace(rollouts[i], completion_ids=list(ids), old_logprobs=[0.0] * len(ids), text=text)
     return guided
 
 
-def guided_rows(n_groups: int, group_size: int, per_group: int) -> list[int]:
-    """The rows guide_abstentions replaces: the last `per_group` of each of `n_groups` groups."""
-    return [g * group_size + j for g in range(n_groups) for j in range(group_size - max(per_group, 0), group_size)]
+def guided_rows(n_groups: int, group_size: int, per_group: int, first: int = 0) -> list[int]:
+    """The rows guide_abstentions replaces: the last `per_group` of each of `n_groups` groups from row `first`."""
+    return [first + g * group_size + j
+            for g in range(n_groups) for j in range(group_size - max(per_group, 0), group_size)]
+
+
+def unsure_groups(rollouts: Sequence[Rollout], group_size: int, max_accuracy: float) -> list[int]:
+    """The groups at most `max_accuracy` of whose sampled completions are correct: the prompts where the policy's
+    own samples say it is likely wrong, so that abstaining (paid less than a right answer) is the better answer."""
+    n_groups = len(rollouts) // group_size
+    return [g for g in range(n_groups)
+            if sum(r.correct for r in rollouts[g * group_size:(g + 1) * group_size]) <= max_accuracy * group_size]
 
 
 def alike_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -266,8 +278,13 @@ def grpo_step(engine, reference: torch.nn.Module, tokenizer: Any, picked: Sequen
     rollouts = sample_rollouts(
         engine.module, tokenizer, picked, cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.top_p, generator
     )
-    guide_abstentions(rollouts, tokenizer, cfg.group_size, cfg.abstain_guidance)
     rewards = scorer.score(rollouts)
+    if cfg.abstain_guidance:
+        unsure = unsure_groups(rollouts, cfg.group_size, cfg.abstain_guidance_max_accuracy)
+        guided = guide_abstentions(rollouts, tokenizer, cfg.group_size, cfg.abstain_guidance, unsure)
+        rewards = scorer.score(rollouts)
+    else:
+        guided = []
     rollout = _rollout_metrics(rollouts, rewards, cfg.group_size)  # of every group sampled
     G = cfg.group_size
     if cfg.oversample > 1:  # train on the groups that carry a signal, at most prompts_per_step of them
@@ -275,7 +292,8 @@ def grpo_step(engine, reference: torch.nn.Module, tokenizer: Any, picked: Sequen
         rows = [g * G + j for g in keep for j in range(G)]
         rollouts = [replace(rollouts[i], group=n // G) for n, i in enumerate(rows)]
         rewards = rewards[rows]
-    guided = guided_rows(len(rollouts) // G, G, cfg.abstain_guidance)
+        kept = set(guided)
+        guided = [n for n, i in enumerate(rows) if i in kept]
     advantages = group_advantages(rewards, group_size=G).to(device)
     batch = rollout_batch(rollouts, special_ids(tokenizer).pad).to(device)
     with torch.no_grad():

@@ -23,7 +23,7 @@ from tasks.eval.rewards import REWARDS, register_reward  # noqa: E402
 from tasks.training.config import GrpoConfig  # noqa: E402
 from tasks.training.grpo.loop import grpo_train  # noqa: E402
 from tasks.training.grpo.rollouts import (  # noqa: E402
-    guide_abstentions, informative_groups, own_logprobs, rollout_batch, sample_rollouts,
+    Rollout, guide_abstentions, informative_groups, own_logprobs, rollout_batch, sample_rollouts, unsure_groups,
 )
 from tests.conftest import grpo_config, small_alphabet_bpe  # noqa: E402
 from tests.conftest import tiny_llama as tiny_model  # noqa: E402
@@ -135,6 +135,24 @@ def test_guided_abstentions_replace_the_last_of_each_group_and_start_at_ratio_on
         grpo_config(abstain_guidance=1)  # no abstain reward to score it
     with pytest.raises(ValueError, match="abstain_guidance"):
         grpo_config(abstain_guidance=8, group_size=8, rewards={"arithmetic_exact": 1.0, "abstain": 0.3})
+
+
+def test_guidance_goes_only_to_the_groups_the_policy_mostly_gets_wrong(tok):
+    """abstain_guidance_max_accuracy: a group is guided only when at most that share of its own samples is right, so
+    the abstention scores above the group's mean there and is never pushed down on prompts the policy gets right."""
+    def group(right: int) -> list[Rollout]:
+        return [Rollout(0, None, [1], [2], [0.0], correct=i < right) for i in range(4)]
+
+    rollouts = group(4) + group(1) + group(0) + group(2)
+    assert unsure_groups(rollouts, 4, max_accuracy=0.25) == [1, 2]
+    assert unsure_groups(rollouts, 4, max_accuracy=0.0) == [2]
+    assert unsure_groups(rollouts, 4, max_accuracy=1.0) == [0, 1, 2, 3]
+    texts = [r.text for r in rollouts]
+    guided = guide_abstentions(rollouts, tok, group_size=4, per_group=2, groups=[1, 2])
+    assert guided == [6, 7, 10, 11]
+    assert [i for i, r in enumerate(rollouts) if r.text != texts[i]] == guided
+    assert grpo_config(abstain_guidance=1, abstain_guidance_max_accuracy=0.25,
+                       rewards={"arithmetic_exact": 1.0, "abstain": 0.3}).abstain_guidance_max_accuracy == 0.25
 
 
 def test_informative_groups_keep_the_first_whose_rewards_differ():
