@@ -89,8 +89,10 @@ def summaries(ws: Workspace) -> list[RunSummary]:
             raise no_store_error(ws, db)
         try:
             return _sqlite_summaries(db, experiment_name())
-        except sqlite3.DatabaseError:
-            pass  # a schema of another MLflow version: MLflow reads it
+        except sqlite3.DatabaseError as exc:
+            if "locked" in str(exc):
+                raise  # MLflow would wait as long again behind the same writer before failing the same way
+            # a schema of another MLflow version: MLflow reads it
     return _mlflow_summaries(ws)
 
 
@@ -106,8 +108,9 @@ def run_params(ws: Workspace, prefix: str) -> tuple[RunSummary, dict[str, str]]:
         try:
             with _read_only(db) as con:
                 return run, dict(con.execute("SELECT key, value FROM params WHERE run_uuid = ?", (run.run_id,)))
-        except sqlite3.DatabaseError:
-            pass
+        except sqlite3.DatabaseError as exc:
+            if "locked" in str(exc):
+                raise
     from mlflow.tracking import MlflowClient
 
     _point_mlflow(ws)
