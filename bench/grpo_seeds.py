@@ -55,8 +55,11 @@ def answers_of(model_dir: Path, tokenizer, problems, eval_cfg) -> dict[str, tupl
 
 
 def hallucinated(answers: dict[str, tuple[bool, bool]], questions: list[str]):
-    """The share of `questions` answered wrong and not abstained on, with its Wilson interval."""
-    return proportion([not answers[q][0] and not answers[q][1] for q in questions])
+    """The share of `questions` answered wrong and not abstained on, with its Wilson interval: the evaluation's own
+    hallucination rate (tasks/eval/abstention.py)."""
+    from tasks.eval.abstention import abstention_report
+
+    return abstention_report([answers[q][0] for q in questions], [answers[q][1] for q in questions]).hallucination
 
 
 def main(argv: list[str] | None = None) -> int:
