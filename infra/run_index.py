@@ -90,7 +90,7 @@ def summaries(ws: Workspace) -> list[RunSummary]:
         try:
             return _sqlite_summaries(db, experiment_name())
         except sqlite3.DatabaseError as exc:
-            if "locked" in str(exc):
+            if "database is locked" in str(exc):
                 raise  # MLflow would wait as long again behind the same writer before failing the same way
             # a schema of another MLflow version: MLflow reads it
     return _mlflow_summaries(ws)
@@ -109,7 +109,7 @@ def run_params(ws: Workspace, prefix: str) -> tuple[RunSummary, dict[str, str]]:
             with _read_only(db) as con:
                 return run, dict(con.execute("SELECT key, value FROM params WHERE run_uuid = ?", (run.run_id,)))
         except sqlite3.DatabaseError as exc:
-            if "locked" in str(exc):
+            if "database is locked" in str(exc):
                 raise
     from mlflow.tracking import MlflowClient
 

@@ -283,9 +283,10 @@ class GrpoConfig(StrictModel):
     # abstaining where it is likely wrong. Needs the `abstain` reward. A step's logged reward_mean and accuracy count
     # the guided completions too (BENCHMARKS.md "SFT's batch, and GRPO on three bases" measured it).
     abstain_guidance: int = Field(default=0, ge=0)
-    # Guide only the groups at most this share of whose samples are right (rollouts.unsure_groups); 1 guides every
-    # group. Below the abstain reward's share of a right answer's, the guided abstention always scores above the
-    # group's mean: it is raised where the policy is likely wrong and never pushed down where it is likely right.
+    # Guide only the groups where at most this share of the samples the guidance leaves are right
+    # (rollouts.unsure_groups); 1 guides every group. Under the abstain reward's share of a right answer's (0.3 in
+    # the preset), the guided abstention scores above the group's mean: it is raised where the policy is likely
+    # wrong and never pushed down where it is likely right.
     abstain_guidance_max_accuracy: float = Field(default=1.0, ge=0, le=1)
     problem_seed: int = 0
     optim: GrpoOptim = Field(default_factory=GrpoOptim)

@@ -156,12 +156,13 @@ def guided_rows(n_groups: int, group_size: int, per_group: int, first: int = 0) 
             for g in range(n_groups) for j in range(group_size - max(per_group, 0), group_size)]
 
 
-def unsure_groups(rollouts: Sequence[Rollout], group_size: int, max_accuracy: float) -> list[int]:
-    """The groups at most `max_accuracy` of whose sampled completions are correct: the prompts where the policy's
-    own samples say it is likely wrong, so that abstaining (paid less than a right answer) is the better answer."""
+def unsure_groups(rollouts: Sequence[Rollout], group_size: int, max_accuracy: float, kept: int) -> list[int]:
+    """The groups whose first `kept` sampled completions (those guide_abstentions leaves) are right at most
+    `max_accuracy` of the time: the prompts where the policy's own samples say it is likely wrong. With max_accuracy
+    under the abstain reward's share of a right answer's, the abstention then scores above the group's mean."""
     n_groups = len(rollouts) // group_size
     return [g for g in range(n_groups)
-            if sum(r.correct for r in rollouts[g * group_size:(g + 1) * group_size]) <= max_accuracy * group_size]
+            if sum(r.correct for r in rollouts[g * group_size:g * group_size + kept]) / kept <= max_accuracy]
 
 
 def alike_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -280,7 +281,8 @@ def grpo_step(engine, reference: torch.nn.Module, tokenizer: Any, picked: Sequen
     )
     rewards = scorer.score(rollouts)
     if cfg.abstain_guidance:
-        unsure = unsure_groups(rollouts, cfg.group_size, cfg.abstain_guidance_max_accuracy)
+        unsure = unsure_groups(rollouts, cfg.group_size, cfg.abstain_guidance_max_accuracy,
+                               kept=cfg.group_size - cfg.abstain_guidance)
         guided = guide_abstentions(rollouts, tokenizer, cfg.group_size, cfg.abstain_guidance, unsure)
         rewards = scorer.score(rollouts)
     else:

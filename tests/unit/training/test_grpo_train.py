@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -138,15 +139,20 @@ def test_guided_abstentions_replace_the_last_of_each_group_and_start_at_ratio_on
 
 
 def test_guidance_goes_only_to_the_groups_the_policy_mostly_gets_wrong(tok):
-    """abstain_guidance_max_accuracy: a group is guided only when at most that share of its own samples is right, so
-    the abstention scores above the group's mean there and is never pushed down on prompts the policy gets right."""
-    def group(right: int) -> list[Rollout]:
+    """abstain_guidance_max_accuracy: a group is guided only when at most that share of the samples the guidance
+    leaves is right, so the abstention scores above the group's mean there and is never pushed down on prompts the
+    policy gets right."""
+    def group(right: int) -> list[Rollout]:  # 4 samples, the first `right` of them right
         return [Rollout(0, None, [1], [2], [0.0], correct=i < right) for i in range(4)]
 
-    rollouts = group(4) + group(1) + group(0) + group(2)
-    assert unsure_groups(rollouts, 4, max_accuracy=0.25) == [1, 2]
-    assert unsure_groups(rollouts, 4, max_accuracy=0.0) == [2]
-    assert unsure_groups(rollouts, 4, max_accuracy=1.0) == [0, 1, 2, 3]
+    rollouts = group(4) + group(1) + group(0) + group(2) + [replace(r, correct=i >= 2) for i, r in enumerate(group(0))]
+    # The last group's two right samples are the ones two guided abstentions replace: it counts as all wrong.
+    assert unsure_groups(rollouts, 4, max_accuracy=0.4, kept=2) == [2, 4]
+    assert unsure_groups(rollouts, 4, max_accuracy=0.25, kept=4) == [1, 2]  # counting all four, it is half right
+    assert unsure_groups(rollouts, 4, max_accuracy=0.0, kept=4) == [2]
+    assert unsure_groups(rollouts, 4, max_accuracy=1.0, kept=3) == [0, 1, 2, 3, 4]
+    third = [Rollout(0, None, [1], [2], [0.0], correct=i % 3 == 0) for i in range(9)]  # 1 of 3 right, 3 groups
+    assert unsure_groups(third, 3, max_accuracy=1 / 3, kept=3) == [0, 1, 2]  # exactly at the share: guided
     texts = [r.text for r in rollouts]
     guided = guide_abstentions(rollouts, tok, group_size=4, per_group=2, groups=[1, 2])
     assert guided == [6, 7, 10, 11]
