@@ -101,6 +101,9 @@ def _runs(args: argparse.Namespace) -> int:
     from flows.runs_view import render_diff, render_runs
     from infra.paths import Workspace
 
+    from infra.preflight import check_tracking_store
+
+    check_tracking_store()
     ws = Workspace.locate(args.workdir)
     lines = render_diff(ws, *args.diff) if args.diff else render_runs(ws, show_outputs=args.outputs)
     print("\n".join(lines))
@@ -109,10 +112,14 @@ def _runs(args: argparse.Namespace) -> int:
 
 def _gc(args: argparse.Namespace) -> int:
     from infra.paths import Workspace
+    from infra.preflight import check_tracking_store
+    from infra.run_index import check_store_exists
     from infra.workspace_lock import workspace_lock
     from infra.workspace_outputs import apply_gc, plan_gc
 
+    check_tracking_store()
     ws = Workspace.locate(args.workdir)
+    check_store_exists(ws)  # a mistyped --workdir must not become a new, empty workspace
     with workspace_lock(ws, wait=False):
         plan = plan_gc(ws)
         for folder in plan.remove:
@@ -273,11 +280,12 @@ def _run_flow(args: argparse.Namespace) -> int:
 def _flow_ready(args: argparse.Namespace) -> tuple[Any, Any]:
     """The validated config and the command's flow, with Prefect's server up (started while the flow imports) and
     the stop handlers installed."""
-    from flows.config import load_pipeline_config
+    from flows.config import check_paths, load_pipeline_config
     from infra.run_signals import prefect_server_starting
     from tasks.data.catalog import load_catalog
 
     cfg = load_pipeline_config(args.preset, _overrides(args))
+    check_paths(cfg)  # a missing catalog folder, said with the fix
     load_catalog(cfg.data.catalog, only=cfg.data.sources)  # fail before any work starts
     server_started = prefect_server_starting()
     if args.command == "scale":

@@ -191,8 +191,12 @@ def check_paths(cfg: PipelineConfig) -> None:
     """The folders a config names exist (a ConfigError naming the key otherwise); `llmforge show-config` checks them."""
     catalog = Path(cfg.data.catalog)
     if not catalog.is_dir():
-        raise ConfigError(f"data.catalog {catalog}: no such folder ({catalog.resolve()}); give the folder of the "
-                          "catalog's source YAML files (--set data.catalog=PATH, or data.catalog in the preset)")
+        shipped = CHECKOUT / catalog
+        hint = (f"a relative path is read from the current directory: run from the checkout ({CHECKOUT}) or give "
+                f"--set data.catalog={shipped}" if not catalog.is_absolute() and shipped.is_dir() else
+                "give the folder of the catalog's source YAML files (--set data.catalog=PATH, or data.catalog in "
+                "the preset)")
+        raise ConfigError(f"data.catalog {catalog}: no such folder ({catalog.resolve()}); {hint}")
 
 
 def renamed_key(dotted: str) -> str | None:

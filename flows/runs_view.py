@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from infra.paths import Workspace
+from infra.paths import Workspace, mlflow_command
 from infra.run_index import NOTE_TAG, RunSummary, run_params, summaries
 
 INDENT = "    "
@@ -103,7 +103,7 @@ def render_runs(ws: Workspace, show_outputs: bool = False) -> list[str]:
         for rel in run.outputs if show_outputs else []:
             lines.append(f"{INDENT * (depth + 1)}{ws.root / rel}{'' if sizes(rel) is not None else '  (removed)'}")
     lines.append(f"{len(runs)} run(s); `llmforge runs --diff A B` compares two runs' config; see them in the MLflow UI: "
-                 f"mlflow ui --backend-store-uri {_store_uri(ws)}")
+                 f"{mlflow_command()} ui --backend-store-uri {_store_uri(ws)}")
     return lines
 
 

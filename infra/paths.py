@@ -85,3 +85,12 @@ def point_latest(link: Path, target: Path) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(target.name)
     os.replace(tmp, link)
+
+
+def mlflow_command() -> str:
+    """The `mlflow` CLI of this environment by its absolute path (a line to copy into a terminal whose PATH may
+    lack the venv), or plain `mlflow` when it has none."""
+    import sys
+
+    cli = Path(sys.executable).parent / "mlflow"
+    return str(cli) if cli.is_file() else "mlflow"

@@ -57,3 +57,25 @@ def check_services(env: Mapping[str, str] | None = None, timeout: float = DEFAUL
         check_url("MLflow", "MLFLOW_TRACKING_URI", mlflow_uri, "infra/scripts/start_mlflow_server.sh", timeout)
         checked.append(redact("url", mlflow_uri))
     return checked
+
+
+# The store schemes MLflow's tracking client opens (mlflow.tracking._tracking_service.utils); '' is a local path.
+MLFLOW_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks",
+                  "databricks-uc", "uc")
+
+
+def check_tracking_store(env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    """Before a command reads MLflow's store: an `MLFLOW_TRACKING_URI` of a scheme MLflow cannot open is a
+    ConfigError, an http(s) server that does not answer is ServiceUnavailable (MLflow itself would retry for
+    minutes and then print a traceback)."""
+    from infra.config import ConfigError
+
+    env = os.environ if env is None else env
+    uri = (env.get("MLFLOW_TRACKING_URI") or "").strip()
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if scheme not in MLFLOW_SCHEMES:
+        raise ConfigError(f"MLFLOW_TRACKING_URI {redact('url', uri)}: MLflow has no store of scheme '{scheme}' "
+                          f"(it opens {', '.join(s for s in MLFLOW_SCHEMES if s)}); fix it, or unset it to use the "
+                          "workspace's own store")
+    if scheme in ("http", "https"):
+        check_url("MLflow", "MLFLOW_TRACKING_URI", uri, "infra/scripts/start_mlflow_server.sh", timeout)

@@ -77,8 +77,18 @@ def sqlite_store(ws: Workspace) -> Path | None:
 
 
 def no_store_error(ws: Workspace, db: Path) -> RunNotFound:
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return RunNotFound(f"no MLflow store at {db} (MLFLOW_TRACKING_URI): nothing has been logged there; unset "
+                           f"it to read workspace {ws.root}'s own store, or point it at the store the runs used")
     return RunNotFound(f"no MLflow store at {db}: nothing has run in workspace {ws.root} yet; "
                        "give the workspace with --workdir or LLMFORGE_HOME")
+
+
+def check_store_exists(ws: Workspace) -> None:
+    """RunNotFound when no MLFLOW_TRACKING_URI is set and the workspace has no store of its own (a mistyped
+    --workdir); a store MLFLOW_TRACKING_URI names is left to MLflow, whose faults infra/store_errors.py says."""
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not ws.mlflow_db.is_file():
+        raise no_store_error(ws, ws.mlflow_db)
 
 
 def summaries(ws: Workspace) -> list[RunSummary]:

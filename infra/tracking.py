@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from infra.config import flatten_params
-from infra.paths import Workspace
+from infra.paths import Workspace, mlflow_command
 from infra.provenance import link_prefect_to_run, mlflow_run_url, origin_tags, prefect_flow_run
 from infra.redaction import redact
 from infra.store_errors import store_full_error
@@ -373,7 +372,5 @@ def where_to_see_run(ws: Workspace, run_id: str) -> str:
         return f"MLflow run: {url}"
     # Absolute paths throughout: the line is copied into another terminal, often in another directory.
     script = Path(__file__).resolve().parent / "scripts" / "start_mlflow_server.sh"
-    mlflow_cli = Path(sys.executable).parent / "mlflow"
     return (f"MLflow run: http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id} "
-            f"(after `{script}` or `{mlflow_cli if mlflow_cli.is_file() else 'mlflow'} ui --backend-store-uri "
-            f"{tracking_uri(ws)}`)")
+            f"(after `{script}` or `{mlflow_command()} ui --backend-store-uri {tracking_uri(ws)}`)")

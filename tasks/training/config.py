@@ -299,9 +299,12 @@ class GrpoConfig(StrictModel):
         if self.abstain_n and (self.abstain_max_operand is None or self.abstain_max_operand <= self.max_operand):
             raise ValueError(f"grpo.abstain_n={self.abstain_n} needs grpo.abstain_max_operand above grpo.max_operand="
                              f"{self.max_operand} (got {self.abstain_max_operand})")
-        if self.abstain_guidance and ("abstain" not in self.rewards or self.abstain_guidance >= self.group_size):
-            raise ValueError(f"grpo.abstain_guidance={self.abstain_guidance} needs the abstain reward in grpo.rewards and "
-                             f"fewer than grpo.group_size={self.group_size} guided completions per group")
+        if self.abstain_guidance and "abstain" not in self.rewards:
+            raise ValueError(f"grpo.abstain_guidance={self.abstain_guidance} needs the abstain reward in grpo.rewards "
+                             "to score the guided abstentions, e.g. abstain: 0.3")
+        if self.abstain_guidance >= self.group_size:
+            raise ValueError(f"grpo.abstain_guidance={self.abstain_guidance} must be below grpo.group_size="
+                             f"{self.group_size}: a group needs samples of its own beside the guided abstentions")
         # right > abstain > wrong: an abstention paying as much as a right answer would teach the policy
         # to abstain on everything, one paying nothing would not teach it to abstain at all.
         right, unknown = self.rewards.get(self.accuracy_reward), self.rewards.get("abstain")

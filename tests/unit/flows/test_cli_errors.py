@@ -65,3 +65,19 @@ def test_a_missing_catalog_is_reported_at_once(tmp_path, isolated_env):
 def test_argparse_errors_are_one_line():
     proc = subprocess.run(CLI + ["runs", "--bogus"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unrecognized arguments: --bogus" in proc.stderr
+
+
+def test_the_default_catalog_from_another_directory_names_the_checkouts(capsys, tmp_path, monkeypatch):
+    """The tiny preset's `data_catalog` is relative: from outside the checkout the error says where it is."""
+    monkeypatch.chdir(tmp_path)
+    err = _error(capsys, "show-config")
+    assert f"data.catalog data_catalog: no such folder ({tmp_path / 'data_catalog'})" in err
+    assert f"run from the checkout ({ROOT}) or give --set data.catalog={ROOT / 'data_catalog'}" in err
+    assert main(["show-config", "--set", f"data.catalog={ROOT / 'data_catalog'}"]) == 0
+
+
+def test_guidance_errors_say_which_condition_failed(capsys):
+    err = _error(capsys, "show-config", "--set", "grpo.abstain_guidance=9")
+    assert "grpo.abstain_guidance=9 must be below grpo.group_size=8" in err and "abstain reward" not in err
+    err = _error(capsys, "show-config", "--set", "grpo.abstain_guidance=2", "--set", "grpo.rewards={arithmetic_exact: 1.0}")
+    assert "needs the abstain reward in grpo.rewards" in err and "group_size" not in err

@@ -88,6 +88,8 @@ def test_100_runs_listed_in_3_s_grouped_by_pipeline_run(work):
     assert "KILLED" in next(line for line in lines if line.startswith(parents[3][:12]))
     assert time.strftime("%Y-%m-%d", time.localtime(T0 / 1000)) in proc.stdout
     assert f"sqlite:///{root / 'mlflow.db'}" in lines[-1]
+    # The UI command is copied into another terminal, whose PATH may lack the venv: the venv's mlflow by its path.
+    assert f"{Path(CLI[0]).parent / 'mlflow'} ui --backend-store-uri" in lines[-1]
 
 
 @pytest.mark.parametrize("prefix, matches", [("zzz", 0), ("0", 100)])

@@ -71,6 +71,26 @@ def test_a_store_path_through_a_file_or_a_file_that_is_no_database_is_exit_2(tmp
     assert code == 2 and len(lines) == 1 and "not an SQLite database" in lines[0] and str(not_db) in lines[0]
 
 
+def test_gc_of_a_mistyped_workdir_creates_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    code, lines = _cli_runs(tmp_path / "typo", capsys, "gc")
+    assert code == 2 and len(lines) == 1 and f"no MLflow store at {tmp_path / 'typo' / 'mlflow.db'}" in lines[0]
+    assert not (tmp_path / "typo").exists()
+
+
+def test_a_tracking_uri_of_an_unknown_scheme_or_a_dead_server_is_one_line(store, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "garbage://x")
+    code, lines = _cli_runs(store.root, capsys)
+    assert code == 2 and len(lines) == 1 and "MLflow has no store of scheme 'garbage'" in lines[0]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")  # nothing listens on port 1
+    code, lines = _cli_runs(store.root, capsys)
+    assert code == 3 and len(lines) == 1 and "MLflow server at http://127.0.0.1:1/health is not answering" in lines[0]
+    other = store.root / "other.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{other}")
+    code, lines = _cli_runs(store.root, capsys)
+    assert code == 2 and len(lines) == 1 and f"no MLflow store at {other} (MLFLOW_TRACKING_URI)" in lines[0]
+
+
 def test_a_read_only_store_is_exit_3(store, tmp_path, monkeypatch, capsys):
     view = tmp_path / "ro"
     view.mkdir()
