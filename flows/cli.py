@@ -12,13 +12,6 @@ from pathlib import Path
 from typing import Any
 
 
-def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """`--set key=value` pairs, parsed like a deployment's `overrides` (flows/config.py)."""
-    from flows.config import parse_overrides
-
-    return parse_overrides(pairs)
-
-
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help="preset name in infra/presets/ or a YAML path (default: tiny)")
     _workdir(p)
@@ -101,9 +94,6 @@ def _runs(args: argparse.Namespace) -> int:
     from flows.runs_view import render_diff, render_runs
     from infra.paths import Workspace
 
-    from infra.preflight import check_tracking_store
-
-    check_tracking_store()
     ws = Workspace.locate(args.workdir)
     lines = render_diff(ws, *args.diff) if args.diff else render_runs(ws, show_outputs=args.outputs)
     print("\n".join(lines))
@@ -112,12 +102,10 @@ def _runs(args: argparse.Namespace) -> int:
 
 def _gc(args: argparse.Namespace) -> int:
     from infra.paths import Workspace
-    from infra.preflight import check_tracking_store
     from infra.run_index import check_store_exists
     from infra.workspace_lock import workspace_lock
     from infra.workspace_outputs import apply_gc, plan_gc
 
-    check_tracking_store()
     ws = Workspace.locate(args.workdir)
     check_store_exists(ws)  # a mistyped --workdir must not become a new, empty workspace
     with workspace_lock(ws, wait=False):
@@ -301,7 +289,10 @@ def _flow_ready(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    overrides = _parse_overrides(args.overrides)
+    """The `--set key=value` pairs, parsed like a deployment's `overrides` (flows/config.py), and --catalog."""
+    from flows.config import parse_overrides
+
+    overrides = parse_overrides(args.overrides)
     if getattr(args, "catalog", None):
         overrides["data.catalog"] = args.catalog
     return overrides
@@ -327,6 +318,10 @@ def _run(args: argparse.Namespace) -> int:
         check_services()  # a service down is said before anything is made, the workspace included
         with _workspace_held(args.workdir):
             return _run_flow(args)
+    if args.command in ("runs", "gc"):
+        from infra.preflight import check_tracking_store
+
+        check_tracking_store()  # MLflow would retry a dead server for minutes, then print a traceback
     return {"runs": _runs, "gc": _gc, "plan": _plan, "show-config": _show_config}[args.command](args)
 
 
