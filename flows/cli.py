@@ -270,11 +270,9 @@ def _flow_ready(args: argparse.Namespace) -> tuple[Any, Any]:
     the stop handlers installed."""
     from flows.config import check_paths, load_pipeline_config
     from infra.run_signals import prefect_server_starting
-    from tasks.data.catalog import load_catalog
 
     cfg = load_pipeline_config(args.preset, _overrides(args))
-    check_paths(cfg)  # a missing catalog folder, said with the fix
-    load_catalog(cfg.data.catalog, only=cfg.data.sources)  # fail before any work starts
+    check_paths(cfg)  # the catalog and its sources: fail before any work starts
     server_started = prefect_server_starting()
     if args.command == "scale":
         from flows.scale_flow import scale_flow as flow

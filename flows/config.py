@@ -64,6 +64,15 @@ class RegistryConfig(StrictModel):
     metric: str = "evaluate/grpo.answer.accuracy"
     greater_is_better: bool = True
 
+    @field_validator("metric")
+    @classmethod
+    def _of_a_stage(cls, metric: str) -> str:
+        stages = [*EXPECTED_MINUTES, "pipeline"]  # the parent run's headline metrics (tasks/reports/headline.py)
+        if "/" not in metric or metric.split("/", 1)[0] not in stages:
+            raise ValueError(f"registry.metric {metric!r} must be <stage>/<metric>, a headline metric of the "
+                             f"pipeline run with a stage of {stages}, e.g. evaluate/grpo.answer.accuracy")
+        return metric
+
 
 # The stages of `llmforge run` in order, and their minutes on an idle 2-core AVX2 machine training in fp32
 # (README "What the first command produced here"); SFT's is 2.4 x 1.7 x 400 / 600: 600 steps of 18 rows took 2.4 min
@@ -188,7 +197,8 @@ def check_override_keys(keys: Sequence[str]) -> None:
 
 
 def check_paths(cfg: PipelineConfig) -> None:
-    """The folders a config names exist (a ConfigError naming the key otherwise); `llmforge show-config` checks them."""
+    """The catalog a config names exists and reads, with data.sources among its sources (a ConfigError naming the
+    key otherwise): `llmforge show-config`, and `data`/`run`/`scale` before any work starts."""
     catalog = Path(cfg.data.catalog)
     if not catalog.is_dir():
         shipped = CHECKOUT / catalog
@@ -197,6 +207,9 @@ def check_paths(cfg: PipelineConfig) -> None:
                 "give the folder of the catalog's source YAML files (--set data.catalog=PATH, or data.catalog in "
                 "the preset)")
         raise ConfigError(f"data.catalog {catalog}: no such folder ({catalog.resolve()}); {hint}")
+    from tasks.data.catalog import load_catalog
+
+    load_catalog(catalog, only=cfg.data.sources)  # its YAML files valid, data.sources among them
 
 
 def renamed_key(dotted: str) -> str | None:

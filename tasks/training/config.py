@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from infra.config import StrictModel
 from infra.hostfile import HostfilePath
@@ -153,6 +153,15 @@ class PretrainConfig(StrictModel):
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, name: str) -> str:
+        from models.presets import PRESETS
+
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)} (models/presets.py)")
+        return name
 
 
 class SftDataConfig(StrictModel):

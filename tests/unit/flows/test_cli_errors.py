@@ -48,7 +48,9 @@ def test_a_bad_value_is_blamed_on_where_it_came_from(capsys, tmp_path):
 def test_show_config_refuses_a_catalog_that_does_not_exist(capsys, tmp_path):
     err = _error(capsys, "show-config", "--set", f"data.catalog={tmp_path / 'nope'}")
     assert f"data.catalog {tmp_path / 'nope'}: no such folder" in err
-    assert main(["show-config", "--set", f"data.catalog={tmp_path}"]) == 0
+    err = _error(capsys, "show-config", "--set", f"data.catalog={tmp_path}")  # a folder, but no sources in it
+    assert f"{tmp_path}: no source definitions (*.yaml) found" in err
+    assert main(["show-config", "--set", f"data.catalog={ROOT / 'data_catalog'}"]) == 0
 
 
 def test_a_missing_catalog_is_reported_at_once(tmp_path, isolated_env):
@@ -81,3 +83,14 @@ def test_guidance_errors_say_which_condition_failed(capsys):
     assert "grpo.abstain_guidance=9 must be below grpo.group_size=8" in err and "abstain reward" not in err
     err = _error(capsys, "show-config", "--set", "grpo.abstain_guidance=2", "--set", "grpo.rewards={arithmetic_exact: 1.0}")
     assert "needs the abstain reward in grpo.rewards" in err and "group_size" not in err
+
+
+def test_show_config_refuses_a_model_a_source_or_a_champion_metric_that_does_not_exist(capsys):
+    """What `run` would only find out minutes in (the model at pretraining, the metric never promoting a model)."""
+    err = _error(capsys, "show-config", "--set", "pretrain.model=nope")
+    assert "unknown model preset 'nope'; choose one of" in err and "'demo'" in err
+    err = _error(capsys, "show-config", "--set", "data.sources=[nope]")
+    assert "unknown source(s) ['nope']" in err
+    err = _error(capsys, "show-config", "--set", "registry.metric=nope")
+    assert "registry.metric 'nope' must be <stage>/<metric>" in err
+    assert main(["show-config", "--set", "registry.metric=pipeline/wall_minutes"]) == 0
