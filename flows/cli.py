@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Estimate per-device bytes (weights, gradients, optimizer state, activations with and "
                                    "without checkpointing, communication buffers) of every layout DeepSpeed can run on N "
                                    "devices, and name the fastest that fits (models/memory_plan.py says how).")
-    p.add_argument("--model", required=True, help="model preset (models/llama.py PRESETS) or a Hugging Face config.json")
+    p.add_argument("--model", required=True, help="model preset (models/presets.py) or a Hugging Face config.json")
     p.add_argument("--devices", type=int, required=True, help="number of devices (GPUs) in the cluster")
     p.add_argument("--device-mem", type=float, default=80.0, help="memory per device in GB of 2**30 bytes (default: 80)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's max positions)")

@@ -1,7 +1,7 @@
 """A model family for scaling sweeps: one knob, depth, sets every shape, so sizes differ by one number.
 
     dim = depth * aspect_ratio      n_heads = n_kv_heads = dim / head_dim (head_dim fixed)
-    ffn_hidden = 8/3 * dim rounded up to a multiple of 64, as in models.llama.PRESETS
+    ffn_hidden = 8/3 * dim rounded up to a multiple of 64, as in models/presets.py
 
 nanochat ties its sizes the same way (`model_dim = depth * aspect_ratio`, fixed head_dim), so
 a sweep over depth moves width with it instead of making deep-thin or shallow-wide outliers.

@@ -142,7 +142,7 @@ RESUME_NEUTRAL = frozenset({"log", "checkpoint", "max_bad_steps", "export_hf", "
 
 
 class PretrainConfig(StrictModel):
-    model: str = "demo"  # a models.llama.PRESETS name
+    model: str = "demo"  # a models/presets.py name
     model_overrides: dict[str, int | float | bool] = Field(default_factory=dict)
     steps: int = Field(default=100, gt=0)
     seed: int = 0
