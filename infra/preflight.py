@@ -45,7 +45,8 @@ def check_url(service: str, variable: str, url: str, start_script: str, timeout:
 
 
 def check_services(env: Mapping[str, str] | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
-    """Health-check the Prefect API and MLflow server named by the environment; returns the URLs checked."""
+    """Health-check the Prefect API and MLflow server named by the environment (and refuse a tracking URI of a
+    scheme MLflow cannot open); returns the URLs checked."""
     env = os.environ if env is None else env
     checked = []
     prefect = (env.get("PREFECT_API_URL") or "").strip()
@@ -53,13 +54,14 @@ def check_services(env: Mapping[str, str] | None = None, timeout: float = DEFAUL
         check_url("Prefect", "PREFECT_API_URL", prefect, "infra/scripts/start_prefect_server.sh", timeout)
         checked.append(redact("url", prefect))
     mlflow_uri = (env.get("MLFLOW_TRACKING_URI") or "").strip()
+    check_tracking_store(env, timeout)
     if mlflow_uri.lower().startswith(("http://", "https://")):
-        check_url("MLflow", "MLFLOW_TRACKING_URI", mlflow_uri, "infra/scripts/start_mlflow_server.sh", timeout)
         checked.append(redact("url", mlflow_uri))
     return checked
 
 
-# The store schemes MLflow's tracking client opens (mlflow.tracking._tracking_service.utils); '' is a local path.
+# The store schemes MLflow's tracking client opens (mlflow.tracking._tracking_service.utils), each database's
+# with or without a SQLAlchemy driver (`+driver`); '' is a local path.
 MLFLOW_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks",
                   "databricks-uc", "uc")
 
@@ -73,7 +75,7 @@ def check_tracking_store(env: Mapping[str, str] | None = None, timeout: float = 
     env = os.environ if env is None else env
     uri = (env.get("MLFLOW_TRACKING_URI") or "").strip()
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
-    if scheme not in MLFLOW_SCHEMES:
+    if scheme.split("+", 1)[0] not in MLFLOW_SCHEMES:  # SQLAlchemy's dialect+driver: postgresql+psycopg2
         raise ConfigError(f"MLFLOW_TRACKING_URI {redact('url', uri)}: MLflow has no store of scheme '{scheme}' "
                           f"(it opens {', '.join(s for s in MLFLOW_SCHEMES if s)}); fix it, or unset it to use the "
                           "workspace's own store")

@@ -8,6 +8,7 @@ import pytest
 
 from flows.cli import main
 from infra.deepspeed_launch import free_port
+from infra.config import ConfigError
 from infra.preflight import ServiceUnavailable, check_services
 
 
@@ -40,6 +41,8 @@ def healthy_server():
 def test_nothing_configured_checks_nothing():
     assert check_services({}) == []
     assert check_services({"MLFLOW_TRACKING_URI": "sqlite:///x.db", "PREFECT_API_URL": " "}) == []
+    with pytest.raises(ConfigError, match="MLflow has no store of scheme 'garbage'"):  # before any work, as for runs
+        check_services({"MLFLOW_TRACKING_URI": "garbage://x"})
 
 
 def test_healthy_servers_pass(healthy_server):

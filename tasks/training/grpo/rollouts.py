@@ -141,19 +141,12 @@ def guide_abstentions(rollouts: list[Rollout], tokenizer: Any, group_size: int, 
     from tasks.eval.rewards import ABSTENTION
 
     ids = tokenizer.encode(ABSTENTION, add_special_tokens=False).ids + [special_ids(tokenizer).end_turn]
-    n_groups = len(rollouts) // group_size
-    chosen = range(n_groups) if groups is None else groups
-    guided = [i for g in chosen for i in guided_rows(1, group_size, per_group, first=g * group_size)]
+    chosen = range(len(rollouts) // group_size) if groups is None else groups
+    guided = [g * group_size + j for g in chosen for j in range(group_size - per_group, group_size)]
     text = decode_completion(tokenizer, ids)
     for i in guided:
         rollouts[i] = replace(rollouts[i], completion_ids=list(ids), old_logprobs=[0.0] * len(ids), text=text)
     return guided
-
-
-def guided_rows(n_groups: int, group_size: int, per_group: int, first: int = 0) -> list[int]:
-    """The rows guide_abstentions replaces: the last `per_group` of each of `n_groups` groups from row `first`."""
-    return [first + g * group_size + j
-            for g in range(n_groups) for j in range(group_size - max(per_group, 0), group_size)]
 
 
 def unsure_groups(rollouts: Sequence[Rollout], group_size: int, max_accuracy: float, kept: int) -> list[int]:
@@ -294,8 +287,8 @@ def grpo_step(engine, reference: torch.nn.Module, tokenizer: Any, picked: Sequen
         rows = [g * G + j for g in keep for j in range(G)]
         rollouts = [replace(rollouts[i], group=n // G) for n, i in enumerate(rows)]
         rewards = rewards[rows]
-        kept = set(guided)
-        guided = [n for n, i in enumerate(rows) if i in kept]
+        was_guided = set(guided)
+        guided = [n for n, i in enumerate(rows) if i in was_guided]
     advantages = group_advantages(rewards, group_size=G).to(device)
     batch = rollout_batch(rollouts, special_ids(tokenizer).pad).to(device)
     with torch.no_grad():

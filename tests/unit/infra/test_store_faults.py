@@ -82,6 +82,9 @@ def test_a_tracking_uri_of_an_unknown_scheme_or_a_dead_server_is_one_line(store,
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "garbage://x")
     code, lines = _cli_runs(store.root, capsys)
     assert code == 2 and len(lines) == 1 and "MLflow has no store of scheme 'garbage'" in lines[0]
+    from infra.preflight import check_tracking_store
+
+    check_tracking_store({"MLFLOW_TRACKING_URI": "postgresql+psycopg2://user@db/mlflow"})  # a dialect+driver: known
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")  # nothing listens on port 1
     code, lines = _cli_runs(store.root, capsys)
     assert code == 3 and len(lines) == 1 and "MLflow server at http://127.0.0.1:1/health is not answering" in lines[0]
