@@ -297,6 +297,10 @@ class GrpoConfig(StrictModel):
     # the preset), the guided abstention scores above the group's mean: it is raised where the policy is likely
     # wrong and never pushed down where it is likely right.
     abstain_guidance_max_accuracy: float = Field(default=1.0, ge=0, le=1)
+    # Weight of a supervised term on the guided abstentions (rollouts.abstention_nll): their mean NLL, added to the
+    # loss unclipped, so "I don't know" is taught where the policy's samples are mostly wrong even while it is far too
+    # improbable for the clipped policy term to move; 0 leaves them to the policy term.
+    abstain_sft: float = Field(default=0.0, ge=0)
     problem_seed: int = 0
     optim: GrpoOptim = Field(default_factory=GrpoOptim)
     launch: GrpoLaunch = Field(default_factory=GrpoLaunch)
@@ -311,6 +315,9 @@ class GrpoConfig(StrictModel):
         if self.abstain_guidance and "abstain" not in self.rewards:
             raise ValueError(f"grpo.abstain_guidance={self.abstain_guidance} needs the abstain reward in grpo.rewards "
                              "to score the guided abstentions, e.g. abstain: 0.3")
+        if self.abstain_sft and not self.abstain_guidance:
+            raise ValueError(f"grpo.abstain_sft={self.abstain_sft} weighs the guided abstentions: it needs "
+                             "grpo.abstain_guidance above 0")
         if self.abstain_guidance >= self.group_size:
             raise ValueError(f"grpo.abstain_guidance={self.abstain_guidance} must be below grpo.group_size="
                              f"{self.group_size}: a group needs samples of its own beside the guided abstentions")

@@ -215,25 +215,42 @@ def masked_entropy(logits: torch.Tensor, mask: torch.Tensor) -> float:
 # ----------------------------------------------------------------------------- held-out score
 
 
+def abstention_nll(logp: torch.Tensor, mask: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """The mean negative log-likelihood of the completion tokens of `rows` (the guided abstentions): a supervised
+    term on the prompts where the policy's own samples are mostly wrong, as R-Tuning (Zhang et al. 2024) teaches
+    "I don't know" on the questions a model gets wrong, and ReLIFT (Ma et al. 2025) interleaves SFT on the questions
+    RL fails. Unlike the clipped policy term it does not shrink where the abstention is improbable."""
+    idx = torch.tensor(list(rows), device=logp.device)
+    m = mask[idx].to(logp.dtype)
+    return -(logp[idx] * m).sum() / m.sum().clamp_min(1)
+
+
 def _policy_updates(engine, batch: RolloutBatch, ref_logp: torch.Tensor, advantages: torch.Tensor,
-                    cfg: GrpoConfig) -> dict[str, float]:
-    """cfg.updates_per_batch optimizer steps on one sampled batch; mean loss, KL, clip fraction, ratio, entropy."""
+                    cfg: GrpoConfig, guided: Sequence[int] = ()) -> dict[str, float]:
+    """cfg.updates_per_batch optimizer steps on one sampled batch; mean loss, KL, clip fraction, ratio, entropy (and
+    the guided abstentions' NLL where cfg.abstain_sft weighs it in)."""
     stats_sum: dict[str, float] = {}
     losses, entropy = [], float("nan")
+    supervised = bool(cfg.abstain_sft and guided)
     for update in range(cfg.updates_per_batch):
         logits = tempered(engine(batch.input_ids), cfg.temperature)
         logp = token_logprobs(logits, batch.targets)
         loss, stats = grpo_loss(
             logp, batch.old_logprobs, ref_logp, advantages, batch.mask, clip_eps=cfg.clip_eps, beta=cfg.beta
         )
+        if supervised:
+            nll = abstention_nll(logp, batch.mask, guided)
+            loss = loss + cfg.abstain_sft * nll
+            stats["abstain_nll"] = float(nll.detach())
         if update == 0:
             entropy = masked_entropy(logits.detach(), batch.mask)
         engine.backward(loss)
         engine.step()
         losses.append(float(loss.detach()))
-        for k in ("kl", "clip_fraction", "ratio_mean"):
-            stats_sum[k] = stats_sum.get(k, 0.0) + stats[k]
-    means = {k: stats_sum[k] / cfg.updates_per_batch for k in ("kl", "clip_fraction", "ratio_mean")}
+        for k in ("kl", "clip_fraction", "ratio_mean", "abstain_nll"):
+            if k in stats:
+                stats_sum[k] = stats_sum.get(k, 0.0) + stats[k]
+    means = {k: v / cfg.updates_per_batch for k, v in stats_sum.items()}
     return {**means, "entropy": entropy, "loss": sum(losses) / len(losses)}
 
 
@@ -294,7 +311,7 @@ def grpo_step(engine, reference: torch.nn.Module, tokenizer: Any, picked: Sequen
     with torch.no_grad():
         ref_logp = token_logprobs(tempered(reference(batch.input_ids), cfg.temperature), batch.targets)
     own_logprobs(engine.module, batch, guided, cfg.temperature)
-    updates = _policy_updates(engine, batch, ref_logp, advantages, cfg)
+    updates = _policy_updates(engine, batch, ref_logp, advantages, cfg, guided)
     metrics = {
         **{k: rollout[k] for k in ("reward_mean", "reward_std", "accuracy")},
         **{k: updates[k] for k in ("kl", "clip_fraction", "ratio_mean")},
@@ -302,6 +319,7 @@ def grpo_step(engine, reference: torch.nn.Module, tokenizer: Any, picked: Sequen
         "entropy": updates["entropy"],
         "loss": updates["loss"],
         "zero_std_groups": rollout["zero_std_groups"],
+        **({"abstain_nll": updates["abstain_nll"]} if "abstain_nll" in updates else {}),
         **({"trained_groups": float(len(rollouts) // G)} if cfg.oversample > 1 else {}),
         "step_seconds": time.perf_counter() - t0,
     }

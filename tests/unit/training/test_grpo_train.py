@@ -24,7 +24,8 @@ from tasks.eval.rewards import REWARDS, register_reward  # noqa: E402
 from tasks.training.config import GrpoConfig  # noqa: E402
 from tasks.training.grpo.loop import grpo_train  # noqa: E402
 from tasks.training.grpo.rollouts import (  # noqa: E402
-    Rollout, guide_abstentions, informative_groups, own_logprobs, rollout_batch, sample_rollouts, unsure_groups,
+    Rollout, abstention_nll, guide_abstentions, informative_groups, own_logprobs, rollout_batch, sample_rollouts,
+    unsure_groups,
 )
 from tests.conftest import grpo_config, small_alphabet_bpe  # noqa: E402
 from tests.conftest import tiny_llama as tiny_model  # noqa: E402
@@ -161,6 +162,21 @@ def test_guidance_goes_only_to_the_groups_the_policy_mostly_gets_wrong(tok):
                        rewards={"arithmetic_exact": 1.0, "abstain": 0.3}).abstain_guidance_max_accuracy == 0.25
 
 
+def test_abstention_nll_is_the_mean_nll_of_the_guided_rows_completion_tokens():
+    """abstain_sft: the guided rows' completion tokens only (not their prompts, not the sampled rows), averaged."""
+    logp = -torch.arange(12, dtype=torch.float32).view(3, 4)
+    mask = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    assert float(abstention_nll(logp, mask, [1])) == pytest.approx((6 + 7) / 2)
+    assert float(abstention_nll(logp, mask, [0, 1])) == pytest.approx((1 + 2 + 6 + 7) / 4)
+    x = logp.clone().requires_grad_()
+    abstention_nll(x, mask, [1]).backward()
+    assert x.grad[1].tolist() == [0, 0, -0.5, -0.5] and not x.grad[[0, 2]].any()
+    with pytest.raises(ValueError, match="abstain_sft"):
+        grpo_config(abstain_sft=1.0, rewards={"arithmetic_exact": 1.0, "abstain": 0.3})  # nothing guided to weigh
+    assert grpo_config(abstain_guidance=2, abstain_sft=1.0,
+                       rewards={"arithmetic_exact": 1.0, "abstain": 0.3}).abstain_sft == 1.0
+
+
 def test_informative_groups_keep_the_first_whose_rewards_differ():
     rewards = torch.tensor([1, 1, 0, 1, 0.5, 0.5, 1, 0, 2, 2, 0, 2], dtype=torch.float32)  # 6 groups of 2
     assert informative_groups(rewards, 2, want=2) == [1, 3]
@@ -262,6 +278,32 @@ def test_grpo_raises_mean_reward_on_a_learnable_task(tok, rewards):
     assert not all(torch.equal(v, pol_before[k]) for k, v in policy.state_dict().items())
     assert result.policy is policy
     assert all(not p.requires_grad for p in reference.parameters())
+
+
+def test_the_supervised_abstention_term_teaches_the_guided_abstention(tok):
+    """abstain_sft through the loop: a fresh model, every sample wrong, guided abstentions in every group. Its NLL is
+    logged each step, and after the same steps the abstention is far more likely than where only the clipped policy
+    term raised it (weight 0, which logs nothing)."""
+    problems = make_problems(8, seed=0, split="grpo")
+    flat = dict(group_size=4, prompts_per_step=2, max_new_tokens=6, lr=3e-3, beta=0.0, steps=6, eval_prompts=0,
+                rewards={"arithmetic_exact": 1.0, "abstain": 0.3}, abstain_guidance=2)
+
+    def abstention_nll_after(weight: float) -> tuple[float, list[dict]]:
+        torch.manual_seed(0)
+        policy = tiny_model(tok.get_vocab_size())
+        result = grpo_train(policy, copy.deepcopy(policy), tok, problems, grpo_config(abstain_sft=weight, **flat))
+        said = [Rollout(i, p, encode_prompt(tok, p.question), [0], [0.0]) for i, p in enumerate(problems)]
+        rows = guide_abstentions(said, tok, group_size=1, per_group=1)
+        batch = rollout_batch(said, pad_id=0)
+        with torch.no_grad():
+            logp = token_logprobs(policy(batch.input_ids), batch.targets)
+        return float(abstention_nll(logp, batch.mask, rows)), result.history
+
+    with_term, history = abstention_nll_after(1.0)
+    assert [h["abstain_nll"] > 0 for h in history] == [True] * 6
+    without, plain = abstention_nll_after(0.0)
+    assert not any("abstain_nll" in h for h in plain)
+    assert with_term < without - 1.0, (with_term, without)  # nats per token: 2.3 against 3.8 when written
 
 
 @pytest.mark.parametrize("zero", ["zero1", "zero2"])
