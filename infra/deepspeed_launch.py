@@ -248,7 +248,9 @@ def launch(
         except BaseException:
             # Interrupted (Ctrl-C, SIGTERM, a cancel): the ranks finish their step and save it meanwhile
             # (tasks/training/stop.py); wait for them, showing what they say, SIGKILL after the grace period.
-            _stop_showing(tree, proc.stdout, show)
+            # Their lines count for the tail too: on a loaded machine, the rank's BUILDING_SHM_OP can still be
+            # unread in the pipe when the stop comes (seen leaving the build's lock behind).
+            _stop_showing(tree, proc.stdout, lambda line: (tail.append(line), show(line)))
             raise
         finally:
             # After a clean exit or an error: stragglers, also those the runner's death left to init.

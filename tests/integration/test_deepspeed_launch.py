@@ -70,6 +70,29 @@ def test_the_runner_is_deepspeeds_without_mlflow():
     assert out.stdout.split() == ["False", "deepspeed.launcher.runner", "mlflow"]
     help_text = subprocess.run([*runner_command(), "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert help_text.returncode == 0 and "--num_gpus" in help_text.stdout and "--hostfile" in help_text.stdout
+    # The per-node launcher the runner starts: DeepSpeed's launch.py (its own --help), without MLflow too.
+    node = subprocess.run([*runner_command(), "--node-launcher", "--help"], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert node.returncode == 0 and "--world_info" in node.stdout and "--node_rank" in node.stdout, node.stderr[-2000:]
+    probe = ("import sys; from infra.deepspeed_runner import import_deepspeed; "
+             "launch = import_deepspeed('deepspeed.launcher.launch'); print('mlflow' in sys.modules, launch.__name__)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.stdout.split() == ["False", "deepspeed.launcher.launch"], out.stderr[-2000:]
+
+
+def test_the_runner_starts_its_node_launcher_through_ours():
+    """Both the local launch and pdsh's remote command line (DeepSpeed 0.19's runner.py and multinode_runner.py)."""
+    from infra.deepspeed_runner import node_launcher
+
+    local = [sys.executable, "-u", "-m", "deepspeed.launcher.launch", "--world_info=e30=", "--master_port=29500",
+             "--module", "tasks.training.loop", "--job", "j.json"]
+    assert node_launcher(local) == [sys.executable, "-u", "-m", "infra.deepspeed_runner", "--node-launcher",
+                                    *local[4:]]
+    pdsh = ["pdsh", "-S", "-f", "1024", "-w", "node1,node2", "export PYTHONPATH=/r; ", "cd /r;", sys.executable,
+            "-u", "-m", "deepspeed.launcher.launch", "--node_rank=%n"]
+    assert node_launcher(pdsh)[-4:] == ["-m", "infra.deepspeed_runner", "--node-launcher", "--node_rank=%n"]
+    kill = ["pkill", "-f", "deepspeed.launcher.launch"]  # not after -m: not a launch
+    assert node_launcher(kill) == kill and node_launcher("a string") == "a string"
 
 
 def test_launch_command(tmp_path):
