@@ -14,10 +14,25 @@ from pathlib import Path
 from typing import Any
 
 
+def _read_umask() -> int:
+    """The process's umask. Setting it is the only portable way to read it, so this is done once, at import, before
+    a flow starts threads (a thread creating a file meanwhile would get the wrong mode)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _read_umask()
+FILE_MODE = 0o666 & ~UMASK  # what open() gives a new file; mkstemp's own is 0600
+DIR_MODE = 0o777 & ~UMASK  # what mkdir() gives a new folder; mkdtemp's own is 0700
+
+
 def atomic_path(final: Path) -> Path:
-    """A temporary sibling path; rename it to `final` once complete so readers never see a partial file."""
+    """A temporary sibling path; rename it to `final` once complete so readers never see a partial file. It has the
+    mode a plain open() would give `final`, so other users of a shared workspace can read what a run wrote."""
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.fchmod(fd, FILE_MODE)
     os.close(fd)
     return Path(tmp)
 
