@@ -33,7 +33,7 @@ COST: dict[str, float] = {
     IT + "test_parallel_layouts.py": 105,
     IT + "test_stage_outputs.py": 101,
     IT + "test_reliability_train_kill.py": 100,
-    IT + "test_reliability_stop_saves.py::test_a_stopped_pretraining_saves_its_step_and_the_rerun_continues_there[sigterm]": 99,
+    IT + "test_reliability_stop_saves.py::test_a_stopped_pretraining_saves_its_step_and_the_rerun_continues_there[sigterm]": 45,
     IT + "test_reliability_stop_saves.py": 56,
     IT + "test_reliability_lost_prefect.py": 67,
     IT + "test_reliability_signals.py::test_signal_stops_launcher_and_every_rank": 50,
