@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,9 +33,22 @@ def atomic_path(final: Path) -> Path:
     mode a plain open() would give `final`, so other users of a shared workspace can read what a run wrote."""
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.fchmod(fd, FILE_MODE)
-    os.close(fd)
+    try:
+        os.fchmod(fd, FILE_MODE)
+    except OSError:  # a file system without modes (vfat, some network mounts): its own are what open() gives
+        pass
+    finally:
+        os.close(fd)
     return Path(tmp)
+
+
+def open_folder_mode(path: Path) -> None:
+    """Give a folder made by mkdtemp (0700) the mode mkdir() would have: DIR_MODE, keeping a setgid bit it inherited
+    from a shared group's folder (files made in it then keep that group). Best effort, as atomic_path."""
+    try:
+        path.chmod(DIR_MODE | (path.stat().st_mode & stat.S_ISGID))
+    except OSError:
+        pass
 
 
 def commit_atomic(tmp: Path, final: Path) -> None:

@@ -220,6 +220,14 @@ def launch(
     # A launch killed while building DeepSpeed's op leaves torch's lock; the next would wait on it forever.
     clear_stale_build_locks(full_env, log)
     tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
+    building = threading.Event()  # a rank said BUILDING_SHM_OP, however many lines followed
+
+    def keep(line: str) -> None:
+        tail.append(line)
+        if BUILDING_SHM_OP in line:
+            building.set()
+        show(line)
+
     with _launch_log(log, log_file) as show, subprocess.Popen(
         # The launcher gets SIGTERM when this process dies: set through an exec wrapper, as
         # preexec_fn is unsafe in a threaded process (Prefect runs tasks in threads).
@@ -241,21 +249,19 @@ def launch(
         try:
             with tree, watch:
                 for line in proc.stdout:
-                    line = line.rstrip("\n")
-                    tail.append(line)
-                    show(line)
+                    keep(line.rstrip("\n"))
                 rc = proc.wait()
         except BaseException:
             # Interrupted (Ctrl-C, SIGTERM, a cancel): the ranks finish their step and save it meanwhile
             # (tasks/training/stop.py); wait for them, showing what they say, SIGKILL after the grace period.
-            # Their lines count for the tail too: on a loaded machine, the rank's BUILDING_SHM_OP can still be
-            # unread in the pipe when the stop comes (seen leaving the build's lock behind).
-            _stop_showing(tree, proc.stdout, lambda line: (tail.append(line), show(line)))
+            # Their lines are kept too: on a loaded machine, the rank's BUILDING_SHM_OP can still be unread in
+            # the pipe when the stop comes.
+            _stop_showing(tree, proc.stdout, keep)
             raise
         finally:
             # After a clean exit or an error: stragglers, also those the runner's death left to init.
             stop_processes(tree.alive())
-            if BUILDING_SHM_OP in tail:  # stopped while building, it may have left torch's lock
+            if building.is_set():  # stopped while building, it may have left torch's lock
                 clear_lock_of_stopped_build(full_env, log)
             remove_shm_buffers(master_port)
             if env_dir is not None:

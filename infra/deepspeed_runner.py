@@ -19,9 +19,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
-from typing import NoReturn
+from typing import Any, NoReturn
 
 MODULE = "infra.deepspeed_runner"
 LAUNCH = "deepspeed.launcher.launch"  # DeepSpeed's per-node launcher module
@@ -42,18 +42,23 @@ def import_deepspeed(module: str = "deepspeed") -> ModuleType:
         del sys.modules["mlflow"]
 
 
-def node_launcher(cmd: Sequence[str] | str) -> Sequence[str] | str:
+# pdsh's stop (DeepSpeed's multinode_runner): `pkill -f` of the launch command's words joined by escaped spaces, cut
+# two characters short. Rewritten alike, so that a stop still finds the launchers this module started.
+_KILL_PATTERN = "-m\\ " + LAUNCH[:-1]
+_OUR_KILL_PATTERN = f"-m\\ {MODULE}\\ {NODE_LAUNCHER}"
+
+
+def node_launcher(cmd: Any) -> Any:
     """The runner's command with DeepSpeed's per-node launcher (`-m deepspeed.launcher.launch`) started through this
-    module, which imports it without MLflow; any other command as it is. A list, as the runner passes to Popen, both
-    for its local launch and for pdsh's remote command line."""
-    if isinstance(cmd, str) or LAUNCH not in cmd:
+    module, which imports it without MLflow, and pdsh's `pkill -f` pattern for it rewritten to match; any other
+    command as it is. A list, as the runner passes to Popen, for its local launch and for pdsh's remote command line."""
+    if not isinstance(cmd, (list, tuple)) or not all(isinstance(a, str) for a in cmd):
         return cmd
-    out = list(cmd)
-    at = out.index(LAUNCH)
-    if at == 0 or out[at - 1] != "-m":
-        return cmd
-    out[at:at + 1] = [MODULE, NODE_LAUNCHER]
-    return out
+    out = [a.replace(_KILL_PATTERN, _OUR_KILL_PATTERN) for a in cmd]
+    at = out.index(LAUNCH) if LAUNCH in out else -1
+    if at > 0 and out[at - 1] == "-m":
+        out[at:at + 1] = [MODULE, NODE_LAUNCHER]
+    return out if out != list(cmd) else cmd
 
 
 class _Popen(subprocess.Popen):

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
-from infra.atomic import DIR_MODE
+from infra.atomic import open_folder_mode
 from infra.stages import Stage
 from pydantic import Field
 
@@ -200,7 +200,7 @@ def write_shards(
     for stale in out_dir.parent.glob(f".{out_dir.name}.*"):
         shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    staging.chmod(DIR_MODE)  # the final folder's mode, as mkdir would give it, not mkdtemp's 0700
+    open_folder_mode(staging)  # the final folder's mode, as mkdir would give it, not mkdtemp's 0700
     try:
         writer = _ShardWriter(staging, cfg)
         for table in _shuffled_rows(pf, cfg, staging / _BUCKETS_DIR, batch_rows):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,18 +82,32 @@ def test_the_runner_is_deepspeeds_without_mlflow():
 
 
 def test_the_runner_starts_its_node_launcher_through_ours():
-    """Both the local launch and pdsh's remote command line (DeepSpeed 0.19's runner.py and multinode_runner.py)."""
-    from infra.deepspeed_runner import node_launcher
+    """The local launch, and DeepSpeed's own pdsh command and the `pkill -f` its stop sends (multinode_runner.py)."""
+    import collections
+
+    from infra.deepspeed_runner import import_deepspeed, node_launcher
 
     local = [sys.executable, "-u", "-m", "deepspeed.launcher.launch", "--world_info=e30=", "--master_port=29500",
              "--module", "tasks.training.loop", "--job", "j.json"]
     assert node_launcher(local) == [sys.executable, "-u", "-m", "infra.deepspeed_runner", "--node-launcher",
                                     *local[4:]]
-    pdsh = ["pdsh", "-S", "-f", "1024", "-w", "node1,node2", "export PYTHONPATH=/r; ", "cd /r;", sys.executable,
-            "-u", "-m", "deepspeed.launcher.launch", "--node_rank=%n"]
-    assert node_launcher(pdsh)[-4:] == ["-m", "infra.deepspeed_runner", "--node-launcher", "--node_rank=%n"]
-    kill = ["pkill", "-f", "deepspeed.launcher.launch"]  # not after -m: not a launch
-    assert node_launcher(kill) == kill and node_launcher("a string") == "a string"
+    runner = import_deepspeed("deepspeed.launcher.runner")
+    from deepspeed.launcher.multinode_runner import PDSHRunner
+
+    args = runner.parse_args(["--num_gpus", "1", "--master_port", "29500", "--no_local_rank", "--module",
+                              "tasks.training.loop", "--job", "j.json"])
+    args.master_addr = "127.0.0.1"
+    cmd, kill, _ = PDSHRunner(args, "e30=").get_cmd({}, collections.OrderedDict([("node1", 1), ("node2", 1)]))
+    ours = node_launcher(cmd)
+    at = ours.index(sys.executable)
+    assert ours[at:at + 5] == [sys.executable, "-u", "-m", "infra.deepspeed_runner", "--node-launcher"]
+    assert ours[at + 5:] == cmd[at + 4:]
+    # The stop's pattern (a regex, its spaces escaped) finds the launcher as it now runs on each node.
+    pattern = node_launcher(kill)[-1]
+    assert kill[:-1] == node_launcher(kill)[:-1] and re.search(pattern, " ".join(ours[at:])), pattern
+    assert not re.search(kill[-1], " ".join(ours[at:]))  # DeepSpeed's own pattern would miss it
+    for other in (["pkill", "-f", "deepspeed.launcher.launch"], "a string", b"bytes"):
+        assert node_launcher(other) is other
 
 
 def test_launch_command(tmp_path):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -26,3 +27,19 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
             tmp.write_text("half")
             raise RuntimeError("disk on fire")
     assert path.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+
+def test_a_staging_folder_gets_mkdirs_mode_and_keeps_a_shared_groups_setgid(tmp_path):
+    import tempfile
+
+    from infra.atomic import DIR_MODE, open_folder_mode
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o2775)  # a group's folder: what is made in it inherits the group, and folders the setgid bit
+    made = shared / "plain"
+    made.mkdir()
+    staging = Path(tempfile.mkdtemp(dir=shared))
+    assert stat.S_IMODE(staging.stat().st_mode) & 0o777 == 0o700
+    open_folder_mode(staging)
+    assert stat.S_IMODE(staging.stat().st_mode) == stat.S_IMODE(made.stat().st_mode) == DIR_MODE | stat.S_ISGID
