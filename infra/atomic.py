@@ -42,6 +42,15 @@ def atomic_path(final: Path) -> Path:
     return Path(tmp)
 
 
+def open_file_mode(path: Path) -> None:
+    """Give a file a library wrote private (safetensors: 0600) the mode open() gives: FILE_MODE. Best effort."""
+    try:
+        if path.is_file():
+            path.chmod(FILE_MODE)
+    except OSError:
+        pass
+
+
 def open_folder_mode(path: Path) -> None:
     """Give a folder made by mkdtemp (0700) the mode mkdir() would have: DIR_MODE, keeping a setgid bit it inherited
     from a shared group's folder (files made in it then keep that group). Best effort, as atomic_path."""

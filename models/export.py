@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from infra.atomic import open_file_mode
 from infra.config import ConfigError, parse_config
 from models.chat_template import JINJA_CHAT_TEMPLATE
 from models.llama import ModelConfig, Transformer
@@ -48,6 +49,8 @@ def _write_folder_atomically(out_dir: Path, write) -> Path:
     tmp.mkdir()
     try:
         write(tmp)
+        for made in tmp.iterdir():  # safetensors writes 0600: the mode open() gives, as every other output has
+            open_file_mode(made)
         if out_dir.exists():
             old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
             os.replace(out_dir, old)
