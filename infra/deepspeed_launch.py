@@ -221,13 +221,6 @@ def launch(
     clear_stale_build_locks(full_env, log)
     tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
     building = threading.Event()  # a rank said BUILDING_SHM_OP, however many lines followed
-
-    def keep(line: str) -> None:
-        tail.append(line)
-        if BUILDING_SHM_OP in line:
-            building.set()
-        show(line)
-
     with _launch_log(log, log_file) as show, subprocess.Popen(
         # The launcher gets SIGTERM when this process dies: set through an exec wrapper, as
         # preexec_fn is unsafe in a threaded process (Prefect runs tasks in threads).
@@ -244,6 +237,13 @@ def launch(
     ) as proc:
         assert proc.stdout is not None
         show(f"launching: {' '.join(cmd)}")
+
+        def keep(line: str) -> None:
+            tail.append(line)
+            if BUILDING_SHM_OP in line:
+                building.set()
+            show(line)
+
         watch = RankWatch(proc.pid, timeout_s) if timeout_s is not None else contextlib.nullcontext()
         tree = TrackedTree(proc.pid)
         try:
