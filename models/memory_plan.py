@@ -388,6 +388,10 @@ def plan(cfg, n_devices: int, seq_len: int | None = None, micro_batch: int = 1, 
     """Every runnable layout of n_devices with its per-device bytes; the fastest that fits is marked."""
     from models.flops import num_params
 
+    if device_mem_bytes <= 0:
+        raise ValueError(f"device memory {device_mem_bytes / GiB:g} GB: give each device's memory, above 0")
+    if devices_per_node < 1:
+        raise ValueError(f"devices_per_node={devices_per_node}: give at least one device per node")
     seq_len = seq_len or cfg.max_seq_len
     buckets = {zero: deepspeed_buckets(zero) for zero in ZERO_STAGES}
     plans = [plan_layout(cfg, layout, n_devices, seq_len, micro_batch, precision, device_mem_bytes,
