@@ -45,7 +45,9 @@ def what_varied(run: RunSummary) -> str:
         return suffix
     if run.tags.get("llmforge.repeat_of"):
         return f"repeat of {run.tags['llmforge.repeat_of'][:12]}"
-    note = " ".join(run.tags.get(NOTE_TAG, "").split())
+    # The description's first sentence says the preset and what differs (infra/tracking_identity.py); the commit
+    # and machine after it are not what varied, and cut at the column's width they read as noise.
+    note = " ".join(run.tags.get(NOTE_TAG, "").split()).partition(". Commit ")[0]
     return note[:VARIED_CHARS] + ("..." if len(note) > VARIED_CHARS else "")
 
 

@@ -45,6 +45,9 @@ def make_store(work: Path, pipelines: int = 10, children: int = 9) -> list[str]:
         con.executemany("INSERT INTO params VALUES (?, ?, ?)",
                         [("data.near.threshold", f"0.{p + 5}", pid)] + [(f"k{i}", "1", pid) for i in range(150)])
         con.execute("INSERT INTO tags VALUES ('llmforge.stage', 'pipeline', ?)", (pid,))
+        con.execute("INSERT INTO tags VALUES ('mlflow.note.content', ?, ?)",
+                    (f"preset `tiny`, {'changed: data.near.threshold' if p else 'unchanged'}. Commit 0123456789ab; "
+                     "AMD EPYC, 2 cores.", pid))
         con.execute("INSERT INTO latest_metrics VALUES ('grpo.heldout_accuracy', ?, 0, 0, 0, ?)", (0.1 * p, pid))
         for c in range(children):
             cid = f"{p:02d}{c}" + "b" * 29
@@ -86,6 +89,9 @@ def test_100_runs_listed_in_3_s_grouped_by_pipeline_run(work):
     assert [line.split()[6] for line in lines[2:7]] == list(STAGES)
     assert lines[11] == "" and lines[12].startswith(parents[-2][:12])
     assert "KILLED" in next(line for line in lines if line.startswith(parents[3][:12]))
+    # A run named without overrides: what varied is its description's first sentence, not the commit cut short.
+    oldest = next(line for line in lines if line.startswith(parents[0][:12]))
+    assert "preset `tiny`, unchanged " in oldest and "Commit" not in oldest
     assert time.strftime("%Y-%m-%d", time.localtime(T0 / 1000)) in proc.stdout
     assert f"sqlite:///{root / 'mlflow.db'}" in lines[-1]
     # The UI command is copied into another terminal, whose PATH may lack the venv: the venv's mlflow by its path.
