@@ -117,5 +117,14 @@ def render_diff(ws: Workspace, run_a: str, run_b: str) -> list[str]:
     """`key: a -> b` for every config key that differs between two runs (ids or unique prefixes)."""
     (a, pa), (b, pb) = run_params(ws, run_a), run_params(ws, run_b)
     unset = "(not set)"
-    rows = [f"{k}: {pa.get(k, unset)} -> {pb.get(k, unset)}" for k in sorted(set(pa) | set(pb)) if pa.get(k) != pb.get(k)]
-    return [f"{a.run_id[:12]} ({a.name}) -> {b.run_id[:12]} ({b.name})", *rows, f"{len(rows)} config key(s) differ"]
+    keys, apart = set(pa) | set(pb), []
+    stage_a, stage_b = a.tags.get("llmforge.stage"), b.tags.get("llmforge.stage")
+    if stage_a != stage_b:
+        # A pipeline run against one of its stages (or two stages): the keys only one of them has belong to the other
+        # stages, not to a difference between the runs; compare the keys both have.
+        keys = set(pa) & set(pb)
+        apart = [f"{len(p) - len(keys)} key(s) only the {stage} run has, not compared"
+                 for stage, p in ((stage_a, pa), (stage_b, pb)) if len(p) > len(keys)]
+    rows = [f"{k}: {pa.get(k, unset)} -> {pb.get(k, unset)}" for k in sorted(keys) if pa.get(k) != pb.get(k)]
+    return [f"{a.run_id[:12]} ({a.name}) -> {b.run_id[:12]} ({b.name})", *rows, *apart,
+            f"{len(rows)} config key(s) differ"]

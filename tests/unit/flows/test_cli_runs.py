@@ -58,6 +58,8 @@ def make_store(work: Path, pipelines: int = 10, children: int = 9) -> list[str]:
                             [("mlflow.parentRunId", pid, cid), ("llmforge.stage", stage, cid),
                              (f"llmforge.out.{stage}.k", f"data/{stage}/k{p}", cid)])
             con.execute("INSERT INTO latest_metrics VALUES ('loss', 1.0, 0, 0, 0, ?)", (cid,))
+            if stage == "data":  # a stage run logs its own section's keys, in the pipeline's key space
+                con.execute("INSERT INTO params VALUES ('data.near.threshold', ?, ?)", (f"0.{p + 5}", cid))
     con.commit()
     con.close()
     return parents
@@ -111,6 +113,17 @@ def test_diff_lists_the_config_keys_that_differ(work):
     proc, _ = _cli("runs", "--workdir", str(root), "--diff", parents[0][:3], parents[1][:3])
     assert proc.returncode == 0, proc.stderr
     assert "data.near.threshold: 0.5 -> 0.6" in proc.stdout and "1 config key(s) differ" in proc.stdout
+
+
+def test_diff_of_a_pipeline_run_and_its_stage_compares_the_keys_both_have(work):
+    root, parents = work
+    data_run = f"{0:02d}{0}" + "b" * 29  # the first pipeline run's data stage
+    proc, _ = _cli("runs", "--workdir", str(root), "--diff", parents[0][:3], data_run[:4])
+    assert proc.returncode == 0, proc.stderr
+    assert "(not set)" not in proc.stdout and "0 config key(s) differ" in proc.stdout
+    assert "150 key(s) only the pipeline run has, not compared" in proc.stdout
+    proc, _ = _cli("runs", "--workdir", str(root), "--diff", parents[1][:3], data_run[:4])
+    assert "data.near.threshold: 0.6 -> 0.5" in proc.stdout and "1 config key(s) differ" in proc.stdout
 
 
 def test_a_workspace_without_a_store_is_one_line(tmp_path):
