@@ -85,9 +85,7 @@ def load_model(source: str, vocab_size: int | None = None):
         if vocab is None:
             raise ValueError(f"model preset {source!r} has no quoted vocabulary; give its vocab size")
         return ModelConfig(**{**PRESETS[source], "vocab_size": vocab})
-    path = Path(source)
-    if path.is_dir():
-        path = path / "config.json"
+    path = Path(source) / "config.json" if Path(source).is_dir() else Path(source)
     if not path.is_file():
         if path.suffix != ".json" and "/" not in source:
             raise ValueError(f"unknown model preset {source!r}; choose one of {sorted(PRESETS)} "
@@ -388,10 +386,8 @@ def plan(cfg, n_devices: int, seq_len: int | None = None, micro_batch: int = 1, 
     """Every runnable layout of n_devices with its per-device bytes; the fastest that fits is marked."""
     from models.flops import num_params
 
-    if device_mem_bytes <= 0:
-        raise ValueError(f"device memory {device_mem_bytes / GiB:g} GB: give each device's memory, above 0")
-    if devices_per_node < 1:
-        raise ValueError(f"devices_per_node={devices_per_node}: give at least one device per node")
+    if device_mem_bytes <= 0 or devices_per_node < 1:
+        raise ValueError(f"device memory {device_mem_bytes / GiB:g} GB, devices_per_node={devices_per_node}: give both above 0")
     seq_len = seq_len or cfg.max_seq_len
     buckets = {zero: deepspeed_buckets(zero) for zero in ZERO_STAGES}
     plans = [plan_layout(cfg, layout, n_devices, seq_len, micro_batch, precision, device_mem_bytes,

@@ -197,7 +197,7 @@ def test_cli_table_names_the_fastest_layout(capsys):
     (["--model", "no/such/config.json", "--devices", "8"], "does not exist"),
     (["--model", "gpt9000", "--devices", "8"], "unknown model preset 'gpt9000'"),
     (["--model", "demo", "--devices", "0"], "devices=0"),
-    (["--model", "demo", "--devices", "2", "--device-mem", "-5"], "device memory -5 GB: give each device's memory, above 0"),
+    (["--model", "demo", "--devices", "2", "--device-mem", "-5"], "device memory -5 GB, devices_per_node=8: give both above 0"),
     (["--model", "demo", "--devices", "2", "--devices-per-node", "0"], "devices_per_node=0"),
 ])
 def test_cli_errors_are_one_line_and_exit_2(args, says, capsys):
