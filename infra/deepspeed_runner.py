@@ -62,10 +62,14 @@ def node_launcher(cmd: Any) -> Any:
 
 
 class _Popen(subprocess.Popen):
-    """subprocess.Popen for the runner's process: its per-node launcher started through node_launcher."""
+    """subprocess.Popen for the runner's process: its per-node launcher started through node_launcher. The runner
+    logged the command before this rewrote it; the command as started is logged after it, in the same log."""
 
     def __init__(self, args, *rest, **kwargs):
-        super().__init__(node_launcher(args), *rest, **kwargs)
+        started = node_launcher(args)
+        if started is not args:
+            logging.getLogger("DeepSpeed").info("cmd as started (infra/deepspeed_runner.py): %s", " ".join(started))
+        super().__init__(started, *rest, **kwargs)
 
 
 def exit_now(main: Callable[[], int | str | None]) -> NoReturn:

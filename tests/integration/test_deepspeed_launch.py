@@ -110,6 +110,29 @@ def test_the_runner_starts_its_node_launcher_through_ours():
         assert node_launcher(other) is other
 
 
+def test_the_runners_log_says_the_command_as_started():
+    """DeepSpeed's runner logs `cmd = ...` before its Popen: the command as rewritten follows it in its log."""
+    import logging
+
+    from infra.deepspeed_runner import _Popen
+
+    logged = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logger = logging.getLogger("DeepSpeed")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        assert _Popen(["true", "-u", "-m", "deepspeed.launcher.launch", "--job", "j.json"]).wait() == 0
+        assert _Popen(["true", "nothing to rewrite"]).wait() == 0
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert logged == ["cmd as started (infra/deepspeed_runner.py): true -u -m infra.deepspeed_runner --node-launcher "
+                      "--job j.json"]
+
+
 def test_launch_command(tmp_path):
     cmd = launch_command("tasks.training.loop", ["--job", "j.json"], num_procs=2, master_port=29555)
     assert cmd[:3] == [sys.executable, "-m", "infra.deepspeed_runner"]
