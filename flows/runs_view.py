@@ -118,7 +118,7 @@ def render_diff(ws: Workspace, run_a: str, run_b: str) -> list[str]:
     (a, pa), (b, pb) = run_params(ws, run_a), run_params(ws, run_b)
     unset = "(not set)"
     keys, apart = set(pa) | set(pb), []
-    stage_a, stage_b = a.tags.get("llmforge.stage"), b.tags.get("llmforge.stage")
+    stage_a, stage_b = (r.tags.get("llmforge.stage") or r.name.partition(" ")[0] for r in (a, b))
     if stage_a != stage_b:
         # A pipeline run against one of its stages (or two stages): the keys only one of them has belong to the other
         # stages, not to a difference between the runs; compare the keys both have.
