@@ -33,31 +33,25 @@ def atomic_path(final: Path) -> Path:
     mode a plain open() would give `final`, so other users of a shared workspace can read what a run wrote."""
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    try:
+    # A file system without modes (vfat, some network mounts) refuses: its own are what open() gives.
+    with contextlib.suppress(OSError):
         os.fchmod(fd, FILE_MODE)
-    except OSError:  # a file system without modes (vfat, some network mounts): its own are what open() gives
-        pass
-    finally:
-        os.close(fd)
+    os.close(fd)
     return Path(tmp)
 
 
 def open_file_mode(path: Path) -> None:
     """Give a file a library wrote private (safetensors: 0600) the mode open() gives: FILE_MODE. Best effort."""
-    try:
+    with contextlib.suppress(OSError):
         if path.is_file():
             path.chmod(FILE_MODE)
-    except OSError:
-        pass
 
 
 def open_folder_mode(path: Path) -> None:
     """Give a folder made by mkdtemp (0700) the mode mkdir() would have: DIR_MODE, keeping a setgid bit it inherited
     from a shared group's folder (files made in it then keep that group). Best effort, as atomic_path."""
-    try:
+    with contextlib.suppress(OSError):
         path.chmod(DIR_MODE | (path.stat().st_mode & stat.S_ISGID))
-    except OSError:
-        pass
 
 
 def commit_atomic(tmp: Path, final: Path) -> None:

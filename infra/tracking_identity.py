@@ -110,7 +110,7 @@ class RunIdentity(BaseModel):
         """One paragraph for a run's (or model version's) description: the preset and what differs from it."""
         changes = self.changes_text(stage)
         what = f"preset `{self.preset}`" + (f", changed: {changes}" if changes else ", unchanged")
-        return f"{what}. Commit {self.commit_text}; {self.machine}."
+        return f"{what}. Commit {self.commit_text}; {self.machine}."  # `llmforge runs` shows what precedes ". Commit "
 
     def rows(self) -> list[tuple[str, str]]:
         """(what, value) rows for the report card's header."""
