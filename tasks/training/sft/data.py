@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import random
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -75,12 +76,19 @@ class ArithmeticSftOptions(StrictModel):
     # The abstained questions have an operand above this (default max_operand). Above max_operand, it leaves a band
     # of sums SFT neither answers nor abstains on: where the model's knowledge ends there is GRPO's to find.
     abstain_above: int | None = Field(default=None, ge=0)
+    # This many of the n questions inside the range answered "I don't know" instead (drawn by seed), so that "I don't
+    # know" has a prior inside the range for GRPO to move: up where the policy is wrong, down where it is right.
+    # Off by default (BENCHMARKS.md "An abstention prior inside the range": GRPO turned those abstentions into answers).
+    abstain_in_range: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _abstain_range(self) -> "ArithmeticSftOptions":
         if self.abstain_n and (self.abstain_max_operand is None or self.abstain_max_operand <= self.max_operand):
             raise ValueError(f"abstain_n={self.abstain_n} needs abstain_max_operand above max_operand={self.max_operand} "
                              f"(got {self.abstain_max_operand}): the abstained questions lie outside the trained range")
+        if self.abstain_in_range > self.n:
+            raise ValueError(f"abstain_in_range={self.abstain_in_range} must be at most n={self.n}: it picks which of "
+                             "the n questions inside the range are answered \"I don't know\"")
         above = self.abstain_above
         if above is not None and not (self.max_operand <= above < (self.abstain_max_operand or 0)):
             raise ValueError(f"abstain_above={above} must lie in [max_operand={self.max_operand}, abstain_max_operand="
@@ -298,8 +306,11 @@ def stdlib_docstring_examples() -> Iterator[tuple[str, str, Any]]:
 
 
 def _arithmetic_examples(opts: ArithmeticSftOptions) -> Iterator[tuple[str, str, Any]]:
-    for i, p in enumerate(make_problems(opts.n, opts.seed, opts.max_operand, opts.ops, split="sft")):
-        yield ARITHMETIC_ID_PATH, f"problem:{i}", {"instruction": p.question, "response": p.response}
+    problems = make_problems(opts.n, opts.seed, opts.max_operand, opts.ops, split="sft")
+    unsure = set(random.Random(opts.seed).sample(range(len(problems)), opts.abstain_in_range))
+    for i, p in enumerate(problems):
+        response = ABSTENTION if i in unsure else p.response
+        yield ARITHMETIC_ID_PATH, f"problem:{i}", {"instruction": p.question, "response": response}
     if opts.abstain_n:
         assert opts.abstain_max_operand is not None  # checked by ArithmeticSftOptions
         above = opts.max_operand if opts.abstain_above is None else opts.abstain_above

@@ -74,6 +74,29 @@ def test_sft_abstains_only_above_its_band_when_asked() -> None:
             ArithmeticSftOptions(max_operand=10, abstain_n=3, abstain_max_operand=20, abstain_above=above)
 
 
+def test_sft_abstains_on_a_drawn_few_inside_the_range_when_asked() -> None:
+    """abstain_in_range answers that many of the in-range questions "I don't know", the same ones on every build."""
+    def build(k: int, seed: int = 0) -> list:
+        opts = ArithmeticSftOptions(n=30, seed=seed, max_operand=10, ops="+", abstain_n=5, abstain_max_operand=20,
+                                    abstain_in_range=k)
+        source = SftSourceConfig(name="arithmetic", kind="sft_builtin", builtin="arithmetic", licence="CC0-1.0",
+                                 arithmetic=opts)
+        examples, rejected = load_sft_examples([source])
+        assert not rejected
+        return examples
+
+    plain, unsure = build(0), build(6)
+    assert len(plain) == len(unsure) == 35
+    changed = [(a, b) for a, b in zip(plain, unsure) if a.response != b.response]
+    assert len(changed) == 6 and all(b.response == ABSTENTION and a.locator.startswith("problem:") for a, b in changed)
+    assert all(max(int(t) for t in b.instruction[8:-1].split(" + ")) <= 10 for _, b in changed)
+    assert [a.instruction for a in plain] == [b.instruction for b in unsure]  # the same questions, 6 answers replaced
+    assert [e.response for e in build(6)] == [e.response for e in unsure]
+    assert [e.response for e in build(6, seed=1)] != [e.response for e in build(0, seed=1)]
+    with pytest.raises(ValueError, match="abstain_in_range=31 must be at most n=30"):
+        ArithmeticSftOptions(n=30, abstain_in_range=31)
+
+
 def test_shares_of_right_abstained_and_hallucinated_answers() -> None:
     correct = [True] * 6 + [False] * 14
     abstained = [False] * 6 + [True] * 10 + [False] * 4
