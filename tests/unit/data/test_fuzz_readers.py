@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import collect_source
+from tasks.data.input_files import sniff
 
 MAX_LINE = 1 << 16  # deep nesting below it reaches the JSON parser (RecursionError), above it is cut
 REASONS = {"malformed_json", "invalid_utf8", "invalid_unicode", "missing_field", "wrong_type", "empty_text",
@@ -65,6 +66,8 @@ def _expected_text(raw: bytes) -> str | None:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=st.lists(line, max_size=30))
 @example(lines=[b"[" * 30_000 + b"]" * 30_000, b'{"text": "ok"}', b"x" * 300_000, b"\xff\xfe", b'{"text": "\\ud800"}'])
+@example(lines=[b"Rar!\x1a\x07", b"\x00"])  # found by Hypothesis: a first line that spells RAR's magic bytes
+@example(lines=[b"BZh9 not bz2", b'{"text": "ok"}'])
 def test_every_line_is_kept_or_quarantined_with_a_reason(lines):
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -80,6 +83,12 @@ def test_every_line_is_kept_or_quarantined_with_a_reason(lines):
         removed = pq.read_table(res.removed).to_pylist()
 
     records = [raw for raw in lines if raw.strip()]  # blank lines are layout, not records
+    if sniff(b"\n".join(lines)[:8]) is not None:
+        # The file's first bytes spell a compression's magic: it is read as that format, not as plain JSONL, and
+        # what cannot be read is quarantined whole, never kept as text.
+        assert kept == [] and len(removed) == res.counts["fuzz"]["in"] >= 1
+        assert {r["reason"] for r in removed} <= {"unsupported_compression", "corrupt_file"}
+        return
     assert len(kept) + len(removed) == len(records) == res.counts["fuzz"]["in"]
     assert {r["reason"] for r in removed} <= REASONS
     assert all(r["stage"] == "collect" and r["locator"].startswith("line:") for r in removed)
