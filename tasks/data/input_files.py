@@ -12,12 +12,17 @@ import bz2
 import gzip
 import lzma
 import os
+import re
 import stat
 from pathlib import Path
 from typing import BinaryIO
 
-# First bytes of each format we inflate, and of those we recognise but cannot.
-MAGIC = {"gzip": b"\x1f\x8b", "bz2": b"BZh", "xz": b"\xfd7zXZ\x00", "zstd": b"\x28\xb5\x2f\xfd"}
+# First bytes of each format we inflate, and of those we recognise but cannot. bz2's "BZh" is plain text, so its
+# magic takes the block size digit and the first block's (or the empty stream's end) magic too: a text file that
+# begins "BZh..." is read as text.
+MAGIC = {"gzip": b"\x1f\x8b", "xz": b"\xfd7zXZ\x00", "zstd": b"\x28\xb5\x2f\xfd"}
+BZ2_MAGIC = re.compile(rb"BZh[1-9](?:1AY&SY|\x17rE8P\x90)")
+HEAD_BYTES = 10  # what sniff needs to see
 UNSUPPORTED_MAGIC = {
     "zip": b"PK\x03\x04", "7z": b"7z\xbc\xaf\x27\x1c", "lz4": b"\x04\x22\x4d\x18", "rar": b"Rar!\x1a\x07",
 }
@@ -54,12 +59,12 @@ def sniff(head: bytes) -> str | None:
     for name, magic in (MAGIC | UNSUPPORTED_MAGIC).items():
         if head.startswith(magic):
             return name
-    return None
+    return "bz2" if BZ2_MAGIC.match(head) else None
 
 
 def compression_of(path: Path) -> str | None:
     with open_regular(path) as fh:
-        return sniff(fh.read(8))
+        return sniff(fh.read(HEAD_BYTES))
 
 
 class UnsupportedCompression(ValueError):
@@ -73,7 +78,7 @@ def open_decompressed(path: Path) -> tuple[BinaryIO, str | None]:
     """(binary stream of `path`'s content, its compression or None), inflating gzip, bz2, xz
     and zstd (zstd through pyarrow's codec); other recognised formats raise UnsupportedCompression."""
     raw = open_regular(path)
-    fmt = sniff(raw.read(8))
+    fmt = sniff(raw.read(HEAD_BYTES))
     raw.seek(0)
     if fmt is None:
         return raw, None

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import collect_source
-from tasks.data.input_files import sniff
+from tasks.data.input_files import HEAD_BYTES, sniff
 
 MAX_LINE = 1 << 16  # deep nesting below it reaches the JSON parser (RecursionError), above it is cut
 REASONS = {"malformed_json", "invalid_utf8", "invalid_unicode", "missing_field", "wrong_type", "empty_text",
@@ -83,7 +83,7 @@ def test_every_line_is_kept_or_quarantined_with_a_reason(lines):
         removed = pq.read_table(res.removed).to_pylist()
 
     records = [raw for raw in lines if raw.strip()]  # blank lines are layout, not records
-    if sniff(b"\n".join(lines)[:8]) is not None:
+    if sniff(b"\n".join(lines)[:HEAD_BYTES]) is not None:
         # The file's first bytes spell a compression's magic: it is read as that format, not as plain JSONL, and
         # what cannot be read is quarantined whole, never kept as text.
         assert kept == [] and len(removed) == res.counts["fuzz"]["in"] >= 1

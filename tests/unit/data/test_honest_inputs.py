@@ -22,6 +22,7 @@ from infra.stage_cache import fingerprint
 from tasks.data import hf_source
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs
+from tasks.data.input_files import sniff
 from tasks.data.readers import jsonl_lines
 from tests.unit.data.test_collect import collect_one, write
 
@@ -77,6 +78,14 @@ def test_a_format_we_do_not_inflate_is_refused_by_name(tmp_path):
     write(tmp_path / "cat" / "d.jsonl", (tmp_path / "z.zip").read_bytes())
     res, kept, removed = collect_one(tmp_path, "name: z\nkind: jsonl\npath: d.jsonl\nlicence: MIT\n")
     assert kept == [] and reasons(removed) == {"unsupported_compression": 1} and "zip-compressed" in removed[0]["detail"]
+
+
+def test_text_that_begins_like_bz2_is_read_as_text(tmp_path):
+    """bz2's first bytes "BZh" are plain text: only with the block size digit and a block's magic is a file bz2."""
+    write(tmp_path / "cat" / "d.jsonl", b"BZh9 is not JSON\n" + JSONL)
+    res, kept, removed = collect_one(tmp_path, "name: t\nkind: jsonl\npath: d.jsonl\nlicence: MIT\n")
+    assert reasons(removed) == {"malformed_json": 1} and [d["text"] for d in kept] == [r["text"] for r in RECORDS]
+    assert sniff(bz2.compress(b"")) == sniff(bz2.compress(JSONL)) == "bz2" and sniff(b"BZh9 is not") is None
 
 
 def test_corrupt_bz2_keeps_what_came_before_and_names_the_damage(tmp_path):
