@@ -69,10 +69,11 @@ def _expected_text(raw: bytes) -> str | None:
 @example(lines=[b"Rar!\x1a\x07", b"\x00"])  # found by Hypothesis: a first line that spells RAR's magic bytes
 @example(lines=[b"BZh9 not bz2", b'{"text": "ok"}'])
 def test_every_line_is_kept_or_quarantined_with_a_reason(lines):
+    data = b"\n".join(lines) + b"\n"
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "cat").mkdir()
-        (root / "data.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+        (root / "data.jsonl").write_bytes(data)
         (root / "cat" / "src.yaml").write_text(
             f"name: fuzz\nkind: jsonl\npath: ../data.jsonl\nlicence: cc0\nmax_line_bytes: {MAX_LINE}\n"
         )
@@ -83,7 +84,7 @@ def test_every_line_is_kept_or_quarantined_with_a_reason(lines):
         removed = pq.read_table(res.removed).to_pylist()
 
     records = [raw for raw in lines if raw.strip()]  # blank lines are layout, not records
-    if sniff(b"\n".join(lines)[:HEAD_BYTES]) is not None:
+    if sniff(data[:HEAD_BYTES]) is not None:
         # The file's first bytes spell a compression's magic: it is read as that format, not as plain JSONL, and
         # what cannot be read is quarantined whole, never kept as text.
         assert kept == [] and len(removed) == res.counts["fuzz"]["in"] >= 1
