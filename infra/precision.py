@@ -161,19 +161,23 @@ def measure_cpu_peak_flops(dtype_name: str = "float32", n: int | None = None, re
 
 
 def measure_bf16_speedup() -> float:
-    """fp32 time / bf16 time of square matmuls of _SIZES, best of _REPEATS each (noise only slows)."""
+    """fp32 time / bf16 time of square matmuls of _SIZES, best of _REPEATS each (noise only slows).
+
+    The two dtypes take turns, so a clock still ramping up or a neighbour's burst slows both, not whichever ran first.
+    """
     import torch
 
-    def best(dtype: torch.dtype, n: int) -> float:
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        a @ b  # first call: kernel selection, page faults
-        times = []
+    fp32 = bf16 = 0.0
+    for n in _SIZES:
+        dtypes = (torch.float32, torch.bfloat16)
+        pairs = [(torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)) for dtype in dtypes]
+        for a, b in pairs:
+            a @ b  # first call: kernel selection, page faults
+        best = [float("inf"), float("inf")]
         for _ in range(_REPEATS):
-            t0 = time.perf_counter()
-            a @ b
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    fp32 = sum(best(torch.float32, n) for n in _SIZES)
-    bf16 = sum(best(torch.bfloat16, n) for n in _SIZES)
+            for i, (a, b) in enumerate(pairs):
+                t0 = time.perf_counter()
+                a @ b
+                best[i] = min(best[i], time.perf_counter() - t0)
+        fp32, bf16 = fp32 + best[0], bf16 + best[1]
     return fp32 / bf16

@@ -55,7 +55,9 @@ def test_measurement_is_a_real_ratio(monkeypatch):
     # _SIZES at call time, so this is still a real fp32/bf16 measurement, only of fewer matmuls.
     monkeypatch.setattr(precision, "_SIZES", (256,))
     speedup = precision.measure_bf16_speedup()
-    assert 0.01 < speedup < 100
+    # Wide on purpose: emulated bf16 ran at 0.025x here (AVX2 EPYC), and CI's CPU once timed 256^3 at 119.6x. The
+    # bounds only catch a broken timer or a constant (0, inf, nan), not an unusual machine.
+    assert 1e-3 < speedup < 1e4
 
 
 def test_cpu_peak_is_measured_once_per_machine_and_dtype(cache_home, monkeypatch):
