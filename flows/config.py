@@ -15,18 +15,16 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
-from pydantic_core import PydanticCustomError
 
 from infra.config import (ConfigError, StrictModel, YamlAliasRefused, flatten_params, format_validation_error,
                           parse_yaml, read_yaml, set_dotted, unknown_key_error)
 from infra.paths import Workspace
-from tasks.eval.rewards import REWARDS
 from tasks.eval.config import EvalConfig
 from tasks.data.exact_dedup import ExactDedupConfig
 from tasks.data.minhash_dedup import NearDedupConfig
 from tasks.data.mix import MixConfig
 from tasks.data.pii_redact import PiiConfig
-from tasks.training.config import RENAMED, GrpoConfig, PretrainConfig, SftConfig
+from tasks.training.config import RENAMED, GrpoConfig, PretrainConfig, SftConfig, check_reward_names
 from tasks.data.shards import ShardConfig
 from tasks.training.scaling.config import ScaleConfig
 from tasks.tokenizer.tokenize_shards import TokenizeConfig
@@ -96,33 +94,11 @@ class PipelineConfig(StrictModel):
     # machine's pace as measured so far (infra/run_clock.py). An estimate only; nothing waits on it.
     expected_minutes: dict[str, float] = Field(default_factory=lambda: dict(EXPECTED_MINUTES))
 
-    # The GRPO worker looks its rewards up by name hours into a run; an unknown name fails here instead.
-    @field_validator("grpo")
-    @classmethod
-    def _grpo_rewards_known(cls, grpo: GrpoConfig) -> GrpoConfig:
-        if not grpo.rewards:
-            raise _reward_error("grpo.rewards is empty; give at least one {name: weight}")
-        _check_rewards("grpo.rewards", list(grpo.rewards))
-        _check_rewards("grpo.accuracy_reward", [grpo.accuracy_reward])
-        return grpo
-
     @field_validator("eval")
     @classmethod
     def _eval_reward_known(cls, cfg: EvalConfig) -> EvalConfig:
-        _check_rewards("eval.reward", [cfg.reward])
+        check_reward_names("eval.reward", [cfg.reward])
         return cfg
-
-
-def _reward_error(detail: str) -> PydanticCustomError:
-    return PydanticCustomError("unknown_reward", "{detail}", {"detail": detail})
-
-
-def _check_rewards(key: str, names: list[str]) -> None:
-    unknown = [n for n in names if n not in REWARDS]
-    if unknown:
-        shown = [n[:80] for n in unknown[:5]]
-        raise _reward_error(f"{key} names unknown reward(s) {shown}; registered rewards: {sorted(REWARDS)} "
-                            "(add one with @register_reward in tasks/eval/rewards.py)")
 
 
 def known_presets() -> list[str]:

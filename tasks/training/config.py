@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from infra.config import StrictModel
 from infra.hostfile import HostfilePath
@@ -251,6 +252,17 @@ class GrpoLog(LogConfig):
     every: int = Field(default=1, gt=0)  # every step's rollout metrics
 
 
+def check_reward_names(key: str, names: list[str]) -> None:
+    """Refuse names no reward is registered under, listing the registered ones."""
+    from tasks.eval.rewards import REWARDS  # a module without project imports
+
+    unknown = [n[:80] for n in names if n not in REWARDS][:5]
+    if unknown:
+        raise PydanticCustomError("unknown_reward", "{detail}", {"detail": (
+            f"{key} names unknown reward(s) {unknown}; registered rewards: {sorted(REWARDS)} "
+            "(add one with @register_reward in tasks/eval/rewards.py)")})
+
+
 class GrpoConfig(StrictModel):
     """One GRPO run: the groups it samples, its rewards, the problems it trains and scores on."""
 
@@ -306,6 +318,22 @@ class GrpoConfig(StrictModel):
     launch: GrpoLaunch = Field(default_factory=GrpoLaunch)
     checkpoint: GrpoCheckpoint = Field(default_factory=GrpoCheckpoint)
     log: GrpoLog = Field(default_factory=GrpoLog)
+
+    # The GRPO worker looks its rewards up by name hours into a run; an unknown name fails here instead, and before
+    # the rules between fields, so a misspelt reward is named as such, not as the abstain rule it then breaks.
+    @field_validator("rewards")
+    @classmethod
+    def _rewards_known(cls, rewards: dict[str, float]) -> dict[str, float]:
+        if not rewards:
+            raise PydanticCustomError("unknown_reward", "grpo.rewards is empty; give at least one {{name: weight}}")
+        check_reward_names("grpo.rewards", list(rewards))
+        return rewards
+
+    @field_validator("accuracy_reward")
+    @classmethod
+    def _accuracy_reward_known(cls, name: str) -> str:
+        check_reward_names("grpo.accuracy_reward", [name])
+        return name
 
     @model_validator(mode="after")
     def _abstain_between(self) -> "GrpoConfig":

@@ -73,6 +73,10 @@ class ArithmeticSftOptions(StrictModel):
     # answered "I don't know" (tasks/eval/rewards.ABSTENTION), so the model learns the one way to abstain.
     abstain_n: int = Field(default=0, ge=0)
     abstain_max_operand: int | None = Field(default=None, ge=0)
+    # This many more such questions, held out for validation only (never trained on, whatever val_fraction says), so
+    # that the validation set checks the abstention too and grows without taking examples from training. Drawn after
+    # the abstain_n ones from the same sequence: the abstain_n trained on stay the same sums.
+    val_abstain_n: int = Field(default=0, ge=0)
     # The abstained questions have an operand above this (default max_operand). Above max_operand, it leaves a band
     # of sums SFT neither answers nor abstains on: where the model's knowledge ends there is GRPO's to find.
     abstain_above: int | None = Field(default=None, ge=0)
@@ -83,9 +87,12 @@ class ArithmeticSftOptions(StrictModel):
 
     @model_validator(mode="after")
     def _abstain_range(self) -> "ArithmeticSftOptions":
-        if self.abstain_n and (self.abstain_max_operand is None or self.abstain_max_operand <= self.max_operand):
-            raise ValueError(f"abstain_n={self.abstain_n} needs abstain_max_operand above max_operand={self.max_operand} "
-                             f"(got {self.abstain_max_operand}): the abstained questions lie outside the trained range")
+        unsure = self.abstain_n + self.val_abstain_n
+        if unsure and (self.abstain_max_operand is None or self.abstain_max_operand <= self.max_operand):
+            name = "abstain_n" if self.abstain_n else "val_abstain_n"
+            raise ValueError(f"{name}={getattr(self, name)} needs abstain_max_operand above max_operand="
+                             f"{self.max_operand} (got {self.abstain_max_operand}): the abstained questions lie outside "
+                             "the trained range")
         if self.abstain_in_range > self.n:
             raise ValueError(f"abstain_in_range={self.abstain_in_range} must be at most n={self.n}: it picks which of "
                              "the n questions inside the range are answered \"I don't know\"")
@@ -131,6 +138,11 @@ class SftExample:
     @property
     def example_id(self) -> str:
         return make_doc_id(self.source, self.path or "", self.locator or "")
+
+    @property
+    def held_out(self) -> bool:
+        """Made for validation only (a built-in set's `val_abstain_n`): never trained on, whatever val_fraction says."""
+        return (self.locator or "").startswith(HELD_OUT_LOCATOR)
 
     @property
     def instruction(self) -> str:
@@ -259,6 +271,7 @@ def _read_file(path: Path, source: SftSourceConfig) -> Iterator[tuple[str, Any]]
 # hashed train/val split). It is the module's path from before tasks/ was split into
 # packages; kept so the same seeds give the same examples, split and results as before.
 ARITHMETIC_ID_PATH = "tasks/arithmetic.py"
+HELD_OUT_LOCATOR = "held-out:"  # a built-in example's locator prefix: validation only (SftExample.held_out)
 _SIGNATURE = re.compile(r"^[\w.]+\(.*\)")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`(])")
 
@@ -311,13 +324,14 @@ def _arithmetic_examples(opts: ArithmeticSftOptions) -> Iterator[tuple[str, str,
     for i, p in enumerate(problems):
         response = ABSTENTION if i in unsure else p.response
         yield ARITHMETIC_ID_PATH, f"problem:{i}", {"instruction": p.question, "response": response}
-    if opts.abstain_n:
+    if opts.abstain_n or opts.val_abstain_n:
         assert opts.abstain_max_operand is not None  # checked by ArithmeticSftOptions
         above = opts.max_operand if opts.abstain_above is None else opts.abstain_above
-        unknown = make_problems(opts.abstain_n, opts.seed, opts.abstain_max_operand, opts.ops, split="sft",
-                                outside=above)
+        unknown = make_problems(opts.abstain_n + opts.val_abstain_n, opts.seed, opts.abstain_max_operand, opts.ops,
+                                split="sft", outside=above)
         for i, p in enumerate(unknown):
-            yield ARITHMETIC_ID_PATH, f"abstain:{i}", {"instruction": p.question, "response": ABSTENTION}
+            locator = f"abstain:{i}" if i < opts.abstain_n else f"{HELD_OUT_LOCATOR}abstain:{i - opts.abstain_n}"
+            yield ARITHMETIC_ID_PATH, locator, {"instruction": p.question, "response": ABSTENTION}
 
 
 def iter_source_records(source: SftSourceConfig, root: Path) -> Iterator[tuple[str, str, Any]]:

@@ -101,6 +101,11 @@ def is_val_example(example_id: str, val_fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
 
 
+def is_held_out(example: SftExample, val_fraction: float) -> bool:
+    """Validation, not training: made for validation only, or drawn by the hash of its id."""
+    return example.held_out or is_val_example(example.example_id, val_fraction)
+
+
 def encode_examples(
     tokenizer: Any, examples: Sequence[SftExample], seq_len: int
 ) -> tuple[list[ChatEncoding], list[SftExample], list[dict]]:
@@ -210,7 +215,7 @@ def load_examples(cfg: SftConfig, tokenizer: Any, seq_len: int) -> SftExamples:
     examples, rejected = load_sft_examples(sft_sources(cfg.data), root=root)
     encodings, kept, enc_rejected = encode_examples(tokenizer, examples, seq_len)
     rejected += enc_rejected
-    is_val = [is_val_example(ex.example_id, cfg.data.val_fraction) for ex in kept]
+    is_val = [is_held_out(ex, cfg.data.val_fraction) for ex in kept]
     train_enc = [e for e, v in zip(encodings, is_val) if not v]
     val_enc = [e for e, v in zip(encodings, is_val) if v]
     if not train_enc:

@@ -139,3 +139,30 @@ def test_an_abstaining_model_states_no_answer_with_confidence_zero_and_hallucina
     few = answer_records(Parrot(vocab, [*encode_text(tok, " unknown\n")]), tok, problems[:2], cfg,
                          shots=make_problems(2, 0, split="sft"))
     assert not any(r.abstained for r in few) and all(r.confidence > 0 for r in few)
+
+
+def test_held_out_abstentions_validate_and_leave_the_training_set_as_it_was() -> None:
+    """val_abstain_n adds abstentions that only validate: every example trained on before is trained on still."""
+    from tasks.training.sft.stage import is_held_out
+
+    def build(val_n: int) -> list:
+        opts = ArithmeticSftOptions(n=30, max_operand=10, ops="+", abstain_n=5, abstain_max_operand=20,
+                                    val_abstain_n=val_n)
+        source = SftSourceConfig(name="arithmetic", kind="sft_builtin", builtin="arithmetic", licence="CC0-1.0",
+                                 arithmetic=opts)
+        examples, rejected = load_sft_examples([source])
+        assert not rejected
+        return examples
+
+    plain, more = build(0), build(7)
+    assert len(more) == len(plain) + 7
+    for fraction in (0.0, 0.3):
+        trained = [(e.example_id, e.instruction, e.response) for e in plain if not is_held_out(e, fraction)]
+        assert trained == [(e.example_id, e.instruction, e.response) for e in more if not is_held_out(e, fraction)]
+    extra = [e for e in more if e.held_out]
+    assert len(extra) == 7 and all(is_held_out(e, 0.0) and e.response == ABSTENTION for e in extra)
+    assert all(max(parse_question(e.instruction)[::2]) > 10 for e in extra)  # beyond the range, as abstain_n's
+    assert not {e.instruction for e in extra} & {e.instruction for e in plain}  # new sums, not copies of trained ones
+    assert not any(e.held_out for e in plain)
+    with pytest.raises(ValueError, match="val_abstain_n=3 needs abstain_max_operand above"):
+        ArithmeticSftOptions(max_operand=10, val_abstain_n=3)

@@ -7,7 +7,7 @@ from tasks.eval.evaluate import few_shot_examples, in_train_range
 from tasks.training.sft.data import load_sft_examples
 from tasks.training.grpo.stage import grpo_problems
 from tasks.eval.rewards import ABSTENTION
-from tasks.training.sft.stage import is_val_example, sft_sources
+from tasks.training.sft.stage import is_held_out, sft_sources
 
 
 def _eval_questions(cfg) -> list[str]:
@@ -23,7 +23,7 @@ def test_tiny_preset_evaluates_at_least_500_questions_never_trained_on() -> None
     examples, _ = load_sft_examples(sft_sources(cfg.sft.data))
     sft_questions = {ex.instruction for ex in examples}
     # SFT's validation loss rests on at least 50 held-out examples, some of them abstentions (issue 28).
-    val = [ex for ex in examples if is_val_example(ex.example_id, cfg.sft.data.val_fraction)]
+    val = [ex for ex in examples if is_held_out(ex, cfg.sft.data.val_fraction)]
     assert len(val) >= 50 and any(ex.response == ABSTENTION for ex in val)
     g = cfg.grpo
     grpo_questions = {p.question for p in grpo_problems(g)[0]}  # with the problems beyond the range, to abstain on

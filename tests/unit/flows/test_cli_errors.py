@@ -40,9 +40,14 @@ def test_a_bad_value_is_blamed_on_where_it_came_from(capsys, tmp_path):
     preset.write_text("data:\n  near:\n    threshold: abc\n")
     with pytest.raises(ConfigError, match=f"{preset}: invalid configuration"):
         load_pipeline_config(str(preset), {"pretrain.steps": 3})
-    # A section's own check (grpo's rewards) on a section a --set changed: both are named.
-    with pytest.raises(ConfigError, match=re.escape("tiny.yaml with --set grpo.rewards={'nope': 1.0}: invalid configuration")):
+    # A value's own check: the --set alone is named.
+    with pytest.raises(ConfigError, match=re.escape("--set grpo.rewards={'nope': 1.0}: invalid configuration")):
         load_pipeline_config("tiny", {"grpo.rewards": {"nope": 1.0}})
+    # A rule between a section's keys (the preset's guided abstentions need the abstain reward the --set dropped):
+    # both are named.
+    with pytest.raises(ConfigError, match=re.escape("tiny.yaml with --set grpo.rewards={'arithmetic_exact': 1.0}: "
+                                                    "invalid configuration")):
+        load_pipeline_config("tiny", {"grpo.rewards": {"arithmetic_exact": 1.0}})
 
 
 def test_show_config_refuses_a_catalog_that_does_not_exist(capsys, tmp_path):
