@@ -102,16 +102,35 @@ def _builders_gone(folder: Path, wait_s: float) -> bool:
     return True
 
 
+def _launched_by(proc: psutil.Process, token: str) -> bool:
+    """Whether `proc` inherited this launch's SUPERVISOR_ENV value (infra/process_tree.py)."""
+    from infra.process_tree import SUPERVISOR_ENV
+
+    try:
+        return proc.environ().get(SUPERVISOR_ENV) == token
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
 def clear_lock_of_stopped_build(env: Mapping[str, str] | None = None, log: Callable[[str], Any] = print,
                                 wait_s: float = 10.0) -> list[Path]:
     """After a launch whose rank said BUILDING_SHM_OP has stopped: remove the lock it left, saying so (its
     compilers die with it on Ctrl-C, and the next launch would wait STALE_AFTER_S before calling the lock
-    stale). A finished build has released it already. A build still running after `wait_s` is another
-    launch's (ours waited on its lock): its lock stays."""
+    stale). A finished build has released it already. A compiler that carries this launch's supervisor token
+    (SUPERVISOR_ENV in `env`) is its own, started as the stop came, after the launch last listed its processes:
+    it is stopped. Any other build still running after `wait_s` is another launch's (ours waited on its lock):
+    its lock stays."""
+    from infra.process_tree import SUPERVISOR_ENV, stop_processes
+
+    token = (env if env is not None else os.environ).get(SUPERVISOR_ENV)
     removed = []
     for folder in [extensions_root(env) / SHM_OP]:
         lock = folder / LOCK_NAME
-        if lock.exists() and _builders_gone(folder, wait_s):
+        if not lock.exists():
+            continue
+        if token:
+            stop_processes([p for p in _builders(folder) if _launched_by(p, token)], grace_s=2.0)
+        if _builders_gone(folder, wait_s):
             lock.unlink(missing_ok=True)
             removed.append(lock)
             log(f"removed the build lock {lock}: this launch was stopped while building the op "

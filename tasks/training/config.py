@@ -325,7 +325,8 @@ class GrpoConfig(StrictModel):
     @classmethod
     def _rewards_known(cls, rewards: dict[str, float]) -> dict[str, float]:
         if not rewards:
-            raise PydanticCustomError("unknown_reward", "grpo.rewards is empty; give at least one {{name: weight}}")
+            raise PydanticCustomError("unknown_reward", "{detail}",
+                                      {"detail": "grpo.rewards is empty; give at least one {name: weight}"})
         check_reward_names("grpo.rewards", list(rewards))
         return rewards
 

@@ -64,7 +64,7 @@ def test_unknown_rewards_are_refused_listing_the_registered_ones(override, key):
 
 
 def test_rewards_need_one_entry_and_known_ones_pass():
-    assert "grpo.rewards is empty" in refused(["grpo.rewards={}"])
+    assert "grpo.rewards is empty; give at least one {name: weight}" in refused(["grpo.rewards={}"])
     cfg = resolve_pipeline_config(None, "tiny", ["grpo.rewards={format: 0.5}", "grpo.accuracy_reward=format",
                                                  "grpo.abstain_guidance=0"])
     assert cfg.grpo.rewards == {"format": 0.5}

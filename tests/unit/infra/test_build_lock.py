@@ -70,6 +70,31 @@ def test_a_stopped_builds_lock_waits_for_its_dying_compiler_and_a_live_build_kee
         live.wait()
 
 
+def test_a_stopped_builds_own_late_compiler_is_stopped_and_its_lock_removed(tmp_path):
+    # Ctrl-C as ninja starts a compiler: the new one missed the signal and the launch's last look at its processes,
+    # and would have outlived the wait (seen in a loaded make test: the lock stayed, cc1plus still running 15 s on).
+    # It carries the launch's supervisor token, which another launch's compiler does not.
+    from infra.process_tree import SUPERVISOR_ENV
+
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path), SUPERVISOR_ENV: "ours"}
+    lock = _lock(tmp_path, age_s=0)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    ours = subprocess.Popen(sleeper, cwd=lock.parent, env={**os.environ, SUPERVISOR_ENV: "ours"})
+    theirs = subprocess.Popen(sleeper, cwd=lock.parent, env={**os.environ, SUPERVISOR_ENV: "theirs"})
+    lines: list[str] = []
+    try:
+        time.sleep(0.3)
+        assert clear_lock_of_stopped_build(env, lines.append, wait_s=0.5) == [] and lock.exists()  # theirs builds
+        assert ours.wait(timeout=10) is not None and theirs.poll() is None
+        theirs.kill()
+        theirs.wait()
+        assert clear_lock_of_stopped_build(env, lines.append, wait_s=0.5) == [lock] and not lock.exists()
+    finally:
+        for proc in (ours, theirs):
+            proc.kill()
+            proc.wait()
+
+
 def test_the_root_is_torch_extensions_dir_else_torchs_cache_folder(tmp_path):
     assert extensions_root({"TORCH_EXTENSIONS_DIR": str(tmp_path)}) == tmp_path
     default = extensions_root({})
