@@ -74,16 +74,21 @@ def test_sft_abstains_only_above_its_band_when_asked() -> None:
             ArithmeticSftOptions(max_operand=10, abstain_n=3, abstain_max_operand=20, abstain_above=above)
 
 
+def _arithmetic_sft(**options) -> list:
+    """The examples of a small built-in arithmetic source (30 sums up to 10, 5 abstentions up to 20) and `options`."""
+    opts = ArithmeticSftOptions(**{"n": 30, "max_operand": 10, "ops": "+", "abstain_n": 5, "abstain_max_operand": 20,
+                                   **options})
+    source = SftSourceConfig(name="arithmetic", kind="sft_builtin", builtin="arithmetic", licence="CC0-1.0",
+                             arithmetic=opts)
+    examples, rejected = load_sft_examples([source])
+    assert not rejected
+    return examples
+
+
 def test_sft_abstains_on_a_drawn_few_inside_the_range_when_asked() -> None:
     """abstain_in_range answers that many of the in-range questions "I don't know", the same ones on every build."""
     def build(k: int, seed: int = 0) -> list:
-        opts = ArithmeticSftOptions(n=30, seed=seed, max_operand=10, ops="+", abstain_n=5, abstain_max_operand=20,
-                                    abstain_in_range=k)
-        source = SftSourceConfig(name="arithmetic", kind="sft_builtin", builtin="arithmetic", licence="CC0-1.0",
-                                 arithmetic=opts)
-        examples, rejected = load_sft_examples([source])
-        assert not rejected
-        return examples
+        return _arithmetic_sft(seed=seed, abstain_in_range=k)
 
     plain, unsure = build(0), build(6)
     assert len(plain) == len(unsure) == 35
@@ -145,16 +150,7 @@ def test_held_out_abstentions_validate_and_leave_the_training_set_as_it_was() ->
     """val_abstain_n adds abstentions that only validate: every example trained on before is trained on still."""
     from tasks.training.sft.stage import is_held_out
 
-    def build(val_n: int) -> list:
-        opts = ArithmeticSftOptions(n=30, max_operand=10, ops="+", abstain_n=5, abstain_max_operand=20,
-                                    val_abstain_n=val_n)
-        source = SftSourceConfig(name="arithmetic", kind="sft_builtin", builtin="arithmetic", licence="CC0-1.0",
-                                 arithmetic=opts)
-        examples, rejected = load_sft_examples([source])
-        assert not rejected
-        return examples
-
-    plain, more = build(0), build(7)
+    plain, more = _arithmetic_sft(val_abstain_n=0), _arithmetic_sft(val_abstain_n=7)
     assert len(more) == len(plain) + 7
     for fraction in (0.0, 0.3):
         trained = [(e.example_id, e.instruction, e.response) for e in plain if not is_held_out(e, fraction)]
