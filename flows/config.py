@@ -24,7 +24,7 @@ from tasks.data.exact_dedup import ExactDedupConfig
 from tasks.data.minhash_dedup import NearDedupConfig
 from tasks.data.mix import MixConfig
 from tasks.data.pii_redact import PiiConfig
-from tasks.training.config import RENAMED, GrpoConfig, PretrainConfig, SftConfig, check_reward_names
+from tasks.training.config import RENAMED, GrpoConfig, PretrainConfig, SftConfig
 from tasks.data.shards import ShardConfig
 from tasks.training.scaling.config import ScaleConfig
 from tasks.tokenizer.tokenize_shards import TokenizeConfig
@@ -93,12 +93,6 @@ class PipelineConfig(StrictModel):
     # Each stage's minutes on the machine the preset was measured on: the run's ETA scales them by this
     # machine's pace as measured so far (infra/run_clock.py). An estimate only; nothing waits on it.
     expected_minutes: dict[str, float] = Field(default_factory=lambda: dict(EXPECTED_MINUTES))
-
-    @field_validator("eval")
-    @classmethod
-    def _eval_reward_known(cls, cfg: EvalConfig) -> EvalConfig:
-        check_reward_names("eval.reward", [cfg.reward])
-        return cfg
 
 
 def known_presets() -> list[str]:

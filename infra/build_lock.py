@@ -129,7 +129,8 @@ def clear_lock_of_stopped_build(env: Mapping[str, str] | None = None, log: Calla
         if not lock.exists():
             continue
         if token:
-            stop_processes([p for p in _builders(folder) if _launched_by(p, token)], grace_s=2.0)
+            stop_processes([p for p in _builders(folder) if p.pid != os.getpid() and _launched_by(p, token)],
+                           grace_s=2.0)
         if _builders_gone(folder, wait_s):
             lock.unlink(missing_ok=True)
             removed.append(lock)

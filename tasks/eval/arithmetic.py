@@ -89,6 +89,23 @@ def space_size(max_operand: int, ops: str) -> int:
     return (max_operand + 1) ** 2 * len(set(ops))
 
 
+def problem_capacity(max_operand: int, ops: str, split: str | None = None, outside: int | None = None) -> int:
+    """How many distinct problems `make_problems` can draw with these arguments (a lower bound for huge spaces)."""
+    if split is not None and split not in SPLIT_FRACTIONS:
+        raise ValueError(f"split {split!r} is not one of {list(SPLIT_FRACTIONS)}")
+    if outside is not None and not 0 <= outside < max_operand:
+        raise ValueError(f"outside={outside} must be in [0, max_operand={max_operand}): no operand lies above it")
+    inner = 0 if outside is None else space_size(outside, ops)
+    capacity = space_size(max_operand, ops) - inner
+    if split is None:
+        return capacity
+    # The hash split is only approximately proportional; count exactly for small spaces.
+    if capacity <= 200_000:
+        return sum(1 for a in range(max_operand + 1) for b in range(max_operand + 1) for op in sorted(set(ops))
+                   if _outside(a, b, outside) and assign_split(_question(a, op, b)) == split)
+    return int(capacity * SPLIT_FRACTIONS[split] * 0.9)
+
+
 def make_problems(n: int, seed: int, max_operand: int = 20, ops: str = "+-", split: str | None = None,
                   outside: int | None = None) -> list[ArithmeticProblem]:
     """`n` distinct problems `a op b` with 0 <= a, b <= max_operand, the same for the same arguments.
@@ -97,21 +114,7 @@ def make_problems(n: int, seed: int, max_operand: int = 20, ops: str = "+-", spl
     questions with an operand above it (out of a training range `outside`, e.g. to teach abstention).
     """
     _check_args(n, max_operand, ops)
-    if split is not None and split not in SPLIT_FRACTIONS:
-        raise ValueError(f"split {split!r} is not one of {list(SPLIT_FRACTIONS)}")
-    if outside is not None and not 0 <= outside < max_operand:
-        raise ValueError(f"outside={outside} must be in [0, max_operand={max_operand}): no operand lies above it")
-    inner = 0 if outside is None else space_size(outside, ops)
-    capacity = space_size(max_operand, ops) - inner
-    if split is not None:
-        # The hash split is only approximately proportional; count exactly for small spaces.
-        if capacity <= 200_000:
-            capacity = sum(
-                1 for a in range(max_operand + 1) for b in range(max_operand + 1) for op in sorted(set(ops))
-                if _outside(a, b, outside) and assign_split(_question(a, op, b)) == split
-            )
-        else:
-            capacity = int(capacity * SPLIT_FRACTIONS[split] * 0.9)
+    capacity = problem_capacity(max_operand, ops, split, outside)
     if n > capacity:
         raise ValueError(
             f"asked for {n} distinct problems but only {capacity} exist with max_operand={max_operand}, "

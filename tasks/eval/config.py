@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from infra.config import StrictModel
+from tasks.eval.rewards import check_reward_names
 
 
 class EvalConfig(StrictModel):
@@ -40,3 +41,9 @@ class EvalConfig(StrictModel):
     target_accuracy: float = Field(default=0.9, gt=0.0, le=1.0)  # selective prediction: the threshold that reaches it
     seed: int = 0
     device: str | None = None  # evaluate_checkpoint only; None: cuda when available, else cpu
+
+    @field_validator("reward")
+    @classmethod
+    def _reward_known(cls, name: str) -> str:
+        check_reward_names("eval.reward", [name])
+        return name

@@ -54,6 +54,17 @@ def get_reward(name: str) -> RewardFn:
         raise KeyError(f"unknown reward {name!r}; registered rewards: {sorted(REWARDS)}") from None
 
 
+def check_reward_names(key: str, names: list[str]) -> None:
+    """Refuse names no reward is registered under, as a config's error naming `key` and the registered ones."""
+    from pydantic_core import PydanticCustomError
+
+    unknown = [n[:80] for n in names if n not in REWARDS][:5]
+    if unknown:
+        raise PydanticCustomError("unknown_reward", "{detail}", {"detail": (
+            f"{key} names unknown reward(s) {unknown}; registered rewards: {sorted(REWARDS)} "
+            "(add one with @register_reward in tasks/eval/rewards.py)")})
+
+
 def _answer_block(completion: Any) -> str | None:
     """The text inside the single <answer>...</answer> block, or None unless there is exactly one, well-formed."""
     if not isinstance(completion, str):

@@ -25,6 +25,7 @@ from pydantic_core import PydanticCustomError
 from infra.config import StrictModel
 from infra.hostfile import HostfilePath
 from tasks.eval.gsm8k import Gsm8kSource
+from tasks.eval.rewards import check_reward_names
 from tasks.training.sft.data import ArithmeticSftOptions, SftBuiltin
 
 Zero = Literal["zero0", "zero1", "zero2", "zero3", "zero2_offload"]
@@ -250,17 +251,6 @@ class GrpoCheckpoint(CheckpointConfig):
 
 class GrpoLog(LogConfig):
     every: int = Field(default=1, gt=0)  # every step's rollout metrics
-
-
-def check_reward_names(key: str, names: list[str]) -> None:
-    """Refuse names no reward is registered under, listing the registered ones."""
-    from tasks.eval.rewards import REWARDS  # a module without project imports
-
-    unknown = [n[:80] for n in names if n not in REWARDS][:5]
-    if unknown:
-        raise PydanticCustomError("unknown_reward", "{detail}", {"detail": (
-            f"{key} names unknown reward(s) {unknown}; registered rewards: {sorted(REWARDS)} "
-            "(add one with @register_reward in tasks/eval/rewards.py)")})
 
 
 class GrpoConfig(StrictModel):

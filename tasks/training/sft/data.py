@@ -35,7 +35,7 @@ from pydantic import Field, model_validator
 
 from infra.config import ConfigError, StrictModel, parse_config, read_yaml
 from models.special_tokens import SPECIAL_TOKENS
-from tasks.eval.arithmetic import make_problems
+from tasks.eval.arithmetic import make_problems, problem_capacity
 from tasks.eval.rewards import ABSTENTION
 from tasks.data.catalog import SourceBase, check_hf_paths, folder_glob, is_within, match_files
 from tasks.data.documents import make_doc_id
@@ -100,6 +100,17 @@ class ArithmeticSftOptions(StrictModel):
         if above is not None and not (self.max_operand <= above < (self.abstain_max_operand or 0)):
             raise ValueError(f"abstain_above={above} must lie in [max_operand={self.max_operand}, abstain_max_operand="
                              f"{self.abstain_max_operand}): the abstained questions have an operand above it")
+        # Counted here, not in a rank after its launch, where make_problems would refuse too many.
+        if self.n > (inside := problem_capacity(self.max_operand, self.ops, "sft")):
+            raise ValueError(f"n={self.n}, but only {inside} questions of the sft split have operands up to "
+                             f"max_operand={self.max_operand} with ops={self.ops!r}: lower n or raise max_operand")
+        if unsure:
+            above = self.max_operand if above is None else above
+            room = problem_capacity(self.abstain_max_operand or 0, self.ops, "sft", above)
+            if unsure > room:
+                raise ValueError(f"abstain_n + val_abstain_n = {self.abstain_n} + {self.val_abstain_n} = {unsure}, "
+                                 f"but only {room} questions of the sft split have an operand in ({above}, "
+                                 f"{self.abstain_max_operand}]: lower them or raise abstain_max_operand")
         return self
 
 

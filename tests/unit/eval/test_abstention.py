@@ -68,7 +68,7 @@ def test_sft_abstains_only_above_its_band_when_asked() -> None:
     examples, _ = load_sft_examples([source])
     abstained = [e for e in examples if e.response == ABSTENTION]
     assert len(abstained) == 12 and all(max(int(t) for t in e.instruction[8:-1].split(" + ")) > 15 for e in abstained)
-    assert ArithmeticSftOptions(abstain_n=3, max_operand=10, abstain_max_operand=20, abstain_above=10).abstain_above == 10
+    assert ArithmeticSftOptions(n=30, abstain_n=3, max_operand=10, abstain_max_operand=20, abstain_above=10).abstain_above == 10
     for above in (9, 20, 25):
         with pytest.raises(ValueError, match=f"abstain_above={above} must lie in"):
             ArithmeticSftOptions(max_operand=10, abstain_n=3, abstain_max_operand=20, abstain_above=above)
@@ -162,3 +162,35 @@ def test_held_out_abstentions_validate_and_leave_the_training_set_as_it_was() ->
     assert not any(e.held_out for e in plain)
     with pytest.raises(ValueError, match="val_abstain_n=3 needs abstain_max_operand above"):
         ArithmeticSftOptions(max_operand=10, val_abstain_n=3)
+
+
+def test_more_sums_than_the_split_holds_are_refused_by_the_config_not_after_the_launch() -> None:
+    ArithmeticSftOptions(n=612, max_operand=31, ops="+", abstain_n=10, val_abstain_n=12, abstain_max_operand=49)
+    with pytest.raises(ValueError, match="n=613, but only 612 questions of the sft split"):
+        ArithmeticSftOptions(n=613, max_operand=31, ops="+")
+    with pytest.raises(ValueError, match=r"abstain_n \+ val_abstain_n = 5 \+ 500 = 505, but only \d+ questions"):
+        ArithmeticSftOptions(n=10, max_operand=10, ops="+", abstain_n=5, val_abstain_n=500, abstain_max_operand=20)
+
+
+def test_the_sft_stage_validates_on_the_held_out_abstentions_and_trains_on_what_it_did_before() -> None:
+    """Through the stage's own split (load_examples), not only the predicate it uses."""
+    from tasks.training.config import SftConfig, SftDataConfig
+    from tasks.training.sft.stage import load_examples
+    from tests.conftest import bpe_tokenizer_on
+
+    tok = bpe_tokenizer_on([f"What is {a} + {b}? {ABSTENTION}" for a in range(21) for b in range(21)], 300)
+
+    def split(val_abstain_n: int, val_fraction: float):
+        opts = ArithmeticSftOptions(n=30, max_operand=10, ops="+", abstain_n=5, abstain_max_operand=20,
+                                    val_abstain_n=val_abstain_n)
+        cfg = SftConfig(data=SftDataConfig(builtin=["arithmetic"], arithmetic=opts, val_fraction=val_fraction))
+        data = load_examples(cfg, tok, seq_len=64)
+        return [e.ids for e in data.train], [e.ids for e in data.val]
+
+    train, val = split(7, 0.0)
+    assert len(train) == 35 and len(val) == 7
+    assert all(tok.decode(ids[-12:], skip_special_tokens=False).count("unknown") == 1 for ids in val)
+    for fraction in (0.0, 0.3):
+        plain_train, plain_val = split(0, fraction)
+        more_train, more_val = split(7, fraction)
+        assert more_train == plain_train and len(more_val) == len(plain_val) + 7
