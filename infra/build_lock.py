@@ -19,6 +19,8 @@ from typing import Any
 
 import psutil
 
+from infra.process_tree import SUPERVISOR_ENV, stop_processes
+
 LOCK_NAME = "lock"
 SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's CPU communication op, built on a machine's first launch
 # What rank 0 prints before it builds SHM_OP (tasks/training/engine.py): the launch then knows a stop leaves its lock.
@@ -104,8 +106,6 @@ def _builders_gone(folder: Path, wait_s: float) -> bool:
 
 def _launched_by(proc: psutil.Process, token: str) -> bool:
     """Whether `proc` inherited this launch's SUPERVISOR_ENV value (infra/process_tree.py)."""
-    from infra.process_tree import SUPERVISOR_ENV
-
     try:
         return proc.environ().get(SUPERVISOR_ENV) == token
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -120,8 +120,6 @@ def clear_lock_of_stopped_build(env: Mapping[str, str] | None = None, log: Calla
     (SUPERVISOR_ENV in `env`) is its own, started as the stop came, after the launch last listed its processes:
     it is stopped. Any other build still running after `wait_s` is another launch's (ours waited on its lock):
     its lock stays."""
-    from infra.process_tree import SUPERVISOR_ENV, stop_processes
-
     token = (env if env is not None else os.environ).get(SUPERVISOR_ENV)
     removed = []
     for folder in [extensions_root(env) / SHM_OP]:

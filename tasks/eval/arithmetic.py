@@ -12,6 +12,7 @@ import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from types import MappingProxyType
 
 OPS = "+-*"
@@ -89,6 +90,7 @@ def space_size(max_operand: int, ops: str) -> int:
     return (max_operand + 1) ** 2 * len(set(ops))
 
 
+@lru_cache(maxsize=64)  # a pure count, asked by every config that names a split and by make_problems
 def problem_capacity(max_operand: int, ops: str, split: str | None = None, outside: int | None = None) -> int:
     """How many distinct problems `make_problems` can draw with these arguments (a lower bound for huge spaces)."""
     if split is not None and split not in SPLIT_FRACTIONS:

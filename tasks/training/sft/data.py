@@ -85,6 +85,11 @@ class ArithmeticSftOptions(StrictModel):
     # Off by default (BENCHMARKS.md "An abstention prior inside the range": GRPO turned those abstentions into answers).
     abstain_in_range: int = Field(default=0, ge=0)
 
+    @property
+    def abstained_above(self) -> int:
+        """The abstained questions have an operand above this: abstain_above, else max_operand."""
+        return self.max_operand if self.abstain_above is None else self.abstain_above
+
     @model_validator(mode="after")
     def _abstain_range(self) -> "ArithmeticSftOptions":
         unsure = self.abstain_n + self.val_abstain_n
@@ -105,7 +110,7 @@ class ArithmeticSftOptions(StrictModel):
             raise ValueError(f"n={self.n}, but only {inside} questions of the sft split have operands up to "
                              f"max_operand={self.max_operand} with ops={self.ops!r}: lower n or raise max_operand")
         if unsure:
-            above = self.max_operand if above is None else above
+            above = self.abstained_above
             room = problem_capacity(self.abstain_max_operand or 0, self.ops, "sft", above)
             if unsure > room:
                 raise ValueError(f"abstain_n + val_abstain_n = {self.abstain_n} + {self.val_abstain_n} = {unsure}, "
@@ -337,9 +342,8 @@ def _arithmetic_examples(opts: ArithmeticSftOptions) -> Iterator[tuple[str, str,
         yield ARITHMETIC_ID_PATH, f"problem:{i}", {"instruction": p.question, "response": response}
     if opts.abstain_n or opts.val_abstain_n:
         assert opts.abstain_max_operand is not None  # checked by ArithmeticSftOptions
-        above = opts.max_operand if opts.abstain_above is None else opts.abstain_above
         unknown = make_problems(opts.abstain_n + opts.val_abstain_n, opts.seed, opts.abstain_max_operand, opts.ops,
-                                split="sft", outside=above)
+                                split="sft", outside=opts.abstained_above)
         for i, p in enumerate(unknown):
             locator = f"abstain:{i}" if i < opts.abstain_n else f"{HELD_OUT_LOCATOR}abstain:{i - opts.abstain_n}"
             yield ARITHMETIC_ID_PATH, locator, {"instruction": p.question, "response": ABSTENTION}
