@@ -284,7 +284,7 @@ def run_layout(layout: str, seq_len: int, micro_batch: int, work: Path, traces: 
     """Start the layout's ranks (spawned processes of one gloo group) and collect what each measured."""
     import multiprocessing as mp
 
-    from infra.deepspeed_launch import free_port
+    from infra.launch.launcher import free_port
 
     world = LAYOUTS[layout][0]
     port = free_port()

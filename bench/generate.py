@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from models.export import load_model
-from models.llama import PRESETS, Transformer, model_config
+from models.presets import PRESETS
+from models.llama import Transformer, model_config
 from models.sampling import generate
 
 

@@ -43,9 +43,11 @@ from tasks.eval.gsm8k import Gsm8kProblem  # noqa: E402
 from tasks.training.engine import init_distributed  # noqa: E402
 from tasks.training.config import GrpoConfig, PretrainConfig  # noqa: E402
 from tasks.training.grpo.loop import grpo_train  # noqa: E402
-from tasks.training.loop import NonFiniteLossError, train  # noqa: E402
+from tasks.training.progress import NonFiniteLossError  # noqa: E402
+from tasks.training.loop import train  # noqa: E402
 from tasks.training.metrics import ListSink, measure_peak_flops  # noqa: E402
-from tasks.training.pretrain.stage import lm_loss, token_window_batches  # noqa: E402
+from tasks.training.pretrain.stage import lm_loss  # noqa: E402
+from tasks.training.batches import token_window_batches  # noqa: E402
 
 # Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, in TFLOP/s, matched against
 # torch.cuda.get_device_name() in this order (so "L40S" is tried before "L4", "H100 PCIe" before "H100").

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tasks.eval.evaluate import in_train_range
     from tasks.tokenizer.train import load_tokenizer
-    from infra.paths import Workspace
+    from infra.workspace.paths import Workspace
     from infra.stages import in_run
     from tasks.training.grpo.stage import Grpo
 

@@ -8,7 +8,7 @@ Measures, in alternating rounds (the best round of each counts, because a shared
 background load only ever slows a measurement down):
 - `before`: tasks.training.loop.train (DeepSpeed ZeRO-0) in fp32 with torch's default AdamW
   on the CPU (the for-loop kernel): the settings before issue 16;
-- `after`: the same loop with `precision: auto` (bf16 where infra/precision.py measured it
+- `after`: the same loop with `precision: auto` (bf16 where infra/launch/precision.py measured it
   faster) and `optimizer_kernel: auto` (fused AdamW): the speed-up is after / before (goal >= 1.5);
 - `plain` vs `loop-fp32`: a hand-written loop and ours, both fp32 with fused AdamW: the
   loop's overhead (goal >= 0.9);
@@ -34,11 +34,12 @@ import torch
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else "cuda")
 
-from infra.precision import choose_precision  # noqa: E402
+from infra.launch.precision import choose_precision  # noqa: E402
 from models.flops import flops_per_token, mfu, num_params  # noqa: E402
 from models.llama import Transformer, model_config  # noqa: E402
 from models.optim import build_adamw, build_scheduler  # noqa: E402
-from tasks.training.pretrain.stage import lm_loss, token_window_batches  # noqa: E402
+from tasks.training.pretrain.stage import lm_loss  # noqa: E402
+from tasks.training.batches import token_window_batches  # noqa: E402
 from tasks.training.engine import init_distributed  # noqa: E402
 from tasks.training.config import PretrainConfig, nested  # noqa: E402
 from tasks.training.engine import Schedule  # noqa: E402

@@ -77,8 +77,8 @@ def _workdir(p: argparse.ArgumentParser) -> None:
 
 
 def _say_where(workdir: str, run_id: str, what: str) -> None:
-    from infra.paths import Workspace
-    from infra.tracking import configure, where_to_see_run
+    from infra.workspace.paths import Workspace
+    from infra.tracking.runs import configure, where_to_see_run
 
     ws = Workspace.locate(workdir)
     configure(ws)
@@ -92,7 +92,7 @@ def _mb(n: int) -> str:
 
 def _runs(args: argparse.Namespace) -> int:
     from flows.runs_view import render_diff, render_runs
-    from infra.paths import Workspace
+    from infra.workspace.paths import Workspace
 
     ws = Workspace.locate(args.workdir)
     lines = render_diff(ws, *args.diff) if args.diff else render_runs(ws, show_outputs=args.outputs)
@@ -101,10 +101,10 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from infra.paths import Workspace
-    from infra.run_index import check_store_exists
-    from infra.workspace_lock import workspace_lock
-    from infra.workspace_outputs import apply_gc, plan_gc
+    from infra.workspace.paths import Workspace
+    from infra.tracking.index import check_store_exists
+    from infra.workspace.lock import workspace_lock
+    from infra.workspace.outputs import apply_gc, plan_gc
 
     ws = Workspace.locate(args.workdir)
     check_store_exists(ws)  # a mistyped --workdir must not become a new, empty workspace
@@ -174,13 +174,13 @@ PREFECT_DEFAULTS = {
 
 def _start_flow_services(server_started: Callable[[], int | None]) -> None:
     """Ctrl-C/SIGTERM handlers that stop the whole run, once Prefect's temporary server (shielded from Ctrl-C,
-    started by `infra.run_signals.prefect_server_starting`) is up, and a watch on Prefect's API."""
-    from infra.run_signals import install_stop_handlers
+    started by `infra.lifecycle.signals.prefect_server_starting`) is up, and a watch on Prefect's API."""
+    from infra.lifecycle.signals import install_stop_handlers
 
     server_pid = server_started()
     # The server is spared by the first signal: it records the run's end, and Prefect stops it at exit.
     install_stop_handlers(protect=[server_pid] if server_pid else [])
-    from infra.api_watch import watch_prefect_api
+    from infra.lifecycle.api_watch import watch_prefect_api
 
     watch_prefect_api()  # a server lost mid-run ends the run (exit 3) instead of retries without end
 
@@ -209,7 +209,7 @@ class StoppedWaiting(KeyboardInterrupt):
 @contextlib.contextmanager
 def _signals_raise() -> Iterator[None]:
     """SIGINT and SIGTERM raise RunStopped in the block (SIGTERM would otherwise end Python without a word)."""
-    from infra.run_signals import STOP_SIGNALS, RunStopped
+    from infra.lifecycle.signals import STOP_SIGNALS, RunStopped
 
     def stop(signum: int, frame: Any) -> None:
         raise RunStopped(signum)
@@ -226,9 +226,9 @@ def _signals_raise() -> Iterator[None]:
 def _workspace_held(workdir: str) -> Iterator[None]:
     """Hold the workspace for the whole command, taken before anything starts (the config's imports, Prefect's
     server): a second run says within a second that it waits and for whom, and a signal while it waits ends it."""
-    from infra.paths import Workspace
-    from infra.run_signals import RunStopped
-    from infra.workspace_lock import workspace_lock
+    from infra.workspace.paths import Workspace
+    from infra.lifecycle.signals import RunStopped
+    from infra.workspace.lock import workspace_lock
 
     ws = Workspace.locate(workdir).ensure_writable()
     with contextlib.ExitStack() as held:
@@ -237,7 +237,7 @@ def _workspace_held(workdir: str) -> Iterator[None]:
                 held.enter_context(workspace_lock(ws, log=lambda line: print(line, file=sys.stderr, flush=True)))
         except RunStopped as exc:
             raise StoppedWaiting(exc.signum, ws.root) from None
-        yield  # the flows take the same lock again: a no-op in this process (infra/workspace_lock.py)
+        yield  # the flows take the same lock again: a no-op in this process (infra/workspace/lock.py)
 
 
 def _run_flow(args: argparse.Namespace) -> int:
@@ -269,7 +269,7 @@ def _flow_ready(args: argparse.Namespace) -> tuple[Any, Any]:
     """The validated config and the command's flow, with Prefect's server up (started while the flow imports) and
     the stop handlers installed."""
     from flows.config import check_paths, load_pipeline_config
-    from infra.run_signals import prefect_server_starting
+    from infra.lifecycle.signals import prefect_server_starting
 
     cfg = load_pipeline_config(args.preset, _overrides(args))
     check_paths(cfg)  # the catalog and its sources: fail before any work starts
@@ -310,14 +310,14 @@ def _show_config(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     """The command, with the workspace held first where it writes outputs."""
     if args.command in ("data", "run", "scale"):
-        from infra.preflight import check_services
+        from infra.lifecycle.preflight import check_services
 
         _check_catalog_arg(args)
         check_services()  # a service down is said before anything is made, the workspace included
         with _workspace_held(args.workdir):
             return _run_flow(args)
     if args.command in ("runs", "gc"):
-        from infra.preflight import check_tracking_store
+        from infra.lifecycle.preflight import check_tracking_store
 
         check_tracking_store()  # MLflow would retry a dead server for minutes, then print a traceback
     return {"runs": _runs, "gc": _gc, "plan": _plan, "show-config": _show_config}[args.command](args)
@@ -328,9 +328,9 @@ def _error_exit_code(exc: BaseException) -> int | None:
     if isinstance(exc, UsageError):
         return 2
     from infra.config import ConfigError
-    from infra.preflight import ServiceUnavailable
-    from infra.run_index import RunNotFound
-    from infra.workspace_lock import WorkspaceBusy
+    from infra.lifecycle.preflight import ServiceUnavailable
+    from infra.tracking.index import RunNotFound
+    from infra.workspace.lock import WorkspaceBusy
 
     if isinstance(exc, (ConfigError, RunNotFound)):
         return 2
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    from infra.store_errors import quiet_store_tracebacks
+    from infra.tracking.store_errors import quiet_store_tracebacks
 
     quiet_store_tracebacks()
     try:
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt as exc:
         # Imported here, as every module an error needs: a quick command or a quick error stays quick.
-        from infra.run_signals import RunStopped
+        from infra.lifecycle.signals import RunStopped
 
         if isinstance(exc, StoppedWaiting):
             print(exc, file=sys.stderr)
@@ -382,9 +382,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _store_fault_or_raise(exc: Exception, args: argparse.Namespace) -> int:
     """MLflow's store locked (3), read-only (3) or not openable (2): one line and its exit code; else re-raise."""
-    from infra.paths import Workspace
-    from infra.store_errors import store_fault
-    from infra.tracking import tracking_uri
+    from infra.workspace.paths import Workspace
+    from infra.tracking.store_errors import store_fault
+    from infra.tracking.runs import tracking_uri
 
     found = store_fault(exc, tracking_uri(Workspace.locate(getattr(args, "workdir", None))))
     if found is None:

@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from infra.config import (ConfigError, StrictModel, YamlAliasRefused, flatten_params, format_validation_error,
                           parse_yaml, read_yaml, set_dotted, unknown_key_error)
-from infra.paths import Workspace
+from infra.workspace.paths import Workspace
 from tasks.eval.config import EvalConfig
 from tasks.data.exact_dedup import ExactDedupConfig
 from tasks.data.minhash_dedup import NearDedupConfig
@@ -44,7 +44,7 @@ class DataConfig(StrictModel):
     mix: MixConfig = Field(default_factory=MixConfig)
     shards: ShardConfig = Field(default_factory=ShardConfig)
     # Where the stages run: "local" (this process, its worker pool) or "ray" (each stage a Ray task,
-    # batch jobs spread over the cluster; infra/ray_cluster.py). Outputs are the same either way.
+    # batch jobs spread over the cluster; infra/launch/ray_cluster.py). Outputs are the same either way.
     executor: Literal["local", "ray"] = "local"
     # With executor=ray: None starts a local Ray with this machine's cores; "auto" joins the cluster
     # this machine is part of; "ray://host:10001" (Ray Client) or "host:6379" joins a remote one.
@@ -91,7 +91,7 @@ class PipelineConfig(StrictModel):
     registered_model: str = "llmforge-tiny"  # MLflow model registry name of the final model
     registry: RegistryConfig = Field(default_factory=RegistryConfig)  # when `@champion` moves
     # Each stage's minutes on the machine the preset was measured on: the run's ETA scales them by this
-    # machine's pace as measured so far (infra/run_clock.py). An estimate only; nothing waits on it.
+    # machine's pace as measured so far (infra/lifecycle/clock.py). An estimate only; nothing waits on it.
     expected_minutes: dict[str, float] = Field(default_factory=lambda: dict(EXPECTED_MINUTES))
 
 

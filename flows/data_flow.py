@@ -18,14 +18,14 @@ from prefect import Flow, flow
 from pydantic import BaseModel
 
 from infra.config import config_hash
-from infra.paths import Workspace
+from infra.workspace.paths import Workspace
 from flows.config import DataConfig, resolve_data_config
-from infra.ray_cluster import check_cluster, on_ray_task_runner, prefect_api_for_workers, ray_task_runner
-from infra.stage_cache import flow_key
+from infra.launch.ray_cluster import check_cluster, on_ray_task_runner, prefect_api_for_workers, ray_task_runner
+from infra.workspace.cache import flow_key
 from infra.stages import run, submit
-from infra.tracking import describe_overrides, stage_run
-from infra.run_signals import stop_on_cancel
-from infra.workspace_lock import workspace_lock
+from infra.tracking.runs import describe_overrides, stage_run
+from infra.lifecycle.signals import stop_on_cancel
+from infra.workspace.lock import workspace_lock
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import Collect, MergeCollected, source_inputs
 from tasks.data.exact_dedup import ExactDedup

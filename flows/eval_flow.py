@@ -5,13 +5,14 @@ from pathlib import Path
 
 from prefect import flow
 
-from infra.paths import Workspace
-from infra.stage_cache import flow_key
+from infra.workspace.paths import Workspace
+from infra.workspace.cache import flow_key
 from infra.stages import place
-from infra.tracking import stage_run
-from infra.run_signals import stop_on_cancel
-from infra.workspace_lock import workspace_lock
-from tasks.eval.evaluate import EvalConfig, EvalResult, Evaluate
+from infra.tracking.runs import stage_run
+from infra.lifecycle.signals import stop_on_cancel
+from infra.workspace.lock import workspace_lock
+from tasks.eval.config import EvalConfig
+from tasks.eval.evaluate import EvalResult, Evaluate
 from tasks.reports.eval import log_comparison
 
 

@@ -16,14 +16,14 @@ from flows.data_flow import DataResult, data_flow
 from flows.eval_flow import eval_flow
 from flows.pretrain_flow import TokenizedData, tokenized
 from infra.config import config_hash
-from infra.paths import Workspace
-from infra.run_clock import RunClock
-from infra.stage_cache import flow_key
+from infra.workspace.paths import Workspace
+from infra.lifecycle.clock import RunClock
+from infra.workspace.cache import flow_key
 from infra.stages import run
-from infra.tracking import describe_overrides, describe_run, stage_run
-from infra.tracking_identity import RunIdentity
-from infra.run_signals import stop_on_cancel
-from infra.workspace_lock import workspace_lock
+from infra.tracking.runs import describe_overrides, describe_run, stage_run
+from infra.tracking.identity import RunIdentity
+from infra.lifecycle.signals import stop_on_cancel
+from infra.workspace.lock import workspace_lock
 from tasks.eval.evaluate import EvalResult
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs

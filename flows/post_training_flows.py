@@ -5,10 +5,10 @@ from pathlib import Path
 
 from prefect import flow
 
-from infra.paths import Workspace
-from infra.run_signals import stop_on_cancel
+from infra.workspace.paths import Workspace
+from infra.lifecycle.signals import stop_on_cancel
 from infra.stages import run
-from infra.workspace_lock import workspace_lock
+from infra.workspace.lock import workspace_lock
 from tasks.training.config import GrpoConfig, SftConfig
 from tasks.training.grpo.stage import Grpo, GrpoStageResult
 from tasks.training.sft.stage import Sft, SftResult

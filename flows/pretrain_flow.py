@@ -10,10 +10,10 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel
 
-from infra.paths import Workspace
-from infra.run_signals import stop_on_cancel
+from infra.workspace.paths import Workspace
+from infra.lifecycle.signals import stop_on_cancel
 from infra.stages import place, run
-from infra.workspace_lock import workspace_lock
+from infra.workspace.lock import workspace_lock
 from tasks.tokenizer.tokenize_shards import TokenizeConfig, TokenizeShards
 from tasks.tokenizer.train import TokenizerConfig, TrainTokenizer
 from tasks.training.config import PretrainConfig

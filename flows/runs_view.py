@@ -12,8 +12,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from infra.paths import Workspace, mlflow_command
-from infra.run_index import NOTE_TAG, RunSummary, run_params, summaries
+from infra.workspace.paths import Workspace, mlflow_command
+from infra.tracking.index import NOTE_TAG, RunSummary, run_params, summaries
 
 INDENT = "    "
 VARIED_CHARS = 48
@@ -45,7 +45,7 @@ def what_varied(run: RunSummary) -> str:
         return suffix
     if run.tags.get("llmforge.repeat_of"):
         return f"repeat of {run.tags['llmforge.repeat_of'][:12]}"
-    # The description's first sentence says the preset and what differs (infra/tracking_identity.py); the commit
+    # The description's first sentence says the preset and what differs (infra/tracking/identity.py); the commit
     # and machine after it are not what varied, and cut at the column's width they read as noise.
     note = " ".join(run.tags.get(NOTE_TAG, "").split()).partition(". Commit ")[0]
     return note[:VARIED_CHARS] + ("..." if len(note) > VARIED_CHARS else "")

@@ -20,13 +20,13 @@ from pydantic import BaseModel
 from flows.config import PipelineConfig, resolve_pipeline_config
 from flows.data_flow import data_flow
 from flows.pretrain_flow import tokenized
-from infra.atomic import write_json_atomic
-from infra.paths import Workspace, point_latest
-from infra.run_signals import stop_on_cancel
-from infra.stage_cache import flow_key
+from infra.workspace.atomic import write_json_atomic
+from infra.workspace.paths import Workspace, point_latest
+from infra.lifecycle.signals import stop_on_cancel
+from infra.workspace.cache import flow_key
 from infra.stages import run
-from infra.tracking import describe_overrides, log_metrics, stage_run, tag_active_run
-from infra.workspace_lock import workspace_lock
+from infra.tracking.runs import describe_overrides, log_metrics, stage_run, tag_active_run
+from infra.workspace.lock import workspace_lock
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs
 from tasks.reports.scaling import publish_scale_report

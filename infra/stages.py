@@ -17,10 +17,10 @@
     base = run(Pretrain(config.pretrain), ws, tokens=tokens_dir, tokenizer=tokenizer_json)
 
 The key of a stage's folder is a sha256 of its name, its code (its module and every project
-module it reaches, infra/code_version.py), its config and the content of each declared input
+module it reaches, infra/workspace/code_version.py), its config and the content of each declared input
 (a stage output by its record's digest, infra/stage_cache.fingerprint): nothing else, so a
 renamed parameter changes no key. A folder is reused only when it matches its record
-(infra/stage_record.py) and holds the stage's result.json, read back as JSON with its paths
+(infra/workspace/record.py) and holds the stage's result.json, read back as JSON with its paths
 relative to the workspace: no pickle is ever loaded, and a copied or moved workspace reruns
 nothing. An in-process stage runs as a Prefect task inside the caller's MLflow run (`submit`
 puts it on the flow's task runner: Ray for the data stages on a cluster). A launched stage gets
@@ -37,21 +37,20 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, TypeAdapter
 
-from infra.atomic import write_json_atomic
+from infra.workspace.atomic import write_json_atomic
 from infra.config import StrictModel, flatten_params
-from infra.deepspeed_launch import launch
-from infra.memory import release_freed_memory
-from infra.paths import Workspace, point_latest
-from infra.stage_cache import content_key, from_workspace, to_workspace
-from infra.stage_record import read_record, verify_record, write_record
-from infra.tracking import stage_run, tag_active_run
+from infra.launch.launcher import launch
+from infra.lifecycle.memory import release_freed_memory
+from infra.workspace.paths import Workspace, point_latest
+from infra.workspace.cache import content_key, from_workspace, to_workspace
+from infra.workspace.record import read_record, verify_record, write_record
+from infra.tracking.runs import stage_run, tag_active_run
 
 JOB_FILE = "job.json"  # what a launched stage's ranks read
 RESULT_FILE = "result.json"  # the stage's result, its paths relative to the workspace; written before the record
 DS_CONFIG_FILE = "ds_config.json"  # the DeepSpeed config the ranks train with, as written
 CHECKPOINTS_DIR = "checkpoints"
 LAUNCH_LOG = "launch.log"  # every line of the stage's launches, DeepSpeed's INFO lines included
-RANK_MODULE = "tasks.training.loop"  # `deepspeed --module` of every launched stage: the one training loop
 
 
 class Stage:
@@ -61,7 +60,7 @@ class Stage:
     """
 
     name: ClassVar[str]  # the Prefect task's (and a launched stage's MLflow stage) name
-    store: ClassVar[str]  # infra.paths.Workspace.STORES entry of its folders
+    store: ClassVar[str]  # infra.workspace.paths.Workspace.STORES entry of its folders
     Config: ClassVar[Any]
     Result: ClassVar[Any]  # a pydantic model or any type pydantic validates (a Path)
     inputs: ClassVar[tuple[str, ...]] = ()  # names of what it reads besides its config: upstream paths, results, values
@@ -122,6 +121,9 @@ class LaunchedStage(Stage):
 
     # Config keys (dotted, or a whole component) that may differ between a run and its resume.
     resume_neutral: ClassVar[frozenset[str]] = frozenset()
+    # The module every rank runs (`deepspeed --module <rank_module> --job job.json`): it rebuilds the stage with
+    # `for_job`. Part of the stage's cache key, as its own module is.
+    rank_module: ClassVar[str]
     job: Job
 
     @classmethod
@@ -144,7 +146,7 @@ class LaunchedStage(Stage):
 
 def stage_key(stage: Stage, inputs: dict[str, Any]) -> str:
     """sha256 of the stage's name, code (with the ranks' entry point for a launched one), config and inputs."""
-    modules = [type(stage).__module__] + ([RANK_MODULE] if isinstance(stage, LaunchedStage) else [])
+    modules = [type(stage).__module__] + ([stage.rank_module] if isinstance(stage, LaunchedStage) else [])
     return content_key("stage", stage.name, modules, stage.config, inputs)
 
 
@@ -252,7 +254,7 @@ class Placed:
             spec = stage.prepare(self.inputs, self.out_dir)  # a bad input fails here, before the ranks exist
             job = write_launch(stage, spec, self.inputs, self.out_dir, self.ws, mlflow_run.info.run_id)
             launched = prefect_task(launch, f"{stage.name}-launch")
-            launched(RANK_MODULE, ["--job", str(job)], **launch_settings(stage.config), log=_task_log,
+            launched(stage.rank_module, ["--job", str(job)], **launch_settings(stage.config), log=_task_log,
                      log_file=self.out_dir / LAUNCH_LOG)
             return stage.after(read_result(stage, self.out_dir), self.inputs, self.ws.run_reports(mlflow_run.info.run_id))
 
@@ -340,7 +342,7 @@ def in_run(stage: LaunchedStage, ws: Workspace, out_dir: Path, *, log: Any = pri
     out_dir = Path(out_dir)
     with stage_run(ws, stage.name, stage.config, config_key=stage.name) as mlflow_run:
         job = write_launch(stage, stage.prepare(inputs, out_dir), inputs, out_dir, ws, mlflow_run.info.run_id)
-        launch(RANK_MODULE, ["--job", str(job)], **launch_settings(stage.config), log=log)
+        launch(stage.rank_module, ["--job", str(job)], **launch_settings(stage.config), log=log)
         return read_result(stage, out_dir)
 
 

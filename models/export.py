@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from infra.atomic import open_file_mode
+from infra.workspace.atomic import open_file_mode
 from infra.config import ConfigError, parse_config
 from models.chat_template import JINJA_CHAT_TEMPLATE
 from models.llama import ModelConfig, Transformer

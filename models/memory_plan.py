@@ -78,7 +78,8 @@ DEEPSPEED_PREFETCH_BUCKET = 50_000_000  # its default stage3_prefetch_bucket_siz
 
 def load_model(source: str, vocab_size: int | None = None):
     """A models.llama.ModelConfig from a preset name or a Hugging Face Llama config.json (a file or its folder)."""
-    from models.llama import PRESETS, ModelConfig
+    from models.presets import PRESETS
+    from models.llama import ModelConfig
 
     if source in PRESETS:
         vocab = vocab_size or PRESET_VOCAB.get(source)
@@ -286,7 +287,7 @@ def comm_bytes(cfg, params: int, layout: Layout, seq_len: int, micro_batch: int,
 
 def deepspeed_buckets(zero: int) -> dict[str, int]:
     """Bucket sizes (elements) of infra/deepspeed/zero<k>.json, DeepSpeed's defaults where it sets none."""
-    from infra.deepspeed_launch import load_zero_json
+    from infra.launch.launcher import load_zero_json
 
     z = load_zero_json(f"zero{zero}").get("zero_optimization", {})
     return {

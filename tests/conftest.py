@@ -266,7 +266,7 @@ def random_tokens(n: int = 8_000):
 
 def launch_into(stage, out_dir: Path, ws_root: Path, log=lambda line: None, **inputs):
     """Launch a training stage object into `out_dir` (no cache key; a rerun resumes its checkpoints); its result."""
-    from infra.paths import Workspace
+    from infra.workspace.paths import Workspace
     from infra.stages import in_run
 
     return in_run(stage, Workspace.locate(ws_root), Path(out_dir), log=log, **inputs)
@@ -322,7 +322,8 @@ def eval_result_with_answers(questions: list[str], correct, confidences, answer_
     `in_range`: which questions lie in the training range (None: no range set)."""
     import math
 
-    from tasks.eval.evaluate import AnswerRecord, EvalConfig, EvalResult, scored_answers
+    from tasks.eval.evaluate import AnswerRecord, EvalResult, scored_answers
+    from tasks.eval.config import EvalConfig
     from tasks.eval.intervals import proportion
 
     cfg = EvalConfig(n_bins=10, bootstrap_resamples=200, target_accuracy=target_accuracy)

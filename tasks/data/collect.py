@@ -26,14 +26,8 @@ from tasks.data.documents import (
 )
 from tasks.data.hf_source import hf_input_files, read_hf_rows
 from tasks.data.parquet_reader import parquet_records
-from tasks.data.readers import (
-    Rejection,
-    check_string,
-    decode_utf8,
-    jsonl_lines,
-    parse_json_line,
-    read_capped_file,
-)
+from tasks.data.rejection import Rejection
+from tasks.data.readers import check_string, decode_utf8, jsonl_lines, parse_json_line, read_capped_file
 from tasks.data.step import DataStep, StageResult
 
 STAGE = "collect"

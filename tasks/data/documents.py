@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from infra.atomic import atomic_path, atomic_write, commit_atomic
+from infra.workspace.atomic import atomic_path, atomic_write, commit_atomic
 
 SCHEMA_VERSION = 1
 

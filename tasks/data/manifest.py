@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from infra.atomic import write_text_atomic
-from infra.stage_record import sha256_file  # noqa: F401 (readers of shards import it from here)
+from infra.workspace.atomic import write_text_atomic
+from infra.workspace.record import sha256_file  # noqa: F401 (readers of shards import it from here)
 from tasks.data.documents import SCHEMA_VERSION
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 
-from infra.process_tree import descendants, die_with_parent, idle_cores_during, stop_processes
+from infra.lifecycle.process_tree import descendants, die_with_parent, idle_cores_during, stop_processes
 
 T = TypeVar("T")
 R = TypeVar("R")

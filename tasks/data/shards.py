@@ -26,13 +26,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
-from infra.atomic import open_folder_mode
+from infra.workspace.atomic import open_folder_mode
 from infra.stages import Stage
 from pydantic import Field
 
 from infra.config import StrictModel
 from tasks.data.documents import iter_batches
-from tasks.data.manifest import Manifest, ShardInfo, sha256_file, write_manifest
+from tasks.data.manifest import Manifest, ShardInfo, write_manifest
+from infra.workspace.record import sha256_file
 
 MANIFEST = "manifest.json"
 BATCH_ROWS = 4096

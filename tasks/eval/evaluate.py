@@ -48,7 +48,7 @@ from tasks.eval.tokens import token_metrics
 from models.bpb import token_bytes
 from models.calibration import CalibrationReport, ReliabilityBins, calibration_report, reliability_bins
 from models.llama import Transformer
-from infra.atomic import write_text_atomic
+from infra.workspace.atomic import write_text_atomic
 
 EVAL_FILE = "eval.json"
 
@@ -289,7 +289,7 @@ def evaluate_checkpoint(
 ) -> EvalResult:
     """Evaluate a saved model (safetensors + config.json) on the val split; write eval.json (its reliability
     diagrams are the report's: tasks/reports/eval.write_reliability_diagrams)."""
-    from infra.stage_record import sha256_file
+    from infra.workspace.record import sha256_file
     from models.export import WEIGHTS, load_model
     from tasks.eval.arithmetic import make_problems
     from tasks.tokenizer.tokenize_shards import load_token_split

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from infra.run_clock import clock_text
+from infra.lifecycle.clock import clock_text
 
 Tracker = Callable[[int, int], None]  # (done, total), after each batch
 

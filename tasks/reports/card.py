@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 import markdown as markdown_lib
 from pydantic import BaseModel
 
-from infra.atomic import write_json_atomic, write_text_atomic
+from infra.workspace.atomic import write_json_atomic, write_text_atomic
 from infra.config import ConfigError, config_hash, read_json
-from infra.paths import Workspace, point_latest
-from infra.provenance import mlflow_ui_url
-from infra.tracking import active_run, describe_stage_runs, log_artifact, log_metrics, metric_history, set_tag
-from infra.tracking_history import StageTime, child_run, stage_times
-from infra.tracking_identity import RunIdentity, stage_precision
+from infra.workspace.paths import Workspace, point_latest
+from infra.tracking.provenance import mlflow_ui_url
+from infra.tracking.runs import active_run, describe_stage_runs, log_artifact, log_metrics, metric_history, set_tag
+from infra.tracking.history import StageTime, child_run, stage_times
+from infra.tracking.identity import RunIdentity, stage_precision
 from tasks.data.funnel import funnel_markdown, funnel_totals
 from tasks.data.manifest import load_manifest
 from tasks.eval.differences import stage_differences

@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from infra.atomic import write_text_atomic
-from infra.tracking import active_run, log_artifact, log_dataset_input, log_metrics, set_tag
+from infra.workspace.atomic import write_text_atomic
+from infra.tracking.runs import active_run, log_artifact, log_dataset_input, log_metrics, set_tag
 from tasks.data.funnel import funnel_markdown, funnel_totals
-from tasks.data.manifest import load_manifest, sha256_file
+from tasks.data.manifest import load_manifest
+from infra.workspace.record import sha256_file
 from tasks.reports.plots import funnel_png
 
 
@@ -31,7 +32,7 @@ def publish_prefect_artifact(markdown: str, key: str = "funnel") -> str | None:
     from prefect.artifacts import create_markdown_artifact
     from prefect.context import FlowRunContext
 
-    from infra.provenance import artifact_key
+    from infra.tracking.provenance import artifact_key
 
     ctx = FlowRunContext.get()
     if ctx is None or ctx.flow_run is None:

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infra.tracking_history import StageTime
+from infra.tracking.history import StageTime
 from tasks.eval.differences import difference_metrics
 from tasks.eval.evaluate import EvalResult
 

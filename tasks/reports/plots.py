@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from infra.atomic import atomic_write
+from infra.workspace.atomic import atomic_write
 
 if TYPE_CHECKING:  # annotations only: the data flow draws its funnel without importing torch
     from models.calibration import CalibrationReport, ReliabilityBins

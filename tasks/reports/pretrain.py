@@ -10,8 +10,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from infra.atomic import write_text_atomic
-from infra.tracking import log_artifact, log_artifacts, log_metrics, log_text, set_tag
+from infra.workspace.atomic import write_text_atomic
+from infra.tracking.runs import log_artifact, log_artifacts, log_metrics, log_text, set_tag
 from infra.stages import DS_CONFIG_FILE
 from tasks.training.pretrain.stage import Pretrain, PretrainResult
 from tasks.tokenizer.tokenize_shards import load_token_index, unigram_perplexity

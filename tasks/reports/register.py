@@ -18,9 +18,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from infra.tracking import active_run
+from infra.tracking.runs import active_run
 from models.chat_template import PROMPT_TEMPLATE
-from tasks.data.manifest import sha256_file
+from infra.workspace.record import sha256_file
 
 DESCRIPTION = "Final model of the llmforge pipeline (transformers LlamaForCausalLM, chat template, text-generation)"
 INPUT_EXAMPLE = "What is 3 + 4?"

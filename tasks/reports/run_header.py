@@ -1,11 +1,11 @@
-"""The report card's header: what the run was (infra/tracking_identity.py) and what each stage took,
-reused stages with the wall time of the run that did their work (infra/tracking_history.py)."""
+"""The report card's header: what the run was (infra/tracking/identity.py) and what each stage took,
+reused stages with the wall time of the run that did their work (infra/tracking/history.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from infra.tracking_history import StageTime
-from infra.tracking_identity import RunIdentity
+from infra.tracking.history import StageTime
+from infra.tracking.identity import RunIdentity
 
 
 def _cell(text: str) -> str:

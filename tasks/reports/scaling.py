@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from infra.atomic import write_text_atomic
-from infra.tracking import log_artifacts, log_metrics
+from infra.workspace.atomic import write_text_atomic
+from infra.tracking.runs import log_artifacts, log_metrics
 from models.scaling_bootstrap import ScalingBootstrap, ScalingIntervals
 from tasks.reports.data import publish_prefect_artifact
 from tasks.reports.scaling_plots import contours_png, frontier_png, isoflop_png

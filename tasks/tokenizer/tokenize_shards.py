@@ -24,9 +24,10 @@ from pydantic import BaseModel, Field
 
 from infra.config import StrictModel
 from models.special_tokens import EOS
-from infra.atomic import atomic_path, commit_atomic, write_text_atomic
+from infra.workspace.atomic import atomic_path, commit_atomic, write_text_atomic
 from tasks.data.documents import iter_batches
-from tasks.data.manifest import ChecksumError, sha256_file, shard_paths
+from tasks.data.manifest import ChecksumError, shard_paths
+from infra.workspace.record import sha256_file
 from tasks.tokenizer.train import TOKENIZER_FILE, load_tokenizer, special_token_ids
 
 INDEX_FILE = "index.json"

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from infra.config import StrictModel
 from models.special_tokens import SPECIAL_TOKENS
-from infra.atomic import atomic_write
+from infra.workspace.atomic import atomic_write
 from tasks.data.documents import iter_batches
 from tasks.data.manifest import load_manifest, shard_paths
 

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from infra.atomic import write_text_atomic
-from tasks.data.manifest import ChecksumError, sha256_file
+from infra.workspace.atomic import write_text_atomic
+from tasks.data.manifest import ChecksumError
+from infra.workspace.record import sha256_file
 from tasks.training.engine import all_gather
 
 CKPT_TAG_PREFIX = "step"

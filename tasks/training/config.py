@@ -23,7 +23,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from infra.config import StrictModel
-from infra.hostfile import HostfilePath
+from infra.launch.hostfile import HostfilePath
 from tasks.eval.gsm8k import Gsm8kSource
 from tasks.eval.rewards import check_reward_names
 from tasks.training.sft.data import ArithmeticSftOptions, SftBuiltin
@@ -68,13 +68,13 @@ class LaunchConfig(StrictModel):
     # a GPU for long runs; the first steps then include the compilation, and the CPU build needs a C++ compiler.
     torch_compile: bool = False
     # A rank that uses no CPU for this long (stopped, hung) ends the launch with a message naming it
-    # (infra/rank_watch.py); None: never. Raise it for ranks that legitimately wait long.
+    # (infra/launch/rank_watch.py); None: never. Raise it for ranks that legitimately wait long.
     rank_timeout_s: float | None = Field(default=1800.0, gt=0)
 
     @property
     def world_size(self) -> int:
         """Ranks in all: num_procs on each node of the hostfile (one node without one)."""
-        from infra.hostfile import hostfile_nodes
+        from infra.launch.hostfile import hostfile_nodes
 
         return self.num_procs * (len(hostfile_nodes(self.hostfile)) if self.hostfile is not None else 1)
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from infra.build_lock import BUILDING_SHM_OP
-from infra.deepspeed_launch import build_ds_config, free_port, remove_shm_buffers, resolve_precision
-from infra.deepspeed_runner import import_deepspeed  # DeepSpeed without its unused MLflow import: ~3 s a rank
+from infra.launch.build_lock import BUILDING_SHM_OP
+from infra.launch.launcher import build_ds_config, free_port, remove_shm_buffers, resolve_precision
+from infra.launch.runner import import_deepspeed  # DeepSpeed without its unused MLflow import: ~3 s a rank
 from models.optim import GuardedAdamW, build_adamw, build_scheduler
 from tasks.training.config import LaunchConfig, OptimConfig
 

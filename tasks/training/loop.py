@@ -351,8 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from infra.deepspeed_launch import remove_shm_buffers
-    from infra.process_tree import watch_supervisor
+    from infra.launch.launcher import remove_shm_buffers
+    from infra.lifecycle.process_tree import watch_supervisor
     from infra.stages import CHECKPOINTS_DIR, Job
     from tasks.training import worker
     from tasks.training.metrics import ListSink, MlflowSink

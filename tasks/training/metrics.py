@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from infra.run_clock import clock_text, run_left_text
-from infra.tracking import log_metrics
+from infra.lifecycle.clock import clock_text, run_left_text
+from infra.tracking.runs import log_metrics
 from models.flops import mfu
 
 if TYPE_CHECKING:
-    from tasks.training.loop import TrainResult
+    from tasks.training.progress import TrainResult
 
 
 class MetricsSink(Protocol):
@@ -39,7 +39,7 @@ class ListSink:
 
 
 class MlflowSink:
-    """Logs to the active MLflow run (opened with infra.tracking.stage_run); only rank 0 writes."""
+    """Logs to the active MLflow run (opened with infra.tracking.runs.stage_run); only rank 0 writes."""
 
     def __init__(self, rank: int = 0) -> None:
         self.rank = rank
@@ -94,7 +94,7 @@ class Throughput:
 
     flops_per_token: float | None = None
     peak_flops: float | None = None  # per rank
-    cpu_peak_dtype: str | None = None  # set when peak_flops is the CPU's kept figure (infra/precision.py)
+    cpu_peak_dtype: str | None = None  # set when peak_flops is the CPU's kept figure (infra/launch/precision.py)
     seconds: float = 0.0
     tokens: int = 0
     window_seconds: float = 0.0
@@ -120,7 +120,7 @@ class Throughput:
         if self.flops_per_token is not None and self.peak_flops:
             metrics["mfu"] = mfu(tps, self.flops_per_token, self.peak_flops * world)
             if metrics["mfu"] > 1 and self.cpu_peak_dtype:  # the kept peak was measured on a busy CPU
-                from infra.precision import remeasure_cpu_peak
+                from infra.launch.precision import remeasure_cpu_peak
 
                 self.peak_flops = remeasure_cpu_peak(self.cpu_peak_dtype, tps * self.flops_per_token / world)
                 metrics["mfu"] = mfu(tps, self.flops_per_token, self.peak_flops * world)

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from infra.deepspeed_launch import resolve_precision
-from infra.precision import cpu_peak_flops
+from infra.launch.launcher import resolve_precision
+from infra.launch.precision import cpu_peak_flops
 from tasks.training.config import TrainingConfig
 from tasks.training.metrics import MetricsSink, StepClock, Throughput, measure_peak_flops, model_flops_per_token
 
@@ -165,7 +165,7 @@ def throughput(model: torch.nn.Module, cfg: TrainingConfig, seq_len: int, device
     peak, cpu_dtype = cfg.log.peak_flops, None
     if peak is None and rank == 0 and fpt is not None:
         dtype = torch.bfloat16 if resolve_precision(cfg.launch.precision) == "bf16" else torch.float32
-        # The CPU's is measured once per machine (infra/precision.py); a GPU's at each launch (a fraction of a second).
+        # The CPU's is measured once per machine (infra/launch/precision.py); a GPU's at each launch (a fraction of a second).
         if torch.device(device).type == "cpu":
             cpu_dtype = str(dtype).removeprefix("torch.")
             peak = cpu_peak_flops(cpu_dtype)

@@ -3,9 +3,9 @@ checkpoint of that step, so the rerun continues from it instead of from the last
 
 How the signal gets here: Ctrl-C reaches every process of the terminal's group (the CLI, DeepSpeed's
 launcher, the ranks); `kill <pid>` and a Prefect cancel reach the CLI, whose stop handler SIGTERMs its
-descendants (infra/run_signals.py); DeepSpeed's launcher SIGTERMs its ranks on either signal. So one stop
+descendants (infra/lifecycle/signals.py); DeepSpeed's launcher SIGTERMs its ranks on either signal. So one stop
 is several signals on a rank within milliseconds: the first asks for the stop, the rest change nothing.
-A rank that does not stop in time is SIGKILLed by whoever sent the first signal (infra/process_tree.py
+A rank that does not stop in time is SIGKILLed by whoever sent the first signal (infra/lifecycle/process_tree.py
 STOP_GRACE_S, DeepSpeed's launcher after 30 s); a second Ctrl-C at the CLI does it at once.
 
     with StopRequest.installed() as stop:       # inside fit, around the steps

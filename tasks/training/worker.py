@@ -17,13 +17,13 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from infra.atomic import write_json_atomic
-from infra.paths import Workspace
+from infra.workspace.atomic import write_json_atomic
+from infra.workspace.paths import Workspace
 from infra.stages import DS_CONFIG_FILE, RESULT_FILE, Job, Launch, LaunchedStage
-from infra.tracking import log_artifact, log_config, log_metrics, stage_run
+from infra.tracking.runs import log_artifact, log_config, log_metrics, stage_run
 from tasks.training.config import RESUME_NEUTRAL
 from tasks.training.engine import full_parameters
-from tasks.training.loop import TrainResult
+from tasks.training.progress import TrainResult
 from tasks.training.metrics import loss_curve
 
 LOSS_CURVE_FILE = "loss_curve.png"
@@ -36,6 +36,7 @@ class TrainingStage(LaunchedStage):
     change the same keys in each (how it logs, checkpoints and runs: RESUME_NEUTRAL)."""
 
     resume_neutral = RESUME_NEUTRAL
+    rank_module = "tasks.training.loop"  # every rank's entry point: the one training loop's `main`
 
 
 class ExportedModel(BaseModel):
@@ -168,7 +169,7 @@ def saved_model_config(model_dir: Path, tokenizer_path: Path, hint: str):
 def launch_of(cfg: Any, micro_batch_size: int, grad_accum: int, **kw: Any) -> Launch:
     """What a training stage's `prepare` hands the runner: the ds_config.json its ranks train with and the
     precision `launch.precision` resolves to here (`auto`: measured on this machine), plus `kw` (extra, identity)."""
-    from infra.precision import choose_precision
+    from infra.launch.precision import choose_precision
     from tasks.training.engine import ds_config_for
 
     choice = choose_precision(cfg.launch.precision)

@@ -209,7 +209,7 @@ def _zero2_inputs(root: Path) -> dict[str, Path | None]:
 
 
 def _build_zero2(root: Path) -> None:
-    from infra.deepspeed_launch import shm_buffers
+    from infra.launch.launcher import shm_buffers
     from tasks.training.pretrain.stage import Pretrain
     from tests.integration.test_reliability_signals import _shm_files, new_shm_files
 

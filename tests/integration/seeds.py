@@ -43,7 +43,7 @@ _TOKENIZE = textwrap.dedent("""
     import sys
     from flows.config import resolve_pipeline_config
     from flows.pretrain_flow import tokenized
-    from infra.paths import Workspace
+    from infra.workspace.paths import Workspace
 
     ws, manifest, overrides = Workspace.locate(sys.argv[1]), sys.argv[2], sys.argv[3:]
     cfg = resolve_pipeline_config(None, "tiny", overrides, None)

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow
 def _holder(work) -> subprocess.Popen:
     code = textwrap.dedent(f"""
         import time
-        from infra.paths import Workspace
-        from infra.workspace_lock import workspace_lock
+        from infra.workspace.paths import Workspace
+        from infra.workspace.lock import workspace_lock
         with workspace_lock(Workspace.locate({str(work)!r})):
             print("held", flush=True)
             time.sleep(120)

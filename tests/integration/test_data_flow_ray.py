@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infra.process_tree import stop_processes
+from infra.lifecycle.process_tree import stop_processes
 from tests.conftest import run_cli
 from tests.integration.test_data_flow import make_preset
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from infra.deepspeed_launch import (
+from infra.launch.launcher import (
     ZERO_STAGES,
     build_ds_config,
     launch,
@@ -61,9 +61,9 @@ def test_unknown_stage_names_the_choices():
 
 
 def test_the_runner_is_deepspeeds_without_mlflow():
-    """infra.deepspeed_runner runs the `deepspeed` script's runner (its own --help), and neither it nor a rank's
+    """infra.launch.runner runs the `deepspeed` script's runner (its own --help), and neither it nor a rank's
     import_deepspeed imports MLflow, which DeepSpeed's autotuner would."""
-    probe = ("import sys; from infra.deepspeed_runner import import_deepspeed; "
+    probe = ("import sys; from infra.launch.runner import import_deepspeed; "
              "runner = import_deepspeed('deepspeed.launcher.runner'); "
              "print('mlflow' in sys.modules, runner.__name__); import mlflow; print(mlflow.__name__)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -75,7 +75,7 @@ def test_the_runner_is_deepspeeds_without_mlflow():
     node = subprocess.run([*runner_command(), "--node-launcher", "--help"], capture_output=True, text=True, timeout=120,
                           cwd=ROOT)
     assert node.returncode == 0 and "--world_info" in node.stdout and "--node_rank" in node.stdout, node.stderr[-2000:]
-    probe = ("import sys; from infra.deepspeed_runner import import_deepspeed; "
+    probe = ("import sys; from infra.launch.runner import import_deepspeed; "
              "launch = import_deepspeed('deepspeed.launcher.launch'); print('mlflow' in sys.modules, launch.__name__)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.stdout.split() == ["False", "deepspeed.launcher.launch"], out.stderr[-2000:]
@@ -85,11 +85,11 @@ def test_the_runner_starts_its_node_launcher_through_ours():
     """The local launch, and DeepSpeed's own pdsh command and the `pkill -f` its stop sends (multinode_runner.py)."""
     import collections
 
-    from infra.deepspeed_runner import import_deepspeed, node_launcher
+    from infra.launch.runner import import_deepspeed, node_launcher
 
     local = [sys.executable, "-u", "-m", "deepspeed.launcher.launch", "--world_info=e30=", "--master_port=29500",
              "--module", "tasks.training.loop", "--job", "j.json"]
-    assert node_launcher(local) == [sys.executable, "-u", "-m", "infra.deepspeed_runner", "--node-launcher",
+    assert node_launcher(local) == [sys.executable, "-u", "-m", "infra.launch.runner", "--node-launcher",
                                     *local[4:]]
     runner = import_deepspeed("deepspeed.launcher.runner")
     from deepspeed.launcher.multinode_runner import PDSHRunner
@@ -100,7 +100,7 @@ def test_the_runner_starts_its_node_launcher_through_ours():
     cmd, kill, _ = PDSHRunner(args, "e30=").get_cmd({}, collections.OrderedDict([("node1", 1), ("node2", 1)]))
     ours = node_launcher(cmd)
     at = ours.index(sys.executable)
-    assert ours[at:at + 5] == [sys.executable, "-u", "-m", "infra.deepspeed_runner", "--node-launcher"]
+    assert ours[at:at + 5] == [sys.executable, "-u", "-m", "infra.launch.runner", "--node-launcher"]
     assert ours[at + 5:] == cmd[at + 4:]
     # The stop's pattern (a regex, its spaces escaped) finds the launcher as it now runs on each node.
     pattern = node_launcher(kill)[-1]
@@ -114,7 +114,7 @@ def test_the_runners_log_says_the_command_as_started():
     """DeepSpeed's runner logs `cmd = ...` before its Popen: the command as rewritten follows it in its log."""
     import logging
 
-    from infra.deepspeed_runner import _Popen
+    from infra.launch.runner import _Popen
 
     logged = []
     handler = logging.Handler()
@@ -129,13 +129,13 @@ def test_the_runners_log_says_the_command_as_started():
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
-    assert logged == ["cmd as started (infra/deepspeed_runner.py): true -u -m infra.deepspeed_runner --node-launcher "
+    assert logged == ["cmd as started (infra/launch/runner.py): true -u -m infra.launch.runner --node-launcher "
                       "--job j.json"]
 
 
 def test_launch_command(tmp_path):
     cmd = launch_command("tasks.training.loop", ["--job", "j.json"], num_procs=2, master_port=29555)
-    assert cmd[:3] == [sys.executable, "-m", "infra.deepspeed_runner"]
+    assert cmd[:3] == [sys.executable, "-m", "infra.launch.runner"]
     assert cmd[cmd.index("--num_gpus") + 1] == "2"
     assert cmd[cmd.index("--master_port") + 1] == "29555"
     assert cmd[cmd.index("--module") + 1] == "tasks.training.loop"
@@ -184,8 +184,8 @@ def test_two_rank_zero2_pretraining_through_the_launcher(zero2_two_rank):  # noq
     """The shared 2-rank ZeRO-2 run (tests/integration/references.py; test_multinode compares with it)."""
     import mlflow
 
-    from infra.paths import Workspace
-    from infra.tracking import tracking_uri
+    from infra.workspace.paths import Workspace
+    from infra.tracking.runs import tracking_uri
     from models.export import load_model
 
     vocab = 120

@@ -498,8 +498,8 @@ def test_prefect_ui_shows_the_deployed_runs_and_report(deployed):
 
 @pytest.mark.slow
 def test_mlflow_server_script_shows_workspace_runs_and_artifacts(tmp_path, isolated_env, services):
-    from infra.paths import Workspace
-    from infra.tracking import log_artifact, stage_run
+    from infra.workspace.paths import Workspace
+    from infra.tracking.runs import log_artifact, stage_run
 
     # A run logged the way the flows log it (no MLFLOW_TRACKING_URI: SQLite in the workspace).
     ws = Workspace(tmp_path / "work")

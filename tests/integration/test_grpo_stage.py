@@ -75,8 +75,8 @@ def test_grpo_stage_through_the_launcher(grpo_reference):  # noqa: F811
 
     import mlflow
 
-    from infra.paths import Workspace
-    from infra.tracking import tracking_uri
+    from infra.workspace.paths import Workspace
+    from infra.tracking.runs import tracking_uri
 
     client = mlflow.MlflowClient(tracking_uri(Workspace.locate(ref.ws)))
     run = client.get_run(result.mlflow_run_id)

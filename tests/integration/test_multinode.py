@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.deepspeed_launch import free_port
+from infra.launch.launcher import free_port
 from tests.conftest import stop_process
 from tests.integration.references import zero2_config, zero2_two_rank  # noqa: F401 - the one-node run
 
@@ -94,8 +94,8 @@ def loopback_nodes(tmp_path_factory):
 def _loss_curve(ws: Path, run_id: str) -> list[tuple[int, float]]:
     import mlflow
 
-    from infra.paths import Workspace
-    from infra.tracking import tracking_uri
+    from infra.workspace.paths import Workspace
+    from infra.tracking.runs import tracking_uri
 
     client = mlflow.tracking.MlflowClient(tracking_uri(Workspace(ws)))
     return [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")]

@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from infra.paths import Workspace
-from infra.tracking import stage_run
+from infra.workspace.paths import Workspace
+from infra.tracking.runs import stage_run
 from models.chat_template import encode_chat, encode_prompt, special_ids
 from models.export import export_hf_llama
 from models.special_tokens import END_TURN, SPECIAL_TOKENS

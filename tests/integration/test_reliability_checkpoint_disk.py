@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.paths import Workspace
-from infra.store_errors import StoreFullError
-from infra.tracking import stage_run, tracking_uri
+from infra.workspace.paths import Workspace
+from infra.tracking.store_errors import StoreFullError
+from infra.tracking.runs import stage_run, tracking_uri
 from tasks.training.checkpoint import (
     CKPT_SUMS_FILE,
     checkpoint_tags,
@@ -25,7 +25,8 @@ from tasks.training.checkpoint import (
 from tasks.training.engine import build_engine
 from tasks.training.loop import train
 from tasks.training.metrics import ListSink, MlflowSink
-from tasks.training.pretrain.stage import lm_loss, token_window_batches
+from tasks.training.pretrain.stage import lm_loss
+from tasks.training.batches import token_window_batches
 from tests.conftest import loop_model, random_tokens
 from tests.conftest import train_config_for as cfg_for
 from tests.integration.test_reliability_disk import mounts  # noqa: F401 - the tmpfs fixture

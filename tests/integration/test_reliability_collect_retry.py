@@ -20,7 +20,7 @@ import json, os, sys, time
 from pathlib import Path
 from prefect import flow
 from tasks.data.catalog import load_catalog
-from infra.paths import Workspace
+from infra.workspace.paths import Workspace
 from infra.stages import run
 from tasks.data.collect import Collect, source_inputs
 

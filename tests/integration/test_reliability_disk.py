@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from infra.paths import Workspace
+from infra.workspace.paths import Workspace
 from tasks.data.manifest import load_manifest, shard_paths
 from tasks.data.shards import ShardConfig, write_shards
 from tests.integration.test_reliability_shards import _mixed

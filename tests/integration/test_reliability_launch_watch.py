@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from infra.build_lock import extensions_root
-from infra.deepspeed_launch import launch
+from infra.launch.build_lock import extensions_root
+from infra.launch.launcher import launch
 
 OP = "deepspeed_shm_comm"
 
@@ -50,7 +50,7 @@ def test_a_launch_after_a_stale_build_lock_clears_it_and_joins(tmp_path):
 
 _DRIVER = """
 import sys
-from infra.deepspeed_launch import launch
+from infra.launch.launcher import launch
 try:
     launch("tests.integration.op_loading_rank", [], num_procs=1, env={"TORCH_EXTENSIONS_DIR": sys.argv[1]}, timeout_s=600)
 except KeyboardInterrupt:

@@ -1,5 +1,5 @@
 """Prefect's server killed mid-run: the CLI ends with one line and exit 3, not retries without end
-(issue 26, item 5; infra/api_watch.py)."""
+(issue 26, item 5; infra/lifecycle/api_watch.py)."""
 from __future__ import annotations
 
 import os

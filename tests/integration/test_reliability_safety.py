@@ -94,8 +94,8 @@ def test_no_unsafe_loading_or_execution_in_project_code():
 def test_secrets_never_reach_mlflow_params(tmp_path, monkeypatch):
     import mlflow
 
-    from infra.paths import Workspace
-    from infra.tracking import stage_run
+    from infra.workspace.paths import Workspace
+    from infra.tracking.runs import stage_run
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     config = {

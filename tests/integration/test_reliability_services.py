@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from flows.cli import main
-from infra.deepspeed_launch import free_port
+from infra.launch.launcher import free_port
 from infra.config import ConfigError
-from infra.preflight import ServiceUnavailable, check_services
+from infra.lifecycle.preflight import ServiceUnavailable, check_services
 
 
 @pytest.fixture

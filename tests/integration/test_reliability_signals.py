@@ -1,6 +1,6 @@
 """A run stops when told and leaks nothing: Ctrl-C, SIGTERM and SIGKILL against real DeepSpeed launches.
 
-Each test starts a driver process (the CLI's signal handlers around `infra.deepspeed_launch.launch`
+Each test starts a driver process (the CLI's signal handlers around `infra.launch.launcher.launch`
 of two idle ranks, tests/integration/idle_rank.py) in a session of its own, as a terminal would
 start a command, signals it, and then counts what is left: processes of the tree and
 /dev/shm files. The clean launch is the shared 2-rank ZeRO-2 pretraining of
@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infra.deepspeed_launch import SHM_DIR, SHM_PREFIX, free_port, shm_buffers
+from infra.launch.launcher import SHM_DIR, SHM_PREFIX, free_port, shm_buffers
 from tests.integration.references import leak_checks, zero2_two_rank  # noqa: F401 - the clean 2-rank launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,8 +27,8 @@ STOP_WITHIN_S = 30.0  # the issue's bound for a stop
 DRIVER = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from infra.deepspeed_launch import launch
-    from infra.run_signals import RunStopped, install_stop_handlers
+    from infra.launch.launcher import launch
+    from infra.lifecycle.signals import RunStopped, install_stop_handlers
 
     out, ranks, wait_s, port = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
     job = out / "job.json"
@@ -162,7 +162,7 @@ def test_second_signal_forces_a_stop(tmp_path):
     script = tmp_path / "stubborn.py"
     script.write_text(textwrap.dedent("""
         import subprocess, sys, time
-        from infra.run_signals import install_stop_handlers
+        from infra.lifecycle.signals import install_stop_handlers
         child = subprocess.Popen([sys.executable, "-c",
             "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
             "signal.signal(signal.SIGINT, signal.SIG_IGN); print('child ready', flush=True); time.sleep(600)"])
@@ -196,7 +196,7 @@ def test_second_signal_forces_a_stop(tmp_path):
 
 POOL_DRIVER = textwrap.dedent("""
     import sys, time
-    from infra.run_signals import RunStopped, install_stop_handlers
+    from infra.lifecycle.signals import RunStopped, install_stop_handlers
     from tasks.data.parallel import ordered_map
 
     if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """A stop keeps the work: Ctrl-C or SIGTERM during a launched pretraining saves a checkpoint of the step it
 stopped at (far from the next scheduled one) within the 30 s bound, and the rerun continues from that step.
 
-The driver is what the CLI is around a training stage: its stop handlers (infra/run_signals.py) and the
+The driver is what the CLI is around a training stage: its stop handlers (infra/lifecycle/signals.py) and the
 stage launched through DeepSpeed's launcher (2 ranks) into a folder, in a session of its own as a terminal
 starts it. The stop also leaves nothing behind: no process of the run, no /dev/shm buffer, nothing in its
 private TMPDIR (the checks test_reliability_signals made for SIGTERM to a driver of idle ranks).
@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from infra.deepspeed_launch import shm_buffers
+from infra.launch.launcher import shm_buffers
 from tasks.training.checkpoint import latest_checkpoint_step
 from tasks.training.pretrain.stage import Pretrain
 from tests.conftest import ROOT, launch_into, tiny_pretrain_config
@@ -29,7 +29,7 @@ STOP_WITHIN_S = 30.0  # the issue's bound for a stop
 DRIVER = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from infra.run_signals import RunStopped, install_stop_handlers
+    from infra.lifecycle.signals import RunStopped, install_stop_handlers
     from tasks.training.pretrain.stage import Pretrain
     from tests.conftest import launch_into
 

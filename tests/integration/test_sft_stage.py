@@ -156,8 +156,8 @@ def test_sft_end_to_end_through_the_launcher(sft_reference):  # noqa: F811
 
     import mlflow
 
-    from infra.paths import Workspace
-    from infra.tracking import tracking_uri
+    from infra.workspace.paths import Workspace
+    from infra.tracking.runs import tracking_uri
 
     client = mlflow.MlflowClient(tracking_uri(Workspace.locate(ref.ws)))
     run = client.get_run(result.mlflow_run_id)

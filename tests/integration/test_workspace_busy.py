@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from infra.paths import Workspace
-from infra.workspace_lock import workspace_lock
+from infra.workspace.paths import Workspace
+from infra.workspace.lock import workspace_lock
 from tests.conftest import CLI, ROOT
 from tests.integration.test_data_flow import make_preset
 

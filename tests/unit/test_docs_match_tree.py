@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import ROOT
 
 DOCS = ["README.md", "ARCHITECTURE.md", "RELIABILITY.md", "BENCHMARKS.md"]
-# `tasks/data/step.py`, `infra/deepspeed/`, `tasks.training.pretrain.worker`
+# `tasks/data/step.py`, `infra/launch/deepspeed/`, `tasks.training.pretrain.worker`
 _PATH = re.compile(r"`((?:tasks|flows|infra|models|bench|tests|data_catalog)/[\w./*-]*)")
 _MODULE = re.compile(r"\b((?:tasks|flows|infra|models)(?:\.\w+)+)\b")
 

@@ -34,12 +34,12 @@ import torch
 from pydantic import BaseModel
 
 from infra.stages import Launch
-from infra.tracking import set_tag
+from infra.tracking.runs import set_tag
 from tasks.eval.answers import AnswerScore
 from tasks.training import worker
 from tasks.training.config import GrpoConfig
 from tasks.training.grpo.loop import GrpoSteps, grpo_shape
-from tasks.training.loop import TrainResult
+from tasks.training.progress import TrainResult
 from tasks.training.worker import ExportedModel, TrainingStage, saved_model_config
 
 SAMPLES_FILE = "samples.txt"

@@ -24,7 +24,8 @@ from infra.stages import Launch
 from models.losses import next_token_loss
 from tasks.training import worker
 from tasks.training.config import PretrainConfig
-from tasks.training.loop import LossSteps, TrainResult
+from tasks.training.loop import LossSteps
+from tasks.training.progress import TrainResult
 from tasks.training.batches import token_window_batches
 from tasks.training.worker import ExportedModel, TrainingStage
 

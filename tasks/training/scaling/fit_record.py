@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from infra.atomic import write_json_atomic
+from infra.workspace.atomic import write_json_atomic
 from models.scaling_bootstrap import Interval, ScalingBootstrap
 from tasks.tokenizer.tokenize_shards import TokenShards, load_token_index
 

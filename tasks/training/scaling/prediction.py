@@ -21,11 +21,12 @@ import numpy as np
 from pydantic import BaseModel
 from scipy.optimize import minimize_scalar
 
-from infra.atomic import write_json_atomic
+from infra.workspace.atomic import write_json_atomic
 from models.family import FamilyMember, flops_per_token_of
 from models.scaling_bootstrap import ScalingBootstrap, bootstrap
 from tasks.training.config import PretrainConfig
-from tasks.training.scaling.sweep import MeasuredPoint, ScaleConfig, SweepPoint, point_for
+from tasks.training.scaling.sweep import MeasuredPoint, SweepPoint, point_for
+from tasks.training.scaling.config import ScaleConfig
 
 PREDICTION_FILE = "prediction.json"
 

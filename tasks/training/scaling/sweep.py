@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from infra.hostfile import node_count
+from infra.launch.hostfile import node_count
 from models.family import FamilyMember, family_members
 from tasks.training.scaling.config import ScaleConfig
 from tasks.training.config import PretrainConfig

@@ -40,7 +40,8 @@ from tasks.eval.rewards import ABSTENTION
 from tasks.data.catalog import SourceBase, check_hf_paths, folder_glob, is_within, match_files
 from tasks.data.documents import make_doc_id
 from tasks.data.parquet_reader import parquet_records
-from tasks.data.readers import Rejection, check_string, hf_dataset, jsonl_records
+from tasks.data.rejection import Rejection
+from tasks.data.readers import check_string, hf_dataset, jsonl_records
 
 SftKind = Literal["sft_jsonl", "sft_parquet", "sft_hf_dataset", "sft_builtin"]
 SftBuiltin = Literal["stdlib_docstrings", "arithmetic"]

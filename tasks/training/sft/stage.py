@@ -28,13 +28,14 @@ from typing import Any
 
 import torch
 
-from infra.atomic import write_text_atomic
+from infra.workspace.atomic import write_text_atomic
 from infra.stages import Launch
 from models.chat_template import ChatEncoding, collate
 from models.losses import next_token_loss
 from tasks.training import worker
 from tasks.training.config import SftConfig, SftDataConfig
-from tasks.training.loop import BatchFn, LossParts, LossSteps, TrainResult
+from tasks.training.loop import BatchFn, LossParts, LossSteps
+from tasks.training.progress import TrainResult
 from tasks.training.batches import epoch_orders, token_window_batches
 from tasks.training.metrics import perplexity
 from tasks.training.sft.data import SftExample, SftSourceConfig

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from infra.config import ConfigError
-from infra.stage_cache import fingerprint
+from infra.workspace.cache import fingerprint
 from tasks.data import hf_source
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs

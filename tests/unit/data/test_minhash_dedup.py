@@ -12,7 +12,8 @@ from datasketch import MinHash
 
 from infra.config import ConfigError, parse_config
 from tasks.data.documents import REMOVED_SCHEMA, Document, documents_table, write_table_atomic
-from tasks.data.minhash_dedup import NearDedupConfig, compute_signatures, near_dedup, shingles
+from tasks.data.minhash_dedup import NearDedupConfig, compute_signatures, near_dedup
+from tasks.data.minhash_signatures import shingles
 
 
 def write_docs(path: Path, docs: list[Document]) -> Path:

@@ -11,7 +11,8 @@ import pyarrow.compute as pc
 import pytest
 import xxhash
 
-from tasks.data.minhash_dedup import NearDedupConfig, compute_signatures, shingles
+from tasks.data.minhash_dedup import NearDedupConfig, compute_signatures
+from tasks.data.minhash_signatures import shingles
 from tasks.data.minhash_signatures import _xxh3_shingle_hashes, dedup_keys
 from tasks.data.text_normalize import dedup_key
 

@@ -78,7 +78,7 @@ def test_shards_manifest_and_checksums(tmp_path):
     write_shards(inp, out, ShardConfig(shard_mb=1.0), {}, {}, [])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     # the modes mkdir and open give (umask 022 here: 755 and 644), not a temporary folder's 700 or file's 600
-    from infra.atomic import DIR_MODE, FILE_MODE
+    from infra.workspace.atomic import DIR_MODE, FILE_MODE
 
     assert out.stat().st_mode & 0o777 == DIR_MODE and (out / "manifest.json").stat().st_mode & 0o777 == FILE_MODE
     assert json.loads((out / "manifest.json").read_text())["shards"]

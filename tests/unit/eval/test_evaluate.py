@@ -15,14 +15,8 @@ from models.export import save_model
 from models.llama import Transformer
 from models.losses import next_token_loss
 from tasks.eval.arithmetic import make_problems
-from tasks.eval.evaluate import (
-    EVAL_FILE,
-    EvalConfig,
-    evaluate_checkpoint,
-    evaluate_model,
-    in_train_range,
-    load_eval_result,
-)
+from tasks.eval.evaluate import EVAL_FILE, evaluate_checkpoint, evaluate_model, in_train_range, load_eval_result
+from tasks.eval.config import EvalConfig
 from tasks.reports.eval import (
     _ROWS,
     TOKEN_RELIABILITY_PNG,

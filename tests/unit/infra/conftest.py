@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.paths import Workspace
+from infra.workspace.paths import Workspace
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from infra.api_watch import lost_after_s
+from infra.lifecycle.api_watch import lost_after_s
 from infra.config import ConfigError
 from tests.conftest import ROOT
 
@@ -17,7 +17,7 @@ def test_a_silent_api_ends_the_process_with_exit_3_and_one_line():
     with socket.socket() as s:  # a port nobody listens on: what a killed server leaves
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = (f"import time; from infra.api_watch import watch_prefect_api; "
+    code = (f"import time; from infra.lifecycle.api_watch import watch_prefect_api; "
             f"watch_prefect_api('http://127.0.0.1:{port}/api', lost_s=1.0); time.sleep(60)")
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)

@@ -1,4 +1,4 @@
-"""infra/atomic.py: what a reader sees of an atomic write, and the mode it leaves."""
+"""infra/workspace/atomic.py: what a reader sees of an atomic write, and the mode it leaves."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.atomic import FILE_MODE, UMASK, atomic_write, write_json_atomic, write_text_atomic
+from infra.workspace.atomic import FILE_MODE, UMASK, atomic_write, write_json_atomic, write_text_atomic
 
 
 def test_written_files_have_the_mode_open_gives_not_mkstemps(tmp_path):
@@ -32,7 +32,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
 def test_a_staging_folder_gets_mkdirs_mode_and_keeps_a_shared_groups_setgid(tmp_path):
     import tempfile
 
-    from infra.atomic import DIR_MODE, open_folder_mode
+    from infra.workspace.atomic import DIR_MODE, open_folder_mode
 
     shared = tmp_path / "shared"
     shared.mkdir()

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from infra.build_lock import clear_lock_of_stopped_build, clear_stale_build_locks, extensions_root, stale_locks
+from infra.launch.build_lock import clear_lock_of_stopped_build, clear_stale_build_locks, extensions_root, stale_locks
 
 
 def _lock(root, op="deepspeed_shm_comm", age_s=600.0):
@@ -74,7 +74,7 @@ def test_a_stopped_builds_own_late_compiler_is_stopped_and_its_lock_removed(tmp_
     # Ctrl-C as ninja starts a compiler: the new one missed the signal and the launch's last look at its processes,
     # and would have outlived the wait (seen in a loaded make test: the lock stayed, cc1plus still running 15 s on).
     # It carries the launch's supervisor token, which another launch's compiler does not.
-    from infra.process_tree import SUPERVISOR_ENV
+    from infra.lifecycle.process_tree import SUPERVISOR_ENV
 
     env = {"TORCH_EXTENSIONS_DIR": str(tmp_path), SUPERVISOR_ENV: "ours"}
     lock = _lock(tmp_path, age_s=0)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from infra import precision
+from infra.launch import precision
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
-"""infra.redaction: secrets judged by whole key segments, credentials cut out of URIs."""
+"""infra.tracking.redaction: secrets judged by whole key segments, credentials cut out of URIs."""
 from __future__ import annotations
 
 import pytest
 
-from infra.redaction import redact
+from infra.tracking.redaction import redact
 
 SECRET_KEYS = [
     "hub.token", "token", "hf_token", "HF_TOKEN", "auth_token", "access_token", "hub.accessToken",

@@ -1,7 +1,7 @@
 """The whole run's ETA: the preset's stage times scaled by the pace measured so far; ranks add it to their own."""
 from __future__ import annotations
 
-from infra.run_clock import RUN_AFTER_ENV, RunClock, clock_text, run_left_text
+from infra.lifecycle.clock import RUN_AFTER_ENV, RunClock, clock_text, run_left_text
 
 
 class Ticks:

@@ -1,4 +1,4 @@
-"""What a run was (infra/tracking_identity.py) and what its stages took (infra/tracking_history.py), against a
+"""What a run was (infra/tracking/identity.py) and what its stages took (infra/tracking/history.py), against a
 real SQLite MLflow store: the parent run's params, tags and description; a reused stage keeps its wall time."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import time
 
 
 from flows.config import load_pipeline_config, preset_differences
-from infra.tracking import NOTE_TAG, describe_run, describe_stage_runs, stage_run
-from infra.tracking_history import child_run, stage_times
-from infra.tracking_identity import RunIdentity
+from infra.tracking.runs import NOTE_TAG, describe_run, describe_stage_runs, stage_run
+from infra.tracking.history import child_run, stage_times
+from infra.tracking.identity import RunIdentity
 from tasks.reports.run_header import identity_lines, stage_lines, wall_row
 
 

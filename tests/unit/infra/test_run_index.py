@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
-from infra.paths import Workspace
-from infra.run_index import RunNotFound, _mlflow_summaries, run_params, summaries
+from infra.workspace.paths import Workspace
+from infra.tracking.index import RunNotFound, _mlflow_summaries, run_params, summaries
 
 
 def test_sqlite_summaries_match_mlflows(tmp_path):
@@ -38,7 +38,7 @@ def test_sqlite_summaries_match_mlflows(tmp_path):
 def test_an_unknown_schema_falls_back_to_mlflow(tmp_path, monkeypatch):
     ws = Workspace(tmp_path)
     sqlite3.connect(ws.mlflow_db).close()
-    monkeypatch.setattr("infra.run_index._mlflow_summaries", lambda ws: ["from mlflow"])
+    monkeypatch.setattr("infra.tracking.index._mlflow_summaries", lambda ws: ["from mlflow"])
     assert summaries(ws) == ["from mlflow"]
 
 

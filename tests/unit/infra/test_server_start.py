@@ -1,4 +1,4 @@
-"""Prefect's temporary server started in a thread while the CLI imports the flow (infra/run_signals.py)."""
+"""Prefect's temporary server started in a thread while the CLI imports the flow (infra/lifecycle/signals.py)."""
 from __future__ import annotations
 
 import signal
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from infra import run_signals
+from infra.lifecycle import signals
 
 
 def test_the_start_runs_beside_the_caller_with_sigint_blocked_only_in_its_thread(monkeypatch):
@@ -21,7 +21,7 @@ def test_the_start_runs_beside_the_caller_with_sigint_blocked_only_in_its_thread
         return 4242
 
     monkeypatch.setattr(run_signals, "shielded_prefect_server", fake_server)
-    wait = run_signals.prefect_server_starting()
+    wait = signals.prefect_server_starting()
     assert started.wait(5), "the server's start did not begin in its thread"
     # The caller goes on (its imports) while the server starts, and still takes Ctrl-C.
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
@@ -35,7 +35,7 @@ def test_a_failed_start_is_raised_to_the_caller_when_it_waits(monkeypatch):
         raise RuntimeError("port in use")
 
     monkeypatch.setattr(run_signals, "shielded_prefect_server", broken)
-    wait = run_signals.prefect_server_starting()
+    wait = signals.prefect_server_starting()
     with pytest.raises(RuntimeError, match="port in use"):
         wait()
 
@@ -44,4 +44,4 @@ def test_no_server_is_started_when_the_callers_settings_name_an_api():
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:1/api"}):
-        assert run_signals.prefect_server_starting()() is None  # the thread sees the caller's settings
+        assert signals.prefect_server_starting()() is None  # the thread sees the caller's settings

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.stage_cache import code_version
+from infra.workspace.code_version import code_version
 
 PKG = "cachekeypkg"
 
@@ -65,7 +65,7 @@ def test_a_moved_module_gets_a_new_key(package: Path):
 def test_a_spurious_ast_depth_error_is_parsed_again(package: Path, monkeypatch):
     """CPython 3.11's "AST constructor recursion depth mismatch" (python/cpython#106905), raised when another thread
     compiles meanwhile, once failed a deployed data flow: the parse is tried again; other SystemErrors stand."""
-    from infra import code_version as module
+    from infra.workspace import code_version as module
 
     real, calls = module.ast.parse, []
 
@@ -93,7 +93,7 @@ def test_code_version_reads_modules_without_importing_them():
     """Hashing the data flow's code must not import what its modules import (torch, 177 MB)."""
     import subprocess
 
-    probe = ("import sys; from infra.code_version import code_version; code_version('flows.pipeline_flow'); "
+    probe = ("import sys; from infra.workspace.code_version import code_version; code_version('flows.pipeline_flow'); "
              "print(sorted(m for m in ('torch', 'models.calibration', 'flows.pipeline_flow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[3])

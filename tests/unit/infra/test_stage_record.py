@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from infra.stage_cache import path_fingerprint
-from infra.stage_record import RECORD_FILE, read_record, verify_record, write_record
+from infra.workspace.cache import path_fingerprint
+from infra.workspace.record import RECORD_FILE, read_record, verify_record, write_record
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from infra.paths import Workspace
-from infra.stage_record import RECORD_FILE
+from infra.workspace.paths import Workspace
+from infra.workspace.record import RECORD_FILE
 from infra.stages import RESULT_FILE, Stage, place, run
 
 CALLS: list[str] = []

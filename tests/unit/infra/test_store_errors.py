@@ -1,12 +1,12 @@
-"""infra.store_errors: MLflow's store on a full disk is told apart from other failures and named."""
+"""infra.tracking.store_errors: MLflow's store on a full disk is told apart from other failures and named."""
 from __future__ import annotations
 
 import errno
 import sqlite3
 from types import SimpleNamespace
 
-from infra.paths import Workspace
-from infra.store_errors import StoreFullError, store_full_error
+from infra.workspace.paths import Workspace
+from infra.tracking.store_errors import StoreFullError, store_full_error
 
 RUN = SimpleNamespace(info=SimpleNamespace(run_id="r1"))
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from infra.deepspeed_launch import LaunchDiskFull, launch_failure
-from infra.paths import Workspace
-from infra.tracking import configure
+from infra.launch.launcher import LaunchDiskFull, launch_failure
+from infra.workspace.paths import Workspace
+from infra.tracking.runs import configure
 from tests.shared import shared_once
 
 
@@ -82,7 +82,7 @@ def test_a_tracking_uri_of_an_unknown_scheme_or_a_dead_server_is_one_line(store,
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "garbage://x")
     code, lines = _cli_runs(store.root, capsys)
     assert code == 2 and len(lines) == 1 and "MLflow has no store of scheme 'garbage'" in lines[0]
-    from infra.preflight import check_tracking_store
+    from infra.lifecycle.preflight import check_tracking_store
 
     check_tracking_store({"MLFLOW_TRACKING_URI": "postgresql+psycopg2://user@db/mlflow"})  # a dialect+driver: known
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")  # nothing listens on port 1

@@ -1,5 +1,5 @@
-"""infra.tracking against a real SQLite MLflow store: every param of a preset logged as is, run
-names and origin tags (git, entry point, Prefect flow run, infra/provenance.py), the Prefect
+"""infra.tracking.runs against a real SQLite MLflow store: every param of a preset logged as is, run
+names and origin tags (git, entry point, Prefect flow run, infra/tracking/provenance.py), the Prefect
 artifact linking back to the run, and the status a run ends with."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-import infra.provenance as provenance
-from infra.provenance import git_state, link_prefect_to_run
-from infra.tracking import describe_overrides, end_status, stage_run, where_to_see_run
+import infra.tracking.provenance as provenance
+from infra.tracking.provenance import git_state, link_prefect_to_run
+from infra.tracking.runs import describe_overrides, end_status, stage_run, where_to_see_run
 
 
 def _run(run_id: str):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.paths import Workspace
-from infra.workspace_lock import WorkspaceBusy, workspace_lock
+from infra.workspace.paths import Workspace
+from infra.workspace.lock import WorkspaceBusy, workspace_lock
 from tests.conftest import ROOT
 
 
@@ -21,8 +21,8 @@ def _holder(ws_root: Path, seconds: float) -> subprocess.Popen:
     """A process that takes the lock, says so on stdout, and holds it for `seconds`."""
     code = textwrap.dedent(f"""
         import sys, time
-        from infra.paths import Workspace
-        from infra.workspace_lock import workspace_lock
+        from infra.workspace.paths import Workspace
+        from infra.workspace.lock import workspace_lock
         with workspace_lock(Workspace.locate({str(ws_root)!r})):
             print("held", flush=True)
             time.sleep({seconds})
@@ -67,7 +67,7 @@ def test_a_flow_inside_a_flow_takes_the_lock_once(tmp_path):
         with workspace_lock(ws, wait=False):  # would block forever if flock were taken twice
             pass
         # still held by the outer block
-        code = f"from infra.paths import Workspace; from infra.workspace_lock import workspace_lock\n" \
+        code = f"from infra.workspace.paths import Workspace; from infra.workspace.lock import workspace_lock\n" \
                f"with workspace_lock(Workspace.locate({str(ws.root)!r}), wait=False): pass"
         other = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
         assert other.returncode != 0 and "WorkspaceBusy" in other.stderr

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from models.flops import chinchilla, flops_per_token, mfu, num_params
-from models.llama import PRESETS, KVCache, ModelConfig, Transformer, model_config
+from models.presets import PRESETS
+from models.llama import KVCache, ModelConfig, Transformer, model_config
 from models.losses import next_token_loss, token_logprobs
 
 VOCAB = 97

@@ -8,8 +8,8 @@ import mlflow
 import numpy as np
 import pytest
 
-from infra.paths import Workspace
-from infra.tracking import stage_run
+from infra.workspace.paths import Workspace
+from infra.tracking.runs import stage_run
 from tasks.data.manifest import Manifest, write_manifest
 from tasks.eval.differences import stage_differences
 from tasks.eval.evaluate import EVAL_FILE
@@ -77,7 +77,7 @@ def test_report_card_shows_intervals_significance_and_selective_prediction(tmp_p
 
 
 def test_parent_run_metrics_are_every_stages_headline_grouped_by_stage_and_rounded() -> None:
-    from infra.tracking_history import StageTime
+    from infra.tracking.history import StageTime
     from tasks.reports.headline import headline_metrics, significant
 
     score = SimpleNamespace(accuracy=36 / 59, mean_reward=0.5)

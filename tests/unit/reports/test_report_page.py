@@ -5,7 +5,7 @@ import base64
 import re
 from pathlib import Path
 
-from infra.paths import Workspace
+from infra.workspace.paths import Workspace
 from tasks.reports.card import complete_attempt, inline_images, record_attempt, write_report_html
 from tasks.reports.plots import loss_curve_png
 

@@ -1,11 +1,11 @@
-"""The reports' MLflow logging through infra.tracking: no stray runs, and the reward curve from
+"""The reports' MLflow logging through infra.tracking.runs: no stray runs, and the reward curve from
 a metric's history (registered versions and their lineage: tests/integration/test_registry.py)."""
 from __future__ import annotations
 
 import pytest
 
-from infra.paths import Workspace
-from infra.tracking import log_artifact, log_metrics, log_text, metric_history, set_tag, stage_run
+from infra.workspace.paths import Workspace
+from infra.tracking.runs import log_artifact, log_metrics, log_text, metric_history, set_tag, stage_run
 from tasks.reports.card import reward_curve
 from tasks.reports.register import register_final_model
 

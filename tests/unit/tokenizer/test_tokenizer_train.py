@@ -11,7 +11,8 @@ from transformers import PreTrainedTokenizerFast
 
 from models.special_tokens import EOS, SPECIAL_TOKENS
 from tasks.data.documents import Document, documents_table, write_table_atomic
-from tasks.data.manifest import ChecksumError, Manifest, ShardInfo, sha256_file, write_manifest
+from tasks.data.manifest import ChecksumError, Manifest, ShardInfo, write_manifest
+from infra.workspace.record import sha256_file
 from tasks.tokenizer.train import TokenizerConfig, load_tokenizer, special_token_ids, train_tokenizer
 
 WORDS = "the cat sat on a mat while dogs ran past quickly über naïve café 日本語 данные".split()

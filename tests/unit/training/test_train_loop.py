@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from tasks.training.checkpoint import checkpoint_tags, latest_checkpoint_step
-from tasks.training.loop import NonFiniteLossError, train
+from tasks.training.progress import NonFiniteLossError
+from tasks.training.loop import train
 from tasks.training.metrics import ListSink, MlflowSink
-from tasks.training.pretrain.stage import lm_loss, token_window_batches
+from tasks.training.pretrain.stage import lm_loss
+from tasks.training.batches import token_window_batches
 from tasks.training.sft.stage import sft_batch_tokens
 from tests.conftest import TINY_SEQ as SEQ
 from tests.conftest import loop_model as tiny_model
@@ -192,8 +194,8 @@ def test_token_windows_are_pure_and_cover_an_epoch():
 def test_mlflow_sink_logs_to_a_real_store(tmp_path, monkeypatch):
     import mlflow
 
-    from infra.paths import Workspace
-    from infra.tracking import stage_run
+    from infra.workspace.paths import Workspace
+    from infra.tracking.runs import stage_run
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     ws = Workspace(tmp_path / "ws")

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.paths import Workspace
+from infra.workspace.paths import Workspace
 
-DEFAULT_EXPERIMENT = "llmforge"  # infra/tracking.py's, not imported: that module imports pydantic and MLflow's helpers
+DEFAULT_EXPERIMENT = "llmforge"  # infra/tracking/runs.py's, not imported: that module imports pydantic and MLflow's helpers
 OUT_TAG = "llmforge.out."
 PARENT_TAG = "mlflow.parentRunId"
 NOTE_TAG = "mlflow.note.content"
@@ -86,7 +86,7 @@ def no_store_error(ws: Workspace, db: Path) -> RunNotFound:
 
 def check_store_exists(ws: Workspace) -> None:
     """RunNotFound when no MLFLOW_TRACKING_URI is set and the workspace has no store of its own (a mistyped
-    --workdir); a store MLFLOW_TRACKING_URI names is left to MLflow, whose faults infra/store_errors.py says."""
+    --workdir); a store MLFLOW_TRACKING_URI names is left to MLflow, whose faults infra/tracking/store_errors.py says."""
     if not os.environ.get("MLFLOW_TRACKING_URI") and not ws.mlflow_db.is_file():
         raise no_store_error(ws, ws.mlflow_db)
 
@@ -159,13 +159,13 @@ def _sqlite_summaries(db: Path, experiment: str) -> list[RunSummary]:
 
 
 def _point_mlflow(ws: Workspace) -> str:
-    from infra.tracking import configure
+    from infra.tracking.runs import configure
 
     return configure(ws, experiment_name())
 
 
 def _mlflow_summaries(ws: Workspace) -> list[RunSummary]:
-    from infra.tracking import workspace_runs
+    from infra.tracking.runs import workspace_runs
 
     return [RunSummary(r["run_id"], r["name"] or "", r["status"], r["start_time"], r["end_time"],
                        {k: v for k, v in r["tags"].items() if k in SUMMARY_TAGS or k.startswith(OUT_TAG)},

@@ -1,12 +1,12 @@
 """DeepSpeed's launcher, the `deepspeed` script's `deepspeed.launcher.runner.main`, started with MLflow kept out.
 
-    python -m infra.deepspeed_runner --num_gpus 2 --master_port 29500 --module tasks.training.loop --job job.json
+    python -m infra.launch.runner --num_gpus 2 --master_port 29500 --module tasks.training.loop --job job.json
 
 The same runner with the same flags as `deepspeed ...`: it reads the hostfile, starts DeepSpeed's per-node launcher
 and waits for the ranks. Importing DeepSpeed imports its autotuner, which imports MLflow, and the runner never uses
 either: about 2.5 of the runner's 6 s of start-up on a 2-core CPU, paid by every launch. `import_deepspeed` does the
 same for a rank. The per-node launcher the runner starts on each node (`python -u -m deepspeed.launcher.launch ...`,
-locally or through pdsh) is started as `python -u -m infra.deepspeed_runner --node-launcher ...`: DeepSpeed's
+locally or through pdsh) is started as `python -u -m infra.launch.runner --node-launcher ...`: DeepSpeed's
 `deepspeed.launcher.launch.main` with the same flags, MLflow kept out (4.1 s of start-up to 2.1 s, measured warm).
 That launcher looks at its ranks every 0.2 s instead of every 1 s, and both processes end without the interpreter's
 teardown of torch and DeepSpeed (0.5 s each, measured): a launch's caller waits for both after its ranks are done.
@@ -23,9 +23,9 @@ from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
 from typing import Any, NoReturn
 
-MODULE = "infra.deepspeed_runner"
+MODULE = "infra.launch.runner"
 LAUNCH = "deepspeed.launcher.launch"  # DeepSpeed's per-node launcher module
-NODE_LAUNCHER = "--node-launcher"  # `python -m infra.deepspeed_runner --node-launcher ...`: that launcher, without MLflow
+NODE_LAUNCHER = "--node-launcher"  # `python -m infra.launch.runner --node-launcher ...`: that launcher, without MLflow
 POLL_S = 0.2  # how often the per-node launcher looks at its ranks (DeepSpeed's own: 1 s)
 
 
@@ -68,7 +68,7 @@ class _Popen(subprocess.Popen):
     def __init__(self, args, *rest, **kwargs):
         started = node_launcher(args)
         if started is not args:
-            logging.getLogger("DeepSpeed").info("cmd as started (infra/deepspeed_runner.py): %s", " ".join(started))
+            logging.getLogger("DeepSpeed").info("cmd as started (infra/launch/runner.py): %s", " ".join(started))
         super().__init__(started, *rest, **kwargs)
 
 

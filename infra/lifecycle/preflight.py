@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 
-from infra.redaction import redact
+from infra.tracking.redaction import redact
 
 DEFAULT_TIMEOUT_S = 3.0
 

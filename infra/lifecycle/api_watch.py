@@ -18,9 +18,9 @@ import time
 import urllib.error
 import urllib.request
 
-from infra.preflight import health_url
-from infra.process_tree import descendants, stop_processes
-from infra.redaction import redact
+from infra.lifecycle.preflight import health_url
+from infra.lifecycle.process_tree import descendants, stop_processes
+from infra.tracking.redaction import redact
 
 LOST_AFTER_ENV = "LLMFORGE_PREFECT_LOST_AFTER_S"
 LOST_AFTER_S = 60.0

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel
 
-from infra.provenance import git_state
-from infra.redaction import redact
+from infra.tracking.provenance import git_state
+from infra.tracking.redaction import redact
 
 KEY_PACKAGES = ("torch", "deepspeed", "mlflow", "prefect", "transformers")
 
@@ -36,7 +36,7 @@ def package_versions(names: tuple[str, ...] = KEY_PACKAGES) -> dict[str, str]:
 
 def machine() -> str:
     """The accelerator the training stages get: "NVIDIA H100 80GB HBM3 (x1), ..." or "AMD EPYC 7B13, 2 cores"."""
-    from infra.precision import cpu_model
+    from infra.launch.precision import cpu_model
 
     cpu = f"{cpu_model()}, {os.cpu_count() or 1} cores"
     if os.environ.get("DS_ACCELERATOR") == "cpu":

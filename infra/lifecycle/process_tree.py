@@ -177,13 +177,13 @@ def watch_supervisor(on_lost: Callable[[], None], token: str | None = None, ever
 
 
 def _exec_dying_with_parent(argv: list[str]) -> None:
-    """`python -m infra.process_tree CMD...`: exec CMD with SIGTERM on our parent's death.
+    """`python -m infra.lifecycle.process_tree CMD...`: exec CMD with SIGTERM on our parent's death.
 
     The parent-death setting survives exec, so this starts any program with it without
     `preexec_fn` (unsafe to use from a threaded process).
     """
     if not argv:
-        raise SystemExit("usage: python -m infra.process_tree COMMAND [ARG...]")
+        raise SystemExit("usage: python -m infra.lifecycle.process_tree COMMAND [ARG...]")
     die_with_parent(signal.SIGTERM)
     os.execvp(argv[0], argv)
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra.atomic import write_json_atomic
+from infra.workspace.atomic import write_json_atomic
 
 RECORD_FILE = "_stage.json"
 # Subfolders a record does not cover (verified by their own sums, or scratch).

@@ -5,11 +5,11 @@ dataset inputs).
 Everything that logs goes to the active run and calls `active_run()` first, so logging
 outside `stage_run` is a clear error instead of MLflow silently opening a stray run.
 
-A new stage run is tagged with where it came from (infra/provenance.py). It ends FINISHED,
+A new stage run is tagged with where it came from (infra/tracking/provenance.py). It ends FINISHED,
 FAILED (an exception) or KILLED (an interrupt, a signal, a Prefect cancellation). When
 MLflow's own store is on a full disk, so that logging to the run or ending it fails, the
-run's code gets an OSError(ENOSPC) that names the store (infra/store_errors.py). Params and
-run names never carry a secret (infra/redaction.py).
+run's code gets an OSError(ENOSPC) that names the store (infra/tracking/store_errors.py). Params and
+run names never carry a secret (infra/tracking/redaction.py).
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from infra.config import flatten_params
-from infra.paths import Workspace, mlflow_command
-from infra.provenance import link_prefect_to_run, mlflow_run_url, origin_tags, prefect_flow_run
-from infra.redaction import redact
-from infra.store_errors import store_full_error
+from infra.workspace.paths import Workspace, mlflow_command
+from infra.tracking.provenance import link_prefect_to_run, mlflow_run_url, origin_tags, prefect_flow_run
+from infra.tracking.redaction import redact
+from infra.tracking.store_errors import store_full_error
 
 DEFAULT_EXPERIMENT = "llmforge"
 
@@ -261,7 +261,7 @@ def active_run() -> Any:
 
     run = mlflow.active_run()
     if run is None:
-        raise RuntimeError("no active MLflow run: log inside `with infra.tracking.stage_run(...)`")
+        raise RuntimeError("no active MLflow run: log inside `with infra.tracking.runs.stage_run(...)`")
     return run
 
 
@@ -371,6 +371,6 @@ def where_to_see_run(ws: Workspace, run_id: str) -> str:
     if url is not None:
         return f"MLflow run: {url}"
     # Absolute paths throughout: the line is copied into another terminal, often in another directory.
-    script = Path(__file__).resolve().parent / "scripts" / "start_mlflow_server.sh"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "start_mlflow_server.sh"
     return (f"MLflow run: http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id} "
             f"(after `{script}` or `{mlflow_command()} ui --backend-store-uri {tracking_uri(ws)}`)")

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from infra.process_tree import usable_cores
+from infra.lifecycle.process_tree import usable_cores
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
 
 
@@ -97,7 +97,7 @@ def _sees(marker: str, token: str) -> dict[str, Any]:
     except OSError:
         seen = False
     try:
-        import infra.paths  # noqa: F401  (the project's code at the same path)
+        import infra.workspace.paths  # noqa: F401  (the project's code at the same path)
         code = True
     except ImportError:
         code = False

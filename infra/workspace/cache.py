@@ -1,7 +1,7 @@
 """Stage keys and recorded results: what makes a stage's folder content-addressed and movable.
 
 A stage's key (infra/stages.stage_key) is a sha256 of its name, its code version
-(infra/code_version.py) and a fingerprint of its config and every declared input: a typed
+(infra/workspace/code_version.py) and a fingerprint of its config and every declared input: a typed
 config by its values, a path produced by an earlier stage by that stage's recorded content
 digest, any other path by its size and mtime. A result is recorded as JSON with every path
 inside the workspace written relative to it, so a copied or moved workspace (`cp -a`, `mv`)
@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from infra.code_version import code_version
-from infra.paths import Workspace
-from infra.stage_record import read_record, record_root
+from infra.workspace.code_version import code_version
+from infra.workspace.paths import Workspace
+from infra.workspace.record import read_record, record_root
 
 
 def fingerprint(value: Any) -> Any:

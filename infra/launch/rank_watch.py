@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from infra.process_tree import descendants, stop_tree
+from infra.lifecycle.process_tree import descendants, stop_tree
 
 DEFAULT_TIMEOUT_S = 1800.0
 # A rank using less than this share of one core over the timeout counts as silent.

@@ -2,7 +2,7 @@
 garbage collection of the folders nothing refers to.
 
 Every stage tags the MLflow run it ran under with its output folder
-(`llmforge.out.<store>.<key>` = `data/near/<key>`, infra/stage_cache.py), so a folder is
+(`llmforge.out.<store>.<key>` = `data/near/<key>`, infra/workspace/cache.py), so a folder is
 in use while a run (of any status, not deleted) or a registered model version's run
 names it. `llmforge gc` removes the folders no run refers to (a dry run unless told to
 apply); `llmforge runs` (flows/runs_view.py) lists the runs with their folders.
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.paths import Workspace
-from infra.tracking import configure, workspace_runs
+from infra.workspace.paths import Workspace
+from infra.tracking.runs import configure, workspace_runs
 
 OUT_TAG = "llmforge.out."
 

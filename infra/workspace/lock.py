@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from infra.paths import Workspace
+from infra.workspace.paths import Workspace
 
 # Workspaces this process holds: a flow that calls another flow (the pipeline calls the
 # data flow) takes the lock once. Process-wide on purpose: flock is per open file.

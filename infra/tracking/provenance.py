@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from infra.redaction import redact
+from infra.tracking.redaction import redact
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def git_state(root: Path | str | None = None) -> dict[str, str]:

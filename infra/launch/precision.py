@@ -28,7 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from infra.atomic import write_json_atomic
+from infra.workspace.atomic import write_json_atomic
 
 BF16_MIN_SPEEDUP = 2.0
 _SIZES = (256, 512, 1024)

@@ -9,7 +9,7 @@
     stop_on_cancel()                 a flow: a cancel in Prefect (UI or `prefect flow-run cancel`)
                                      becomes a SIGTERM to the flow's own process
 
-The processes themselves and how they die with the run live in infra/process_tree.py.
+The processes themselves and how they die with the run live in infra/lifecycle/process_tree.py.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.process_tree import STOP_GRACE_S, descendants, stop_processes
+from infra.lifecycle.process_tree import STOP_GRACE_S, descendants, stop_processes
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CANCEL_POLL_S = 2.0

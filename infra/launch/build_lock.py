@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from infra.process_tree import SUPERVISOR_ENV, stop_processes
+from infra.lifecycle.process_tree import SUPERVISOR_ENV, stop_processes
 
 LOCK_NAME = "lock"
 SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's CPU communication op, built on a machine's first launch
@@ -105,7 +105,7 @@ def _builders_gone(folder: Path, wait_s: float) -> bool:
 
 
 def _launched_by(proc: psutil.Process, token: str) -> bool:
-    """Whether `proc` inherited this launch's SUPERVISOR_ENV value (infra/process_tree.py)."""
+    """Whether `proc` inherited this launch's SUPERVISOR_ENV value (infra/lifecycle/process_tree.py)."""
     try:
         return proc.environ().get(SUPERVISOR_ENV) == token
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from infra.build_lock import BUILDING_SHM_OP, clear_lock_of_stopped_build, clear_stale_build_locks
-from infra.process_tree import STOP_GRACE_S, SUPERVISOR_ENV, TrackedTree, stop_processes, supervisor_token
-from infra.rank_watch import DEFAULT_TIMEOUT_S, RankWatch
+from infra.launch.build_lock import BUILDING_SHM_OP, clear_lock_of_stopped_build, clear_stale_build_locks
+from infra.lifecycle.process_tree import STOP_GRACE_S, SUPERVISOR_ENV, TrackedTree, stop_processes, supervisor_token
+from infra.launch.rank_watch import DEFAULT_TIMEOUT_S, RankWatch
 
 DS_CONFIG_DIR = Path(__file__).parent / "deepspeed"
 ZERO_STAGES = ("zero0", "zero1", "zero2", "zero3", "zero2_offload")
@@ -46,14 +46,14 @@ _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "
 
 
 def resolve_precision(precision: str) -> Literal["fp32", "bf16"]:
-    """The precision to train in: "fp32"/"bf16" as given; "auto" as measured (infra/precision.py)."""
-    from infra.precision import choose_precision
+    """The precision to train in: "fp32"/"bf16" as given; "auto" as measured (infra/launch/precision.py)."""
+    from infra.launch.precision import choose_precision
 
     return choose_precision(precision).precision
 
 
 def load_zero_json(zero: str) -> dict[str, Any]:
-    """The stage's JSON from infra/deepspeed/, with an error listing the stages that exist."""
+    """The stage's JSON from infra/launch/deepspeed/, with an error listing the stages that exist."""
     path = DS_CONFIG_DIR / f"{zero}.json"
     if zero not in ZERO_STAGES or not path.is_file():
         raise ValueError(f"unknown ZeRO config '{zero}'; choose one of {list(ZERO_STAGES)} (files in {DS_CONFIG_DIR})")
@@ -66,7 +66,7 @@ def load_zero_json(zero: str) -> dict[str, Any]:
 
 def build_ds_config(zero: str, precision: Literal["fp32", "bf16"], micro_batch_size: int, grad_accum: int,
                     grad_clip: float) -> dict[str, Any]:
-    """Merge infra/deepspeed/<zero>.json with the run's batch shape, clipping and (resolved) precision."""
+    """Merge infra/launch/deepspeed/<zero>.json with the run's batch shape, clipping and (resolved) precision."""
     import torch
 
     cfg = load_zero_json(zero)
@@ -96,11 +96,11 @@ def free_port() -> int:
 
 def runner_command() -> list[str]:
     """DeepSpeed's launcher as this interpreter runs it (same venv, same packages): `deepspeed`'s own runner, started
-    through infra/deepspeed_runner.py, which keeps DeepSpeed's unused MLflow import out of its start-up."""
+    through infra/launch/runner.py, which keeps DeepSpeed's unused MLflow import out of its start-up."""
     if importlib.util.find_spec("deepspeed") is None:
         raise FileNotFoundError(f"DeepSpeed is not installed for {sys.executable}; install it in this environment "
                                 "(pip install deepspeed)")
-    return [sys.executable, "-m", "infra.deepspeed_runner"]
+    return [sys.executable, "-m", "infra.launch.runner"]
 
 
 def launch_command(module: str, args: list[str], num_procs: int = 1, hostfile: Path | None = None,
@@ -205,7 +205,7 @@ def launch(
 
     Raises RuntimeError with the last lines of output when the launcher exits non-zero, or
     naming the rank when one of this machine's ranks is silent (no CPU work) for `timeout_s`
-    seconds (infra/rank_watch.py; None: no watch).
+    seconds (infra/launch/rank_watch.py; None: no watch).
     """
     master_port = master_port or free_port()
     cmd = launch_command(module, args, num_procs=num_procs, hostfile=hostfile, master_port=master_port,
@@ -215,7 +215,7 @@ def launch(
     if hostfile is not None:
         env_dir = Path(tempfile.mkdtemp(prefix="llmforge-ds-env-"))
         full_env["DS_ENV_FILE"] = str(write_remote_env(full_env, env_dir / ".deepspeed_env", cwd))
-    # The ranks watch this process and exit when it is gone, even SIGKILLed (infra/process_tree.py).
+    # The ranks watch this process and exit when it is gone, even SIGKILLed (infra/lifecycle/process_tree.py).
     full_env[SUPERVISOR_ENV] = supervisor_token()
     # A launch killed while building DeepSpeed's op leaves torch's lock; the next would wait on it forever.
     clear_stale_build_locks(full_env, log)
@@ -224,7 +224,7 @@ def launch(
     with _launch_log(log, log_file) as show, subprocess.Popen(
         # The launcher gets SIGTERM when this process dies: set through an exec wrapper, as
         # preexec_fn is unsafe in a threaded process (Prefect runs tasks in threads).
-        [sys.executable, "-m", "infra.process_tree", *cmd],
+        [sys.executable, "-m", "infra.lifecycle.process_tree", *cmd],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
