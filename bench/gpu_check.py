@@ -5,11 +5,11 @@
     .venv/bin/python bench/gpu_check.py --tiny --steps 2   # the same code path on a tiny model (CPU test)
 
 The model, batch shape (micro-batch x seq x grad_accum, 0.5M tokens a step), precision, AdamW kernel and
-torch.compile come from the preset; training runs through `tasks.training.loop.train` (DeepSpeed, as the
+torch.compile come from the preset; training runs through the one loop, `tasks.training.loop.fit` (DeepSpeed, as the
 pretraining stage does) on a noisy bigram chain of tokens, so the loss has something to learn and no data
 is needed. Then tokens/s and MFU: training FLOPs per token (`models.flops`) x tokens/s over the measured
 torch.mm peak of the precision, and over the GPU's nominal dense bf16 peak where the name is known (the goal
-is 40% of it). Last, one GRPO step (`tasks.training.grpo.loop.grpo_train`: sampling with the KV cache, the
+is 40% of it). Last, one GRPO step (`tasks.training.grpo.steps.GrpoSteps` in the same loop: sampling with the KV cache, the
 gsm8k_exact reward, two policy updates) on GSM8K-style word problems made up here, with a small tokenizer
 trained on them.
 
@@ -40,11 +40,11 @@ from flows.config import load_pipeline_config  # noqa: E402
 from models.flops import flops_per_token, mfu, num_params  # noqa: E402
 from models.llama import ModelConfig, Transformer, model_config  # noqa: E402
 from tasks.eval.gsm8k import Gsm8kProblem  # noqa: E402
-from tasks.training.engine import init_distributed  # noqa: E402
+from tasks.training.distributed import init_distributed  # noqa: E402
 from tasks.training.config import GrpoConfig, PretrainConfig  # noqa: E402
-from tasks.training.grpo.loop import grpo_train  # noqa: E402
+from tasks.training.grpo.steps import GrpoSteps, grpo_shape  # noqa: E402
+from tasks.training.loop import LossSteps, fit  # noqa: E402
 from tasks.training.progress import NonFiniteLossError  # noqa: E402
-from tasks.training.loop import train  # noqa: E402
 from tasks.training.metrics import ListSink, measure_peak_flops  # noqa: E402
 from tasks.training.pretrain.stage import lm_loss  # noqa: E402
 from tasks.training.batches import token_window_batches  # noqa: E402
@@ -132,7 +132,9 @@ def train_steps(model: Transformer, tcfg: PretrainConfig, untimed: int) -> dict:
     ckpt = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     error = None
     try:
-        res = train(model, tcfg, batches, None, lm_loss, ckpt, sink, echo=print)
+        b = tcfg.batch
+        res = fit(model, tcfg, LossSteps(tcfg, batches, None, lm_loss), ckpt, sink, micro_batch_size=b.micro_batch_size,
+                  grad_accum=b.grad_accum, seq_len=b.seq_len, echo=print)
         skipped = res.skipped_steps
     except NonFiniteLossError as exc:
         error, skipped = str(exc), tcfg.max_bad_steps
@@ -182,8 +184,9 @@ def grpo_check(trained: Transformer, precision: str, tiny: bool, new_tokens: int
         rewards={"gsm8k_exact": 1.0}, accuracy_reward="gsm8k_exact", launch={"precision": precision},
     )
     t0 = time.perf_counter()
-    res = grpo_train(policy, reference, small_tokenizer(problems), problems, gcfg)
-    metrics = res.history[0]
+    steps = GrpoSteps(reference, small_tokenizer(problems), problems, gcfg)
+    res = fit(policy, gcfg, steps, None, ListSink(), **grpo_shape(gcfg))
+    metrics = next(h for h in res.history if "reward_mean" in h)
     return {"loss": metrics["loss"], "kl": metrics["kl"], "reward_mean": metrics["reward_mean"],
             "completion_len": metrics["completion_len"], "seconds": time.perf_counter() - t0,
             "skipped_steps": res.skipped_steps}

@@ -59,7 +59,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tasks.data.quality_rules import FAMILIES, RULES, judge_texts  # noqa: E402
-from tasks.data.quality_rules.rule import PUNCTUATION  # noqa: E402
+from tasks.data.quality_rules.text import PUNCTUATION  # noqa: E402
 
 COMPARED = ["gopher_quality", "gopher_repetition", "c4_lines", "c4", "fineweb"]
 

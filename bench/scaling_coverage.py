@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     points = json.loads(args.points.read_text())
-    c, n, d, y = (np.array([p[k] for p in points], float) for k in ("budget", "n_params", "tokens", "val_bpb"))
+    c, n, d, y = (np.array([p[k] for p in points], float) for k in ("budget", "n_params", "tokens", "final_val_bpb"))
     truth = fit_loss_law(n, d, y)
     noise = float(np.std(np.log(y) - np.log(truth.loss(n, d)), ddof=5))
     prediction = args.points.parent / "prediction.json"

@@ -6,7 +6,7 @@ Same model (same init), same batches, same AdamW groups, same clipping, one proc
 
 Measures, in alternating rounds (the best round of each counts, because a shared machine's
 background load only ever slows a measurement down):
-- `before`: tasks.training.loop.train (DeepSpeed ZeRO-0) in fp32 with torch's default AdamW
+- `before`: the one loop, tasks/training/loop.py `fit` (DeepSpeed ZeRO-0) in fp32 with torch's default AdamW
   on the CPU (the for-loop kernel): the settings before issue 16;
 - `after`: the same loop with `precision: auto` (bf16 where infra/launch/precision.py measured it
   faster) and `optimizer_kernel: auto` (fused AdamW): the speed-up is after / before (goal >= 1.5);
@@ -40,10 +40,10 @@ from models.llama import Transformer, model_config  # noqa: E402
 from models.optim import build_adamw, build_scheduler  # noqa: E402
 from tasks.training.pretrain.stage import lm_loss  # noqa: E402
 from tasks.training.batches import token_window_batches  # noqa: E402
-from tasks.training.engine import init_distributed  # noqa: E402
+from tasks.training.distributed import init_distributed  # noqa: E402
 from tasks.training.config import PretrainConfig, nested  # noqa: E402
 from tasks.training.engine import Schedule  # noqa: E402
-from tasks.training.loop import train  # noqa: E402
+from tasks.training.loop import LossSteps, fit  # noqa: E402
 from tasks.training.metrics import ListSink, measure_peak_flops  # noqa: E402
 
 
@@ -129,11 +129,13 @@ def plain_loop(args: argparse.Namespace, batches) -> float:
 
 
 def deepspeed_loop(args: argparse.Namespace, batches, cfg: PretrainConfig) -> tuple[float, list[float]]:
-    """tokens/s of tasks.training.loop.train (ZeRO-0) after warm-up, and its loss per step."""
+    """tokens/s of the one loop (tasks/training/loop.py `fit`, ZeRO-0) after warm-up, and its loss per step."""
     sink = ListSink()
     ckpt = Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
-        train(make_model(args), cfg, batches, None, lm_loss, ckpt, sink)
+        b = cfg.batch
+        fit(make_model(args), cfg, LossSteps(cfg, batches, None, lm_loss), ckpt, sink,
+            micro_batch_size=b.micro_batch_size, grad_accum=b.grad_accum, seq_len=b.seq_len)
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
     steps, tps = sink.series("tokens_per_s")

@@ -104,7 +104,7 @@ def _gc(args: argparse.Namespace) -> int:
     from infra.workspace.paths import Workspace
     from infra.tracking.index import check_store_exists
     from infra.workspace.lock import workspace_lock
-    from infra.workspace.outputs import apply_gc, plan_gc
+    from infra.tracking.outputs import apply_gc, plan_gc
 
     ws = Workspace.locate(args.workdir)
     check_store_exists(ws)  # a mistyped --workdir must not become a new, empty workspace

@@ -28,7 +28,8 @@ from tasks.eval.evaluate import EvalResult
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs
 from tasks.reports.card import publish_pipeline_report, record_attempt
-from tasks.training.grpo.stage import Grpo, GrpoStageResult
+from tasks.reports.pretrain import log_pretrain_report
+from tasks.training.grpo.stage import Grpo, GrpoResult
 from tasks.training.pretrain.stage import Pretrain, PretrainResult
 from tasks.training.sft.stage import Sft, SftResult
 
@@ -41,7 +42,7 @@ class PipelineResult(BaseModel):
     tokenized: TokenizedData
     pretrain: PretrainResult
     sft: SftResult
-    grpo: GrpoStageResult
+    grpo: GrpoResult
     evals: dict[str, EvalResult]
     report: Path
     registered_version: str
@@ -76,6 +77,7 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = No
         with clock.stage("pretrain", "tokenizer, token shards, DeepSpeed pretraining"):
             tok = tokenized(ws, data.manifest, config.tokenizer, config.tokenize)
             base = run(Pretrain(config.pretrain), ws, tokens=tok.tokens, tokenizer=tok.tokenizer)
+            print(log_pretrain_report(base, tok.tokens, ws.run_reports(pipeline_run.info.run_id)))
         with clock.stage("sft", "supervised fine-tuning"):
             sft = run(Sft(config.sft), ws, base=base.model_dir, tokenizer=tok.tokenizer, tokens=tok.tokens)
         with clock.stage("grpo", "reinforcement learning with verifiable rewards"):

@@ -10,7 +10,7 @@ from infra.lifecycle.signals import stop_on_cancel
 from infra.stages import run
 from infra.workspace.lock import workspace_lock
 from tasks.training.config import GrpoConfig, SftConfig
-from tasks.training.grpo.stage import Grpo, GrpoStageResult
+from tasks.training.grpo.stage import Grpo, GrpoResult
 from tasks.training.sft.stage import Sft, SftResult
 
 
@@ -25,7 +25,7 @@ def sft_flow(config: SftConfig, base_model: str, tokenizer: str, workdir: str = 
 
 
 @flow(name="grpo", log_prints=True)
-def grpo_flow(config: GrpoConfig, sft_model: str, tokenizer: str, workdir: str = "work") -> GrpoStageResult:
+def grpo_flow(config: GrpoConfig, sft_model: str, tokenizer: str, workdir: str = "work") -> GrpoResult:
     ws = Workspace.locate(workdir).ensure_writable()
     with stop_on_cancel(), workspace_lock(ws):
         return run(Grpo(config), ws, sft=Path(sft_model), tokenizer=Path(tokenizer))

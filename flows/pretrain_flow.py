@@ -17,6 +17,7 @@ from infra.workspace.lock import workspace_lock
 from tasks.tokenizer.tokenize_shards import TokenizeConfig, TokenizeShards
 from tasks.tokenizer.train import TokenizerConfig, TrainTokenizer
 from tasks.training.config import PretrainConfig
+from tasks.reports.pretrain import pretrain_markdown
 from tasks.training.pretrain.stage import Pretrain, PretrainResult
 
 
@@ -42,4 +43,6 @@ def pretrain_flow(config: PretrainConfig, manifest: str, workdir: str = "work", 
     ws = Workspace.locate(workdir).ensure_writable()
     with stop_on_cancel(), workspace_lock(ws):
         data = tokenized(ws, Path(manifest), tokenizer or TokenizerConfig(), tokenize or TokenizeConfig())
-        return run(Pretrain(config), ws, tokens=data.tokens, tokenizer=data.tokenizer)
+        result = run(Pretrain(config), ws, tokens=data.tokens, tokenizer=data.tokenizer)
+        print(pretrain_markdown(result, data.tokens))
+        return result

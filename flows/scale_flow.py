@@ -6,8 +6,8 @@
     run(Pretrain(the predicted run), ...) → prediction.json with measured_bpb → report
 
 One MLflow parent run (`scale`) with each point's pretraining run nested under it, tagged with
-`n_params`, `tokens`, `flops` (params) and `val_bpb`, `val_loss` (metrics): MLflow's chart view
-plots loss against size per budget. The points run one after another on this machine; on a
+`n_params`, `tokens`, `flops` and `depth` (params) beside the `final_val_bpb` and `final_val_loss` its
+rank 0 logged: MLflow's chart view plots loss against size per budget. The points run one after another on this machine; on a
 cluster each is a DeepSpeed launch over `pretrain.launch.hostfile`.
 """
 from __future__ import annotations
@@ -52,9 +52,9 @@ class ScaleResult(BaseModel):
 
 
 def record_point(run_id: str | None, point) -> None:
-    """The sweep's params and metrics on a point's own pretraining run. Each is a function of the run's own config
-    (its key), so a point reused by another sweep logs the same values again, which MLflow accepts; the budget
-    label is left out for that reason (two budgets can round to the same steps)."""
+    """The sweep's params on a point's own pretraining run. Each is a function of the run's own config (its key), so
+    a point reused by another sweep logs the same values again, which MLflow accepts; the budget label is left out
+    for that reason (two budgets can round to the same steps)."""
     from mlflow.tracking import MlflowClient
 
     if run_id is None:
@@ -63,8 +63,6 @@ def record_point(run_id: str | None, point) -> None:
     for key, value in (("n_params", point.n_params), ("tokens", point.tokens), ("flops", f"{point.flops:.6g}"),
                        ("depth", point.depth)):
         client.log_param(run_id, key, value)
-    client.log_metric(run_id, "val_bpb", point.val_bpb)
-    client.log_metric(run_id, "val_loss", point.val_loss)
 
 
 @flow(name="scale", log_prints=True)

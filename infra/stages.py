@@ -11,7 +11,7 @@
         Config, Result = PretrainConfig, PretrainResult
         inputs = ("tokens", "tokenizer")
         def prepare(self, inputs, out_dir) -> Launch      # stage side: check the inputs, say what the ranks read
-        ...                                               # rank side: model, steps, result (tasks/training/loop.py)
+        ...                                               # rank side: model, steps, finish (its rank_module's main)
 
     exact = run(ExactDedup(config.exact), ws, docs=collected.output)
     base = run(Pretrain(config.pretrain), ws, tokens=tokens_dir, tokenizer=tokenizer_json)
@@ -80,8 +80,9 @@ class Stage:
         """In-process stages: do the work into out_dir; the result."""
         raise NotImplementedError
 
-    def after(self, result: BaseModel, inputs: dict[str, Path | None], reports: Path) -> BaseModel:
-        """Launched stages, stage side, after a fresh run inside its MLflow run: log a report; the result to record."""
+    def after(self, result: BaseModel, inputs: dict[str, Path | None]) -> BaseModel:
+        """Launched stages, stage side, after a fresh run inside its MLflow run: measure and log what the ranks
+        could not (pretraining's baseline); the result to record."""
         return result
 
 
@@ -113,7 +114,7 @@ class Launch:
 class LaunchedStage(Stage):
     """A stage whose work runs on DeepSpeed ranks, started by DeepSpeed's launcher.
 
-    Stage side: `prepare` checks the inputs and says what the ranks read. Rank side (tasks/training/loop.py
+    Stage side: `prepare` checks the inputs and says what the ranks read. Rank side (the stage's `rank_module`
     `main`, on every rank): `for_job` rebuilds the stage from job.json, then `model()`, `steps(rank, world)`
     (the loop's Steps), `shape()` (micro_batch_size, grad_accum, seq_len) and, after training,
     `finish(trained, mlflow_run, rank, world)`, whose rank 0 writes result.json.
@@ -256,7 +257,7 @@ class Placed:
             launched = prefect_task(launch, f"{stage.name}-launch")
             launched(stage.rank_module, ["--job", str(job)], **launch_settings(stage.config), log=_task_log,
                      log_file=self.out_dir / LAUNCH_LOG)
-            return stage.after(read_result(stage, self.out_dir), self.inputs, self.ws.run_reports(mlflow_run.info.run_id))
+            return stage.after(read_result(stage, self.out_dir), self.inputs)
 
 
 def compute(stage: Stage, inputs: dict[str, Any], out_dir: Path) -> Any:

@@ -49,7 +49,7 @@ Within 10% of the CPU allocator's peak over a training step for one process, tp 
 (bench/activation_memory.py, BENCHMARKS.md). Not counted: one layer's gradient temporaries in backward
 (1/L of a stage's activations, seen where the head does not dominate: a first pipeline stage).
 
-Communication buffers: DeepSpeed's gradient buckets, sized by infra/deepspeed/zero<k>.json (what
+Communication buffers: DeepSpeed's gradient buckets, sized by infra/launch/deepspeed/zero<k>.json (what
 the launcher runs), in the weights' dtype: ZeRO-1/2 one reduce bucket, two with overlap_comm;
 ZeRO-3 the reduce bucket and the parameter prefetch bucket; ZeRO-0 one all-reduce bucket of
 min(500M, P) elements (DeepSpeed's default). pp adds a receive buffer for an activation and one
@@ -286,7 +286,7 @@ def comm_bytes(cfg, params: int, layout: Layout, seq_len: int, micro_batch: int,
 
 
 def deepspeed_buckets(zero: int) -> dict[str, int]:
-    """Bucket sizes (elements) of infra/deepspeed/zero<k>.json, DeepSpeed's defaults where it sets none."""
+    """Bucket sizes (elements) of infra/launch/deepspeed/zero<k>.json, DeepSpeed's defaults where it sets none."""
     from infra.launch.launcher import load_zero_json
 
     z = load_zero_json(f"zero{zero}").get("zero_optimization", {})

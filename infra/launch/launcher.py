@@ -1,6 +1,6 @@
 """DeepSpeed start-up: the run's JSON config and the real `deepspeed` launcher as a subprocess.
 
-The JSON files next to this module (`infra/deepspeed/zero*.json`) hold what depends on
+The JSON files next to this module (`infra/launch/deepspeed/zero*.json`) hold what depends on
 the ZeRO stage only; `build_ds_config` adds what depends on the run (batch sizes,
 clipping, precision). DeepSpeed never builds the optimizer or the LR schedule: the
 training loop passes its own (models/optim.py), so both are identical across stages.

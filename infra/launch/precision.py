@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
+from infra.machine import cpu_model
 from infra.workspace.atomic import write_json_atomic
 
 BF16_MIN_SPEEDUP = 2.0
@@ -68,17 +68,6 @@ def choose_precision(precision: str) -> PrecisionChoice:
 def ratio_text(ratio: float) -> str:
     """A speed ratio with two significant digits, however small: 0.025x, 0.5x, 1.7x, 7.3x, 12x."""
     return f"{ratio:.2g}x" if ratio < 10 else f"{ratio:.0f}x"
-
-
-def cpu_model() -> str:
-    """The CPU's model name ("AMD EPYC 7B13"), from /proc/cpuinfo where there is one."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _machine_key() -> str:

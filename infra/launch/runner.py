@@ -1,6 +1,6 @@
 """DeepSpeed's launcher, the `deepspeed` script's `deepspeed.launcher.runner.main`, started with MLflow kept out.
 
-    python -m infra.launch.runner --num_gpus 2 --master_port 29500 --module tasks.training.loop --job job.json
+    python -m infra.launch.runner --num_gpus 2 --master_port 29500 --module tasks.training.rank --job job.json
 
 The same runner with the same flags as `deepspeed ...`: it reads the hostfile, starts DeepSpeed's per-node launcher
 and waits for the ranks. Importing DeepSpeed imports its autotuner, which imports MLflow, and the runner never uses

@@ -9,11 +9,13 @@ registered model version.
 """
 from __future__ import annotations
 
-import os
+import platform
 from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
 
 from pydantic import BaseModel
 
+from infra.machine import machine
 from infra.tracking.provenance import git_state
 from infra.tracking.redaction import redact
 
@@ -22,9 +24,6 @@ KEY_PACKAGES = ("torch", "deepspeed", "mlflow", "prefect", "transformers")
 
 def package_versions(names: tuple[str, ...] = KEY_PACKAGES) -> dict[str, str]:
     """`{package: version}` of the installed ones among `names`, plus python."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
     found = {"python": platform.python_version()}
     for name in names:
         try:
@@ -32,23 +31,6 @@ def package_versions(names: tuple[str, ...] = KEY_PACKAGES) -> dict[str, str]:
         except PackageNotFoundError:
             continue
     return found
-
-
-def machine() -> str:
-    """The accelerator the training stages get: "NVIDIA H100 80GB HBM3 (x1), ..." or "AMD EPYC 7B13, 2 cores"."""
-    from infra.launch.precision import cpu_model
-
-    cpu = f"{cpu_model()}, {os.cpu_count() or 1} cores"
-    if os.environ.get("DS_ACCELERATOR") == "cpu":
-        return cpu
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return f"{torch.cuda.get_device_name(0)} (x{torch.cuda.device_count()}), {cpu}"
-    except Exception:  # no working CUDA is a CPU machine, whatever the reason
-        pass
-    return cpu
 
 
 class RunIdentity(BaseModel):

@@ -26,9 +26,11 @@ NOTE_TAG = "mlflow.note.content"
 # The tags a summary keeps (besides the output folders).
 SUMMARY_TAGS = (PARENT_TAG, NOTE_TAG, "llmforge.stage", "llmforge.repeat_of")
 # A run's headline: the first of these it logged. The pipeline's and GRPO's held-out accuracy,
-# the evaluation's accuracy of the final model, training's validation perplexity, the data's rows.
-HEADLINE_METRICS = ("grpo/heldout_accuracy", "grpo.heldout_accuracy", "heldout_accuracy_after", "grpo.answer.accuracy", "answer.accuracy",
-                    "final_val_ppl", "val_ppl", "shards.rows")
+# the evaluation's accuracy of the final model, training's validation perplexity, the data's rows;
+# `grpo/heldout_accuracy`, `grpo.heldout_accuracy` and `val_ppl` are the names runs of older versions logged.
+HEADLINE_METRICS = ("grpo/heldout_accuracy_after", "grpo/heldout_accuracy", "grpo.heldout_accuracy",
+                    "heldout_accuracy_after", "grpo.answer.accuracy", "answer.accuracy", "final_val_ppl", "val_ppl",
+                    "shards.rows")
 
 
 class RunNotFound(LookupError):

@@ -88,3 +88,11 @@ def write_json_atomic(path: Path | str, obj: Any) -> Path:
     else:
         text = json.dumps(obj, indent=2, ensure_ascii=False)
     return write_text_atomic(path, text + "\n")
+
+
+def write_figure_atomic(figure: Any, path: Path | str) -> Path:
+    """A matplotlib Figure as a PNG at `path`, written atomically (a reader never sees half a PNG). The figure needs
+    no pyplot state or display: savefig renders it with the Agg canvas."""
+    with atomic_write(path) as tmp:
+        figure.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    return Path(path)

@@ -2,7 +2,7 @@
 
 A stage's cache key includes it, so an edited stage (or a helper it imports) reruns, and a
 moved module, whose pickled Prefect results name the old path, never matches a stale record.
-A launched stage's key also covers the ranks' entry point, tasks/training/loop.py (infra/stages.py).
+A launched stage's key also covers the module its ranks run (`LaunchedStage.rank_module`, infra/stages.py).
 """
 from __future__ import annotations
 

@@ -232,9 +232,3 @@ def jsonl_records(path: Path, max_line_bytes: int, max_inflated_bytes: int | Non
     for locator, raw in jsonl_lines(path, max_line_bytes, max_inflated_bytes):
         yield locator, raw if isinstance(raw, Rejection) else parse_json_line(raw)[0]
 
-
-def hf_dataset(opts, root: Path):
-    """`datasets.load_dataset` for an `hf` block, local unless it says `from_hub` (tasks/data/hf_source.py)."""
-    from tasks.data.hf_source import load_hf  # hf_source reads JSONL through this module
-
-    return load_hf(opts, root)

@@ -1,9 +1,10 @@
-"""Deterministic arithmetic problems for SFT, GRPO and evaluation.
+"""The arithmetic task: deterministic sums for SFT, GRPO and the evaluation, and the ranges they share.
 
 A problem's split (sft / grpo / eval) is a function of its question text alone (a salted
 hash), so the three sets never overlap whatever seeds or sizes each stage asks for.
 The expected response is `<answer>{n}</answer>`, which gives the format reward markers
-to check.
+to check. `ArithmeticTask` is the pipeline's `arithmetic:` section: the operations and the
+ranges every stage reads, set once.
 """
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from infra.config import StrictModel
 
 OPS = "+-*"
 SPLIT_SALT = "llmforge-arithmetic-v1"
@@ -172,3 +178,70 @@ def split_problems(
     for p in problems:
         (heldout if split_unit(p.question, salt) < heldout_fraction else train).append(p)
     return train, heldout
+
+
+class ArithmeticTask(StrictModel):
+    """The sums SFT trains on, GRPO improves and the evaluation asks: one `arithmetic:` section for all three.
+
+        trained range      operands 0..max_operand: SFT's and GRPO's sums, the evaluation's "in range"
+        abstention range   an operand in (max_operand, abstain_max_operand]: the sums SFT and GRPO answer
+                           "I don't know" (sft.data.arithmetic.abstain_n, grpo.abstain_n)
+        outer range        operands 0..outer_max_operand: what the evaluation asks (default: to the end of the
+                           abstention range, else the trained range); beyond the trained range abstaining is right
+    """
+
+    ops: str = "+-"
+    max_operand: int = Field(default=20, ge=0)
+    abstain_max_operand: int | None = Field(default=None, ge=0)
+    outer_max_operand: int = Field(default=20, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _outer_default(cls, data: Any) -> Any:
+        """outer_max_operand left out: the abstention range's end, else the trained range's."""
+        if isinstance(data, dict) and data.get("outer_max_operand") is None:
+            inner = data.get("max_operand", cls.model_fields["max_operand"].default)
+            data = {**data, "outer_max_operand": data.get("abstain_max_operand") or inner}
+        return data
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "ArithmeticTask":
+        if not self.ops or any(op not in OPS for op in self.ops):
+            raise ValueError(f"arithmetic.ops={self.ops!r} must be a non-empty string of characters from {OPS!r}")
+        if self.abstain_max_operand is not None and self.abstain_max_operand <= self.max_operand:
+            raise ValueError(f"arithmetic.abstain_max_operand={self.abstain_max_operand} must lie above "
+                             f"arithmetic.max_operand={self.max_operand}: the abstained sums lie outside the trained range")
+        if self.outer_max_operand < self.max_operand:
+            raise ValueError(f"arithmetic.outer_max_operand={self.outer_max_operand} must be at least "
+                             f"arithmetic.max_operand={self.max_operand}: the evaluation asks the trained range too")
+        return self
+
+    @property
+    def has_outer_range(self) -> bool:
+        """Whether the evaluation asks sums beyond the trained range (and so reports the range apart)."""
+        return self.outer_max_operand > self.max_operand
+
+    def abstention_range(self, what: str) -> int:
+        """abstain_max_operand, or a ValueError naming `what` asked for abstained sums without one."""
+        if self.abstain_max_operand is None:
+            raise ValueError(f"{what} asks for sums answered \"I don't know\" beyond the trained range, but "
+                             "arithmetic.abstain_max_operand is not set; set it above arithmetic.max_operand")
+        return self.abstain_max_operand
+
+    def problems(self, n: int, seed: int, split: str) -> list[ArithmeticProblem]:
+        """`n` sums of the trained range from `split`."""
+        return make_problems(n, seed, self.max_operand, self.ops, split=split)
+
+    def abstained(self, n: int, seed: int, split: str, above: int | None = None) -> list[ArithmeticProblem]:
+        """`n` sums of the abstention range from `split` (with an operand above `above`, default max_operand)."""
+        top = self.abstention_range("abstained()")
+        return make_problems(n, seed, top, self.ops, split=split, outside=self.max_operand if above is None else above)
+
+    def questions(self, n: int, seed: int) -> list[ArithmeticProblem]:
+        """The evaluation's `n` questions: the "eval" split of the outer range."""
+        return make_problems(n, seed, self.outer_max_operand, self.ops, split="eval")
+
+    def in_range(self, question: str) -> bool:
+        """Whether both operands of the question lie in the trained range."""
+        a, _, b = parse_question(question)
+        return 0 <= a <= self.max_operand and 0 <= b <= self.max_operand

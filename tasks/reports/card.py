@@ -40,13 +40,13 @@ from tasks.reports.eval import (
     write_accuracy_coverage,
     write_comparison,
 )
-from tasks.reports.plots import loss_curve_png
+from tasks.training.loss_curve import loss_curve_png
 from tasks.reports.headline import headline_metrics
 from tasks.reports.register import lineage_tags, register_final_model
 from tasks.reports.run_header import identity_lines, stage_lines, wall_row
 
 if TYPE_CHECKING:  # only for annotations: the report reads results, it never runs a training stage
-    from tasks.training.grpo.stage import GrpoStageResult
+    from tasks.training.grpo.stage import GrpoResult
     from tasks.training.sft.stage import SftResult
 
 
@@ -72,7 +72,7 @@ def reward_curve(run_id: str, out: Path) -> Path | None:
 
 
 def _headline_rows(totals: Mapping[str, int], pretrain_ppl: tuple[float | None, float], sft: SftResult,
-                   grpo: GrpoStageResult, wall_seconds: float, all_attempts: tuple[float, int] | None = None,
+                   grpo: GrpoResult, wall_seconds: float, all_attempts: tuple[float, int] | None = None,
                    times: Sequence[StageTime] = ()) -> list[str]:
     val_ppl, unigram = pretrain_ppl
     b, a = grpo.before, grpo.after
@@ -82,8 +82,8 @@ def _headline_rows(totals: Mapping[str, int], pretrain_ppl: tuple[float | None, 
         f"| near duplicates / exact duplicates / filtered / rejected | {totals.get('near_duplicates', 0)} / {totals.get('exact_duplicates', 0)} / {totals.get('filtered', 0)} / {totals.get('rejected', 0)} |",
         f"| base model perplexity, pretraining's validation (random windows of the val split; unigram baseline) | "
         f"{val_ppl:.1f} ({unigram:.1f}) |" if val_ppl else f"| unigram baseline perplexity | {unigram:.1f} |",
-        (f"| SFT loss on its {sft.examples_val} held-out examples (assistant tokens, nats per token) | {sft.val_loss:.3f} |"
-         if sft.val_loss is not None else "| SFT loss on held-out examples | - (no example held out) |"),
+        (f"| SFT loss on its {sft.examples_val} held-out examples (assistant tokens, nats per token) | {sft.final_val_loss:.3f} |"
+         if sft.final_val_loss is not None else "| SFT loss on held-out examples | - (no example held out) |"),
         f"| held-out arithmetic accuracy SFT → GRPO, the GRPO stage's own check (95% CI) | {proportion_of(b.n_correct, b.n).describe()} → {proportion_of(a.n_correct, a.n).describe()} |",
         f"| held-out mean reward SFT → GRPO, the GRPO stage's own check | {b.mean_reward:.3f} → {a.mean_reward:.3f} |",
         *([f"| **GRPO was flat** | its rollouts' reward and KL did not move beyond noise over {grpo.steps} steps: "
@@ -148,7 +148,7 @@ def write_final_report(
     manifest: Path,
     pretrain_ppl: tuple[float | None, float],
     sft: SftResult,
-    grpo: GrpoStageResult,
+    grpo: GrpoResult,
     evals: Mapping[str, EvalResult],
     images: Mapping[str, Path | None],
     wall_seconds: float,
@@ -296,7 +296,7 @@ def _copy(src: Path | None, dst: Path) -> Path | None:
     return dst
 
 
-def _report_images(out: Path, base, sft: SftResult, grpo: GrpoStageResult, evals) -> dict[str, Path | None]:
+def _report_images(out: Path, base, sft: SftResult, grpo: GrpoResult, evals) -> dict[str, Path | None]:
     """The report's figures, copied or drawn into its own folder so its relative links resolve."""
     return {
         "pretraining loss": _copy(base.loss_curve, out / "pretrain_loss.png"),
@@ -322,7 +322,7 @@ def publish_pipeline_report(ws: Workspace, config, data, tokenized, base, sft, g
             set_tag(key, value)
         describe_stage_runs(run_id, identity)
     path = write_final_report(
-        Path(data.manifest), (base.val_ppl, base.unigram_ppl), sft, grpo, evals, images, wall_seconds, out / "report.md",
+        Path(data.manifest), (base.final_val_ppl, base.unigram_ppl), sft, grpo, evals, images, wall_seconds, out / "report.md",
         all_attempts, memory_row(base), identity, times,
     )
     page = write_report_html(path)

@@ -2,7 +2,10 @@
 charts and compare view group them by stage, rounded to four significant digits (the stage runs keep
 the full values), so the parent alone answers "which variant was better, and where".
 
-    data/kept · pretrain/val_ppl · sft/val_loss · grpo/heldout_accuracy · evaluate/grpo.answer.accuracy · pipeline/wall_minutes
+    data/kept · pretrain/final_val_ppl · sft/final_val_loss · grpo/heldout_accuracy_after ·
+    evaluate/grpo.answer.accuracy · pipeline/wall_minutes
+
+Each keeps the name its stage's result and MLflow run give it.
 """
 from __future__ import annotations
 
@@ -32,10 +35,10 @@ def headline_metrics(totals: Mapping[str, int], base: Any, sft: Any, grpo: Any, 
                      times: Sequence[StageTime], wall_seconds: float, all_attempts_seconds: float) -> dict[str, float]:
     """Every stage's headline numbers as `<stage>/<metric>`, rounded; None and non-finite values left out."""
     out: dict[str, float | None] = {f"data/{k}": totals.get(k) for k in DATA_HEADLINES}
-    out |= {"pretrain/val_ppl": base.val_ppl, "pretrain/unigram_ppl": base.unigram_ppl,
-            "sft/val_loss": getattr(sft, "val_loss", None),
-            "grpo/heldout_accuracy_before": grpo.before.accuracy, "grpo/heldout_accuracy": grpo.after.accuracy,
-            "grpo/heldout_reward_before": grpo.before.mean_reward, "grpo/heldout_reward": grpo.after.mean_reward,
+    out |= {"pretrain/final_val_ppl": base.final_val_ppl, "pretrain/unigram_ppl": base.unigram_ppl,
+            "sft/final_val_loss": getattr(sft, "final_val_loss", None),
+            "grpo/heldout_accuracy_before": grpo.before.accuracy, "grpo/heldout_accuracy_after": grpo.after.accuracy,
+            "grpo/heldout_reward_before": grpo.before.mean_reward, "grpo/heldout_reward_after": grpo.after.mean_reward,
             "grpo/flat": float(grpo.flat)}
     for name, result in evals.items():
         metrics = result.metrics()

@@ -1,4 +1,4 @@
-"""Every figure of the project: reliability diagrams, model comparison, loss curves, data funnel.
+"""The reports' figures: reliability diagrams, model comparison, accuracy-coverage, data funnel.
 
 Figures are built on matplotlib's object API with the Agg canvas (no pyplot state, no
 display needed) and written atomically, so a reader never sees half a PNG.
@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from infra.workspace.atomic import atomic_write
+from infra.workspace.atomic import write_figure_atomic
 
 if TYPE_CHECKING:  # annotations only: the data flow draws its funnel without importing torch
     from models.calibration import CalibrationReport, ReliabilityBins
@@ -21,13 +20,6 @@ if TYPE_CHECKING:  # annotations only: the data flow draws its funnel without im
 
 # Where collected documents ended, in the stacking order of the funnel chart.
 _FUNNEL_FATES = ("kept", "filtered", "near_duplicates", "exact_duplicates", "rejected")
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    FigureCanvasAgg(fig)
-    with atomic_write(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    return Path(path)
 
 
 def _bin_arrays(bins: ReliabilityBins) -> tuple[np.ndarray, ...]:
@@ -115,7 +107,7 @@ def reliability_diagram_png(
         bottom.margins(y=0.35)
     bottom.set_xlabel(f"confidence ({_bins_note(bins)}, n={bins.n})")
     top.set_xlabel("")
-    return _save(fig, path)
+    return write_figure_atomic(fig, path)
 
 
 def compare_models_png(
@@ -161,7 +153,7 @@ def compare_models_png(
     scores.legend(fontsize=8)
     scores.margins(y=0.2)
     fig.suptitle(title)
-    return _save(fig, path)
+    return write_figure_atomic(fig, path)
 
 
 def accuracy_coverage_png(
@@ -189,34 +181,7 @@ def accuracy_coverage_png(
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path)
-
-
-def loss_curve_png(
-    steps: Sequence[float] | Mapping[str, Sequence[float]],
-    values_by_name: Mapping[str, Sequence[float]],
-    path: Path,
-    title: str = "Loss",
-    log_y: bool = False,
-) -> Path:
-    """One line per named series; `steps` is shared, or a mapping with each series' own steps."""
-    if not values_by_name:
-        raise ValueError("loss_curve_png needs at least one series in values_by_name; got none")
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.subplots()
-    for name, values in values_by_name.items():
-        xs = steps[name] if isinstance(steps, Mapping) else steps
-        if len(xs) != len(values):
-            raise ValueError(f"series '{name}' has {len(values)} values but {len(xs)} steps; pass matching lengths")
-        y = np.asarray(values, dtype=float)
-        ax.plot(np.asarray(xs, dtype=float), y, label=name, marker="." if len(y) < 30 else None)
-    if log_y:
-        ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return write_figure_atomic(fig, path)
 
 
 def _legend_below(ax) -> None:
@@ -228,7 +193,7 @@ def _legend_below(ax) -> None:
 
 def funnel_png(funnel: Mapping[str, Mapping[str, int]], path: Path, title: str = "Data funnel") -> Path:
     """Where each source's documents ended (stacked bars), plus removal counts per reason."""
-    return _save(funnel_figure(funnel, title), path)
+    return write_figure_atomic(funnel_figure(funnel, title), path)
 
 
 def funnel_figure(funnel: Mapping[str, Mapping[str, int]], title: str = "Data funnel") -> Figure:

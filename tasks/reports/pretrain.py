@@ -1,80 +1,51 @@
-"""Pretraining's evaluation step: validation perplexity against the unigram baseline of the
-same tokenizer on the same validation tokens, plus the Chinchilla view of the run: its tokens per
-parameter (all parameters, as Chinchilla counts them) against the compute-optimal ratio, which is
-the one a scaling sweep fitted on the same data and tokenizer where there is one (`llmforge scale`),
-else Chinchilla's 20."""
+"""Pretraining's report: what the run trained, its validation perplexity beside the unigram baseline of the same
+tokenizer on the same tokens, and the Chinchilla view of its tokens per parameter, as Markdown.
+
+The numbers are the stage's (tasks/training/pretrain/stage.py measures the baseline and the Chinchilla view
+after the run); this only renders them, and logs the page into the active MLflow run.
+"""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from pydantic import BaseModel
-
+from infra.tracking.runs import log_artifact
 from infra.workspace.atomic import write_text_atomic
-from infra.tracking.runs import log_artifact, log_artifacts, log_metrics, log_text, set_tag
-from infra.stages import DS_CONFIG_FILE
-from tasks.training.pretrain.stage import Pretrain, PretrainResult
-from tasks.tokenizer.tokenize_shards import load_token_index, unigram_perplexity
+from models.export import load_config
+from models.flops import num_params
+from tasks.tokenizer.tokenize_shards import load_token_index
+from tasks.training.pretrain.stage import PretrainResult
+
+REPORT_FILE = "pretrain_report.md"
 
 
-class PretrainReport(BaseModel):
-    """Pretraining's evaluation: validation perplexity beside the unigram baseline, the Chinchilla view, markdown."""
-
-    unigram_ppl: float
-    val_ppl: float | None
-    chinchilla: str
-    markdown: str
+def _value(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
-def log_pretrain_report(tokenizer: Path, tokens_dir: Path, result: PretrainResult, out_dir: Path) -> PretrainReport:
-    """Compute the baseline, log the comparison and artifacts to the active MLflow run."""
-    from models.export import load_config
-    from models.flops import chinchilla, num_params
-    from tasks.training.scaling.fit_record import find_fit
-
-    unigram = unigram_perplexity(tokens_dir)
-    index = load_token_index(tokens_dir)
+def pretrain_markdown(result: PretrainResult, tokens_dir: Path) -> str:
+    """The pretraining run as a Markdown table, with its Chinchilla line."""
     cfg = load_config(result.model_dir)
-    n_params = num_params(cfg)
-    fit = find_fit(tokens_dir) if result.tokens_seen else None
-    if fit is not None:
-        ratio = fit.optimal_ratio(6.0 * n_params * result.tokens_seen)
-        report = chinchilla(n_params=n_params, tokens=result.tokens_seen, optimal_ratio=ratio.estimate,
-                            ratio_source=fit.source(ratio))
-    else:
-        report = chinchilla(n_params=n_params, tokens=result.tokens_seen)
     lines = [
         "# Pretraining",
         "",
         "| metric | value |",
         "|---|---|",
-        f"| parameters | {n_params:,} ({num_params(cfg, include_embeddings=False):,} non-embedding) |",
+        f"| parameters | {num_params(cfg):,} ({num_params(cfg, include_embeddings=False):,} non-embedding) |",
         f"| steps | {result.steps} |",
         f"| tokens seen | {result.tokens_seen:,} |",
-        f"| train tokens available | {index.tokens('train'):,} |",
-        f"| final train loss | {result.final_train_loss:.4f} |" if result.final_train_loss is not None else "| final train loss | - |",
-        f"| validation perplexity | {result.val_ppl:.2f} |" if result.val_ppl is not None else "| validation perplexity | - |",
-        f"| unigram baseline perplexity | {unigram:.2f} |",
-        f"| tokens/s | {result.tokens_per_s:.0f} |" if result.tokens_per_s else "| tokens/s | - |",
-        "",
-        f"Chinchilla: {report.summary()}",
+        f"| train tokens available | {load_token_index(tokens_dir).tokens('train'):,} |",
+        f"| final train loss | {_value(result.final_train_loss, '.4f')} |",
+        f"| validation perplexity | {_value(result.final_val_ppl, '.2f')} |",
+        f"| unigram baseline perplexity | {_value(result.unigram_ppl, '.2f')} |",
+        f"| tokens/s | {_value(result.train_tokens_per_s or None, '.0f')} |",
     ]
-    markdown = "\n".join(lines)
-    md = write_text_atomic(out_dir / "pretrain_report.md", markdown)
-    metrics = {"unigram_ppl": unigram, "tokens_per_param": report.tokens_per_param,
-               "optimal_tokens_per_param": report.optimal_ratio}
-    if result.val_ppl is not None:
-        metrics["final_val_ppl"] = result.val_ppl  # the worker's name, so a cached stage logs the same key
-        metrics["val_ppl_over_unigram"] = result.val_ppl / unigram
-    log_metrics(metrics)
-    log_artifact(md, artifact_path="pretrain")
-    log_artifact(tokenizer, artifact_path="tokenizer")
-    log_text(json.dumps(index.model_dump(mode="json"), indent=2), "pretrain/token_index.json")
-    for name in (Pretrain.config_file, DS_CONFIG_FILE):
-        p = result.out_dir / name
-        if p.is_file():
-            log_artifact(p, artifact_path="pretrain")
-    log_artifacts(result.model_dir, artifact_path="model")  # safetensors + config.json
-    if report.warning:
-        set_tag("chinchilla.warning", report.warning)
-    return PretrainReport(unigram_ppl=unigram, val_ppl=result.val_ppl, chinchilla=report.summary(), markdown=markdown)
+    if result.chinchilla:
+        lines += ["", f"Chinchilla: {result.chinchilla}"]
+    return "\n".join(lines)
+
+
+def log_pretrain_report(result: PretrainResult, tokens_dir: Path, reports: Path) -> str:
+    """Write the report into `reports` and log it into the active MLflow run (under pretrain/); its Markdown."""
+    markdown = pretrain_markdown(result, tokens_dir)
+    log_artifact(write_text_atomic(Path(reports) / REPORT_FILE, markdown), artifact_path="pretrain")
+    return markdown

@@ -41,7 +41,7 @@ def scale_report_markdown(points: Sequence[MeasuredPoint], train_tokens: int, sb
         # A point on its own, smaller micro-batch (scale.min_steps) says so beside its steps.
         steps = f"{p.steps:,}" + (f" ({p.micro_batch_size}/micro-batch)" if p.micro_batch_size else "")
         lines.append(f"| {p.budget:.3g} | {p.depth} | {p.n_params:,} | {p.tokens:,} | {p.tokens_per_param:.1f} | "
-                     f"{steps} | {p.epochs:.2f} | {p.val_bpb:.4f} | {p.val_loss:.4f} |")
+                     f"{steps} | {p.epochs:.2f} | {p.final_val_bpb:.4f} | {p.final_val_loss:.4f} |")
     lines += [""] + [f"WARNING: {w}" for w in warnings] + ([""] if warnings else [])
     if sb is None or intervals is None:
         return "\n".join(lines + [f"Not fitted: {note}", ""])

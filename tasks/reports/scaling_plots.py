@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from models.scaling_bootstrap import ScalingBootstrap
-from tasks.reports.plots import _save
+from infra.workspace.atomic import write_figure_atomic
 from tasks.training.scaling.prediction import Prediction
 from tasks.training.scaling.sweep import MeasuredPoint
 
@@ -29,7 +29,7 @@ def _finish(fig: Figure, ax: Any, path: Path, xlabel: str, ylabel: str, title: s
     ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return write_figure_atomic(fig, path)
 
 
 def _budgets(points: Sequence[MeasuredPoint]) -> list[float]:
@@ -46,7 +46,7 @@ def isoflop_png(points: Sequence[MeasuredPoint], sb: ScalingBootstrap | None, pa
         at = sorted((p for p in points if p.budget == budget), key=lambda p: p.n_params)
         n = np.array([p.n_params for p in at], dtype=float)
         c = colors[i % 10]
-        ax.plot(n, [p.val_bpb for p in at], "o", color=c, label=f"C = {budget:.2g} FLOPs")
+        ax.plot(n, [p.final_val_bpb for p in at], "o", color=c, label=f"C = {budget:.2g} FLOPs")
         if budget in minima:
             grid = np.exp(np.linspace(math.log(n.min()), math.log(n.max()), 100))
             ax.plot(grid, minima[budget].parabola(grid), "-", color=c, alpha=0.6)
@@ -90,7 +90,7 @@ def contours_png(points: Sequence[MeasuredPoint], sb: ScalingBootstrap, predicti
     nn, dd = np.meshgrid(gn, gd)
     filled = ax.contourf(nn, dd, sb.law.loss(nn, dd), levels=20, cmap="viridis")
     fig.colorbar(filled, ax=ax, label="fitted bits per byte")
-    sc = ax.scatter([p.n_params for p in points], [p.tokens for p in points], c=[p.val_bpb for p in points],
+    sc = ax.scatter([p.n_params for p in points], [p.tokens for p in points], c=[p.final_val_bpb for p in points],
                     cmap="viridis", norm=filled.norm, edgecolors="white", label="swept runs (measured)")
     sc.set_zorder(3)
     if prediction:
@@ -104,4 +104,4 @@ def contours_png(points: Sequence[MeasuredPoint], sb: ScalingBootstrap, predicti
     ax.set_ylabel("training tokens D")
     ax.set_title(f"L(N, D) = {sb.law.E:.3f} + {sb.law.A:.3g}/N^{sb.law.alpha:.3f} + {sb.law.B:.3g}/D^{sb.law.beta:.3f}")
     ax.legend(fontsize=8, loc="lower left")
-    return _save(fig, path)
+    return write_figure_atomic(fig, path)

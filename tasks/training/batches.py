@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from tasks.training.loop import BatchFn
+from tasks.training.types import BatchFn
 
 
 def epoch_orders(n: int, seed: int) -> Callable[[int], np.ndarray]:

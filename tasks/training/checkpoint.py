@@ -24,11 +24,12 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from infra.workspace.atomic import write_text_atomic
 from tasks.data.manifest import ChecksumError
 from infra.workspace.record import sha256_file
-from tasks.training.engine import all_gather
+from tasks.training.distributed import all_gather
 
 CKPT_TAG_PREFIX = "step"
 CKPT_SUMS_FILE = "SHA256SUMS.json"  # per checkpoint folder: DeepSpeed itself records no checksums
@@ -239,8 +240,6 @@ def save_checkpoint(engine, ckpt_dir: Path, step: int, client_state: dict[str, A
     already too full (nothing written) or fills during the save (the partial folder removed,
     on every rank); 'latest' then still names the previous checkpoint.
     """
-    import torch.distributed as dist
-
     ckpt_dir = Path(ckpt_dir)
     tag = tag_of(step)
     tag_dir = ckpt_dir / tag

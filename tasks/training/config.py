@@ -26,7 +26,7 @@ from infra.config import StrictModel
 from infra.launch.hostfile import HostfilePath
 from tasks.eval.gsm8k import Gsm8kSource
 from tasks.eval.rewards import check_reward_names
-from tasks.training.sft.data import ArithmeticSftOptions, SftBuiltin
+from tasks.eval.arithmetic import problem_capacity
 
 Zero = Literal["zero0", "zero1", "zero2", "zero3", "zero2_offload"]
 Precision = Literal["fp32", "bf16", "auto"]
@@ -164,6 +164,64 @@ class PretrainConfig(StrictModel):
         if name not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)} (models/presets.py)")
         return name
+
+
+SftBuiltin = Literal["stdlib_docstrings", "arithmetic"]  # the built-in SFT sets (tasks/training/sft/data.py)
+
+
+class ArithmeticSftOptions(StrictModel):
+    n: int = Field(default=400, gt=0)
+    seed: int = 0
+    max_operand: int = Field(default=20, ge=0)
+    ops: str = "+-"
+    # Abstention: `abstain_n` more questions with an operand in (max_operand, abstain_max_operand],
+    # answered "I don't know" (tasks/eval/rewards.ABSTENTION), so the model learns the one way to abstain.
+    abstain_n: int = Field(default=0, ge=0)
+    abstain_max_operand: int | None = Field(default=None, ge=0)
+    # This many more such questions, held out for validation only (never trained on, whatever val_fraction says), so
+    # that the validation set checks the abstention too and grows without taking examples from training. Drawn after
+    # the abstain_n ones from the same sequence: the abstain_n trained on stay the same sums.
+    val_abstain_n: int = Field(default=0, ge=0)
+    # The abstained questions have an operand above this (default max_operand). Above max_operand, it leaves a band
+    # of sums SFT neither answers nor abstains on: where the model's knowledge ends there is GRPO's to find.
+    abstain_above: int | None = Field(default=None, ge=0)
+    # This many of the n questions inside the range answered "I don't know" instead (drawn by seed), so that "I don't
+    # know" has a prior inside the range for GRPO to move: up where the policy is wrong, down where it is right.
+    # Off by default (BENCHMARKS.md "An abstention prior inside the range": GRPO turned those abstentions into answers).
+    abstain_in_range: int = Field(default=0, ge=0)
+
+    @property
+    def abstained_above(self) -> int:
+        """The abstained questions have an operand above this: abstain_above, else max_operand."""
+        return self.max_operand if self.abstain_above is None else self.abstain_above
+
+    @model_validator(mode="after")
+    def _abstain_range(self) -> "ArithmeticSftOptions":
+        unsure = self.abstain_n + self.val_abstain_n
+        if unsure and (self.abstain_max_operand is None or self.abstain_max_operand <= self.max_operand):
+            name = "abstain_n" if self.abstain_n else "val_abstain_n"
+            raise ValueError(f"{name}={getattr(self, name)} needs abstain_max_operand above max_operand="
+                             f"{self.max_operand} (got {self.abstain_max_operand}): the abstained questions lie outside "
+                             "the trained range")
+        if self.abstain_in_range > self.n:
+            raise ValueError(f"abstain_in_range={self.abstain_in_range} must be at most n={self.n}: it picks which of "
+                             "the n questions inside the range are answered \"I don't know\"")
+        above = self.abstain_above
+        if above is not None and not (self.max_operand <= above < (self.abstain_max_operand or 0)):
+            raise ValueError(f"abstain_above={above} must lie in [max_operand={self.max_operand}, abstain_max_operand="
+                             f"{self.abstain_max_operand}): the abstained questions have an operand above it")
+        # Counted here, not in a rank after its launch, where make_problems would refuse too many.
+        if self.n > (inside := problem_capacity(self.max_operand, self.ops, "sft")):
+            raise ValueError(f"n={self.n}, but only {inside} questions of the sft split have operands up to "
+                             f"max_operand={self.max_operand} with ops={self.ops!r}: lower n or raise max_operand")
+        if unsure:
+            above = self.abstained_above
+            room = problem_capacity(self.abstain_max_operand or 0, self.ops, "sft", above)
+            if unsure > room:
+                raise ValueError(f"abstain_n + val_abstain_n = {self.abstain_n} + {self.val_abstain_n} = {unsure}, "
+                                 f"but only {room} questions of the sft split have an operand in ({above}, "
+                                 f"{self.abstain_max_operand}]: lower them or raise abstain_max_operand")
+        return self
 
 
 class SftDataConfig(StrictModel):

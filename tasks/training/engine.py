@@ -1,6 +1,5 @@
-"""The one DeepSpeed engine builder, and the process-group set-up every training stage shares.
+"""The one DeepSpeed engine builder: our AdamW and schedule around the model, the stage's ds_config.json.
 
-    rank, world = init_distributed()                  # join the launcher's group, or make a one-rank one
     engine = build_engine(model, cfg.optim, cfg.launch, micro_batch_size, grad_accum, steps)  # our AdamW (+ LambdaLR)
 
 DeepSpeed never builds the optimizer or the LR schedule: both come from models/optim.py, so
@@ -9,18 +8,17 @@ pretraining, SFT and GRPO step their weights the same way.
 from __future__ import annotations
 
 import contextlib
-import os
-from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from infra.launch.build_lock import BUILDING_SHM_OP
-from infra.launch.launcher import build_ds_config, free_port, remove_shm_buffers, resolve_precision
+from infra.launch.launcher import build_ds_config, resolve_precision
 from infra.launch.runner import import_deepspeed  # DeepSpeed without its unused MLflow import: ~3 s a rank
 from models.optim import GuardedAdamW, build_adamw, build_scheduler
+from models.tensor_parallel import parallelize, reduce_data_parallel_grads
 from tasks.training.config import LaunchConfig, OptimConfig
+from tasks.training.distributed import TensorParallelGroups, init_distributed
 
 
 @dataclass(frozen=True)
@@ -33,11 +31,13 @@ class Schedule:
     schedule: str = "cosine"
 
     @classmethod
-    def of(cls, optim: OptimConfig, steps: int) -> "Schedule | None":
-        """The schedule of `optim` over `steps`; None for a constant lr (no LambdaLR at all)."""
+    def of(cls, optim: OptimConfig, steps: int, updates_per_step: int = 1) -> "Schedule | None":
+        """The schedule of `optim` over `steps` loop steps of `updates_per_step` optimizer steps each (GRPO updates
+        every sampled batch several times), counted in optimizer steps: the lr scheduler steps with the optimizer,
+        so warmup and cosine end at the run's last optimizer step. None for a constant lr (no LambdaLR at all)."""
         if optim.schedule == "constant" and optim.warmup_steps == 0:
             return None
-        return cls(optim.warmup_steps, steps, optim.min_lr_ratio, optim.schedule)
+        return cls(optim.warmup_steps * updates_per_step, steps * updates_per_step, optim.min_lr_ratio, optim.schedule)
 
 
 def ds_config_for(optim: OptimConfig, launch: LaunchConfig, micro_batch_size: int, grad_accum: int) -> dict[str, Any]:
@@ -59,60 +59,13 @@ def guarded_step(zero: str, precision: str) -> bool:
     return zero == "zero0" and precision == "fp32"
 
 
-def _shm_op_built() -> bool:
-    """Whether torch's extension cache already holds DeepSpeed's compiled CPU communication op."""
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
-    return any(root.glob("*/deepspeed_shm_comm/*.so")) or any(root.glob("deepspeed_shm_comm/*.so"))
-
-
-def init_distributed() -> tuple[int, int]:
-    """Join the process group the launcher described, or make a one-rank group in this process.
-
-    Returns (rank, world size). DeepSpeed's engine reads LOCAL_RANK etc. from the environment,
-    so the single-process case sets them (only if absent) before initialising.
-    """
-    if not torch.cuda.is_available():
-        # DeepSpeed picks its accelerator at import; without CUDA only the CPU one works.
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    deepspeed = import_deepspeed()
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            for key, value in {
-                "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-            }.items():
-                os.environ.setdefault(key, value)
-        if os.environ.get("DS_ACCELERATOR") == "cpu" and not _shm_op_built() and os.environ.get("RANK", "0") == "0":
-            print(BUILDING_SHM_OP, flush=True)
-        deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
-        _unlink_shm_names()
-    return dist.get_rank(), dist.get_world_size()
-
-
-def _unlink_shm_names() -> None:
-    """Unlink this rank's /dev/shm all-reduce buffer once every rank has mapped every buffer.
-
-    DeepSpeed's CPU all-reduce maps the buffers at init and never unlinks them, so each launch
-    left one file per rank behind (66 MB each). Unlinked, the memory lives while the ranks have it
-    mapped and goes back to the kernel however they end, a SIGKILL included.
-    """
-    import torch.distributed as dist
-
-    if os.environ.get("DS_ACCELERATOR") != "cpu" or "MASTER_PORT" not in os.environ:
-        return
-    if dist.get_world_size() > 1:
-        dist.barrier()  # every rank is past DeepSpeed's init, which opens all the others' buffers
-    remove_shm_buffers(int(os.environ["MASTER_PORT"]), dist.get_rank())
-
-
 def build_engine(model: torch.nn.Module, optim: OptimConfig, launch: LaunchConfig, micro_batch_size: int,
-                 grad_accum: int, steps: int, ds_config: dict[str, Any] | None = None, layout=None):
-    """A DeepSpeed engine around `model` with our AdamW and lr schedule; `ds_config` (what the stage wrote in
-    ds_config.json) defaults to `ds_config_for` the same settings. `layout` (tasks/training/parallel.py's
-    RankLayout, None: plain data parallel): with pp > 1 `model` is already its PipelineModule; with tp > 1
-    it is split here."""
+                 grad_accum: int, steps: int, ds_config: dict[str, Any] | None = None, layout=None,
+                 updates_per_step: int = 1):
+    """A DeepSpeed engine around `model` with our AdamW and lr schedule over `steps` loop steps of
+    `updates_per_step` optimizer steps; `ds_config` (what the stage wrote in ds_config.json) defaults to
+    `ds_config_for` the same settings. `layout` (tasks/training/parallel.py's RankLayout, None: plain data
+    parallel): with pp > 1 `model` is already its PipelineModule; with tp > 1 it is split here."""
     init_distributed()
     deepspeed = import_deepspeed()
 
@@ -127,7 +80,7 @@ def build_engine(model: torch.nn.Module, optim: OptimConfig, launch: LaunchConfi
             return GuardedAdamW(module, max_grad_norm=optim.grad_clip, norm_group=norm_group, **adamw)
         return build_adamw(module, **adamw)
 
-    schedule = Schedule.of(optim, steps)
+    schedule = Schedule.of(optim, steps, updates_per_step)
     if layout is not None and layout.tp > 1:
         return _tensor_parallel_engine(model, layout, optimizer_of, schedule, ds_config)
     optimizer = optimizer_of(model)
@@ -149,10 +102,6 @@ def _tensor_parallel_engine(model, layout, optimizer_of, schedule, ds_config):
     DTensors refuse: it is turned off, and the replicas' shards are averaged before each optimizer step.
     """
     deepspeed = import_deepspeed()
-
-    from models.tensor_parallel import parallelize, reduce_data_parallel_grads
-    from tasks.training.parallel import TensorParallelGroups
-
     groups = TensorParallelGroups(layout.dp, layout.tp)
     scheduler = (lambda optimizer: build_scheduler(optimizer, schedule)) if schedule is not None else None
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=lambda _: optimizer_of(parallelize(model, groups.tp_mesh)),
@@ -175,13 +124,3 @@ def full_parameters(model: torch.nn.Module, zero: str):
 
     return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
 
-
-def all_gather(obj: Any, world: int) -> list[Any]:
-    """`obj` of every rank, in rank order (no communication on one rank)."""
-    import torch.distributed as dist
-
-    if world == 1:
-        return [obj]
-    out: list[Any] = [None] * world
-    dist.all_gather_object(out, obj)
-    return out

@@ -10,74 +10,32 @@
         log / validate / checkpoint on their schedules
         stopped (Ctrl-C, SIGTERM, a Prefect cancel)? checkpoint this step and stop (tasks/training/stop.py)
 
-A stage supplies a `Steps` object: its step, its validation, the state a checkpoint carries
-for it. `train` is the pretraining/SFT form (batches and a loss). Data order is a pure
-function of (micro-batch index, rank, world), so resuming needs only the step count; the
+A stage supplies a `Steps` object (tasks/training/types.py): its step, its validation, the state a
+checkpoint carries for it. `LossSteps` is pretraining's and SFT's: batches and a loss. Data order is a
+pure function of (micro-batch index, rank, world), so resuming needs only the step count; the
 checkpoint also carries each rank's RNG states so anything random continues exactly as in
-an uninterrupted run.
+an uninterrupted run. Every rank's entry point, which calls `fit`, is tasks/training/rank.py.
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from models.bpb import bits_per_byte
 from tasks.training.checkpoint import load_latest, save_checkpoint, seed_all, tag_of
 from tasks.training.config import TrainingConfig
-from tasks.training.engine import build_engine, init_distributed
+from tasks.training.distributed import data_group, init_distributed
+from tasks.training.engine import build_engine
 from tasks.training.metrics import MetricsSink, StepClock, perplexity
 from tasks.training.parallel import RankLayout, memory_record
+from tasks.training.progress import Progress, count_bad_step, log_window, on_schedule, throughput, validate
 from tasks.training.stop import StopRequest, TrainingStopped
-from tasks.training.progress import (Echo, Progress, TrainResult, count_bad_step, log_window, on_schedule, throughput,
-                                     validate)
-from tasks.training.progress import NonFiniteLossError  # noqa: F401 - the loop's own error, raised in count_bad_step
-
-Batch = Any  # whatever train_batches returns and loss_fn understands; tensors inside are moved to the device
-BatchFn = Callable[[int, int, int], Batch]  # (micro-batch index, rank, world size) -> batch
-# A loss, or (loss, parts): named detached scalars, e.g. the loss of each data source in a mixed
-# batch, averaged like the loss and logged beside it. Every micro-batch returns the same names.
-LossParts = dict[str, torch.Tensor]
-LossFn = Callable[[torch.nn.Module, Batch], torch.Tensor | tuple[torch.Tensor, LossParts]]
-# (nats summed, UTF-8 bytes summed) of a validation batch's predicted tokens, for bits per byte.
-BpbFn = Callable[[torch.nn.Module, Batch], tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass
-class StepStats:
-    """One optimizer step, agreed on by every rank."""
-
-    lr: float  # the lr this step used
-    loss: float | None  # mean over micro-batches and ranks; None when the step was skipped
-    n_nonfinite: int  # micro-batches (all ranks) with a non-finite loss
-    tokens: int  # fed by all ranks
-    seconds: float
-    parts: dict[str, float] = field(default_factory=dict)  # the loss's named parts, averaged like it; {} when skipped
-
-
-class Steps(Protocol):
-    """What a stage gives the loop: its optimizer step, its validation, and its own checkpoint state.
-
-    An `echoed` attribute (names of the step's parts) limits what the progress line shows; without one
-    it shows every part (the loss's parts, e.g. SFT's sft_loss and replay_loss).
-    """
-
-    def step(self, engine, step: int, rank: int, world: int) -> StepStats:
-        """One optimizer step; rank and world are this rank's data-parallel ones (tasks/training/parallel.py)."""
-
-    def validate(self, engine, rank: int, world: int) -> dict[str, float] | None:
-        """Validation metrics (`val_loss` among them when there is one); None: nothing to validate."""
-
-    def start(self, engine) -> dict[str, float] | None:
-        """Before the first step of a fresh run: metrics logged at step 0 (GRPO scores the starting policy)."""
-
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint carries for the stage besides the engine, the RNG and the loop's counters."""
-
-    def load_state(self, state: dict[str, Any]) -> None: ...
+from tasks.training.types import Batch, BatchFn, BpbFn, Echo, LossFn, LossParts, StepStats, Steps, TrainResult
 
 
 def _to_device(batch: Batch, device: torch.device) -> Batch:
@@ -88,12 +46,6 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to_device(v, device) for v in batch)
     return batch
-
-
-def data_group(engine):
-    """The process group of this rank's data-parallel replicas (all ranks unless tensor parallel splits them):
-    a step's stats are summed over it, as each replica's tp ranks hold the same loss."""
-    return getattr(engine, "data_parallel_group", None)
 
 
 def split_loss(out: torch.Tensor | tuple[torch.Tensor, LossParts]) -> tuple[torch.Tensor, LossParts]:
@@ -113,8 +65,6 @@ def _sum_parts(sums: dict[str, torch.Tensor], parts: LossParts) -> None:
 def validation_losses(engine, eval_batches: BatchFn, loss_fn: LossFn, n_batches: int, rank: int,
                       world: int) -> tuple[float, dict[str, float]]:
     """Mean loss (and its parts) over n_batches per rank, averaged over ranks; the model is left in train mode."""
-    import torch.distributed as dist
-
     engine.eval()
     total = torch.zeros((), dtype=torch.float64, device=engine.device)
     part_sums: dict[str, torch.Tensor] = {}
@@ -135,10 +85,6 @@ def validation_losses(engine, eval_batches: BatchFn, loss_fn: LossFn, n_batches:
 def validation_bits_per_byte(engine, eval_batches: BatchFn, bpb_fn: BpbFn, n_batches: int, rank: int,
                              world: int) -> float:
     """Bits per byte over the same validation batches (models/bpb.py): nats and bytes summed on every rank."""
-    import torch.distributed as dist
-
-    from models.bpb import bits_per_byte
-
     engine.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=engine.device)
     with torch.no_grad():
@@ -156,14 +102,14 @@ class LossSteps:
     engine step, with one all-reduce of the stats; validation is the mean loss over log.eval_batches batches,
     and, with `bpb_fn`, bits per byte over the same batches (comparable across tokenizers)."""
 
+    updates_per_step = 1  # one optimizer step after grad_accum micro-batches
+
     def __init__(self, cfg: TrainingConfig, train_batches: BatchFn, eval_batches: BatchFn | None, loss_fn: LossFn,
                  batch_tokens: Callable[[Batch], int] | None = None, bpb_fn: BpbFn | None = None) -> None:
         self.cfg, self.train_batches, self.eval_batches = cfg, train_batches, eval_batches
         self.loss_fn, self.batch_tokens, self.bpb_fn = loss_fn, batch_tokens, bpb_fn
 
     def step(self, engine, step: int, rank: int, world: int) -> StepStats:
-        import torch.distributed as dist
-
         cfg, device = self.cfg, engine.device
         t0 = time.perf_counter()
         lr = float(engine.get_lr()[0])
@@ -220,21 +166,6 @@ class LossSteps:
 # ----------------------------------------------------------------------------- the loop
 
 
-def train(model: torch.nn.Module, cfg: TrainingConfig, train_batches: BatchFn, eval_batches: BatchFn | None,
-          loss_fn: LossFn, ckpt_dir: Path | None, log: MetricsSink, *, batch_tokens: Callable[[Batch], int] | None = None,
-          **kw: Any) -> TrainResult:
-    """Pretraining's and SFT's form of `fit`: `train_batches(i, rank, world)` returns micro-batch i
-    (= step * grad_accum + k) of this rank, a pure function of its arguments (and the seed it was built
-    with) for resumes to be exact; `loss_fn(engine, batch)` returns a scalar loss, or (loss, named parts)
-    whose means are logged beside the loss (as val_<name> on validation). `batch_tokens(batch)` counts the
-    tokens a micro-batch really feeds the model (SFT pads per batch); without it every micro-batch counts
-    micro_batch_size * seq_len."""
-    steps = LossSteps(cfg, train_batches, eval_batches, loss_fn, batch_tokens)
-    b = cfg.batch
-    return fit(model, cfg, steps, ckpt_dir, log, micro_batch_size=b.micro_batch_size, grad_accum=b.grad_accum,
-               seq_len=b.seq_len, **kw)
-
-
 def fit(
     model: torch.nn.Module,
     cfg: TrainingConfig,
@@ -263,7 +194,7 @@ def fit(
     seed_all(cfg.seed + data_rank)
     steps = layout.steps(steps)
     engine = build_engine(layout.wrap(model, cfg.seed), cfg.optim, cfg.launch, micro_batch_size, grad_accum,
-                          cfg.steps, ds_config, layout)
+                          cfg.steps, ds_config, layout, steps.updates_per_step)
     client = load_latest(engine, ckpt_dir, rank, world, echo) if ckpt_dir is not None else {}
     progress = Progress.resumed(client, micro_batch_size * seq_len * grad_accum * data_world)
     if client:
@@ -317,11 +248,11 @@ def fit(
                            world)
     return TrainResult(
         steps=max(start, cfg.steps),
-        final_loss=progress.last_loss,
+        final_train_loss=progress.last_loss,
         final_val_loss=progress.last_val,
         final_val_ppl=perplexity(progress.last_val) if progress.last_val is not None else None,
         tokens_seen=progress.tokens_seen,
-        tokens_per_s=clock.tokens_per_s(),
+        train_tokens_per_s=clock.tokens_per_s(),
         skipped_steps=progress.skipped,
         resumed_from=start or None,
         world_size=world,
@@ -333,66 +264,3 @@ def fit(
         layout=layout,
         memory=memory,
     )
-
-
-# ----------------------------------------------------------------------------- one rank of a launched stage
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`deepspeed --module tasks.training.loop --job out_dir/job.json`: one rank of the stage the job names.
-
-    The stage (infra/stages.py's `Job.stage`, e.g. tasks.training.pretrain.stage:Pretrain) gives the model,
-    its steps and what its rank 0 writes at the end; this trains them with `fit` on the job's ds_config.json.
-    """
-    import argparse
-    import importlib
-    import os
-    import sys
-
-    import torch.distributed as dist
-
-    from infra.launch.launcher import remove_shm_buffers
-    from infra.lifecycle.process_tree import watch_supervisor
-    from infra.stages import CHECKPOINTS_DIR, Job
-    from tasks.training import worker
-    from tasks.training.metrics import ListSink, MlflowSink
-
-    parser = argparse.ArgumentParser(description="One DeepSpeed rank of a training stage.")
-    parser.add_argument("--job", type=Path, required=True, help="job.json written by the stage's runner")
-    job = Job.model_validate_json(parser.parse_args(argv).job.read_text(encoding="utf-8"))
-    module, _, name = job.stage.partition(":")
-    stage = getattr(importlib.import_module(module), name).for_job(job)
-    if stage.config.launch.torch_threads is not None:
-        torch.set_num_threads(stage.config.launch.torch_threads)
-    port, rank_env = os.environ.get("MASTER_PORT"), int(os.environ.get("RANK", "0"))
-    # A rank's parent is DeepSpeed's launcher; this ends it when the run's own process is gone
-    # (its shared-memory buffer too, in case that happens before init_distributed unlinks it).
-    watch_supervisor(on_lost=lambda: remove_shm_buffers(int(port), rank_env) if port else None)
-    try:
-        rank, world = init_distributed()
-        layout = RankLayout.of(stage.config.launch, rank, world)
-        with worker.rank0_run(job, stage.name, rank) as run:
-            model = stage.model()  # before its steps: GRPO's steps copy the model as their reference
-            steps = stage.steps(layout.data_rank, layout.data_world)
-            trained = fit(model, stage.config, steps, job.out_dir / CHECKPOINTS_DIR,
-                          MlflowSink(rank) if rank == 0 else ListSink(), **stage.shape(), echo=print if rank == 0 else None,
-                          ds_config=worker.read_ds_config(job))
-            stage.finish(trained, run, rank, world)
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
-    except TrainingStopped as stopped:
-        print(f"rank {rank_env}: {stopped}", file=sys.stderr, flush=True)
-        return 128 + stopped.signum
-    except KeyboardInterrupt:
-        # Ctrl-C reaches every rank of the terminal's process group; one line each, not a traceback.
-        print(f"rank {rank_env}: interrupted", file=sys.stderr)
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    # Run the importable module's main, so the stage modules and this one share one copy of the loop.
-    from tasks.training.loop import main as _main
-
-    raise SystemExit(_main())

@@ -1,20 +1,17 @@
-"""What the training loop reports: metric sinks, throughput and MFU, perplexity, the loss curve."""
+"""What the training loop measures and where it sends it: metric sinks, throughput and MFU, perplexity, the ETA."""
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
+from infra.launch.precision import remeasure_cpu_peak
 from infra.lifecycle.clock import clock_text, run_left_text
 from infra.tracking.runs import log_metrics
-from models.flops import mfu
-
-if TYPE_CHECKING:
-    from tasks.training.progress import TrainResult
+from models.flops import flops_per_token, mfu
 
 
 class MetricsSink(Protocol):
@@ -81,8 +78,6 @@ def model_flops_per_token(model: torch.nn.Module, seq_len: int) -> float | None:
     if mcfg is None:
         return None
     try:
-        from models.flops import flops_per_token
-
         return flops_per_token(mcfg, seq_len)
     except (ImportError, AttributeError, TypeError):
         return 6.0 * sum(p.numel() for p in model.parameters())
@@ -120,8 +115,6 @@ class Throughput:
         if self.flops_per_token is not None and self.peak_flops:
             metrics["mfu"] = mfu(tps, self.flops_per_token, self.peak_flops * world)
             if metrics["mfu"] > 1 and self.cpu_peak_dtype:  # the kept peak was measured on a busy CPU
-                from infra.launch.precision import remeasure_cpu_peak
-
                 self.peak_flops = remeasure_cpu_peak(self.cpu_peak_dtype, tps * self.flops_per_token / world)
                 metrics["mfu"] = mfu(tps, self.flops_per_token, self.peak_flops * world)
         return metrics
@@ -144,27 +137,6 @@ class Throughput:
 def perplexity(loss: float) -> float:
     """exp(loss), capped: exp overflows past ~709; an untrained model's perplexity is the vocab size, far below."""
     return math.exp(min(loss, 700.0))
-
-
-def loss_curve(result: "TrainResult", path: Path, title: str) -> Path | None:
-    """Plot the train and validation losses of a finished run; None when nothing was logged."""
-    from tasks.reports.plots import loss_curve_png
-
-    train = [(h["step"], h["loss"]) for h in result.history if "loss" in h]
-    val = [(h["step"], h["val_loss"]) for h in result.history if "val_loss" in h]
-    series = {name: pts for name, pts in (("train loss", train), ("val loss", val)) if pts}
-    # Named parts of the loss (e.g. SFT's sft_loss and replay_loss, and their val_ twins) as their own lines.
-    parts = sorted({k for h in result.history for k in h if k.endswith("_loss") and k not in ("loss", "val_loss")})
-    for name in parts:
-        series[name.replace("_", " ")] = [(h["step"], h[name]) for h in result.history if name in h]
-    if not series:
-        return None
-    return loss_curve_png(
-        {name: [s for s, _ in pts] for name, pts in series.items()},
-        {name: [v for _, v in pts] for name, pts in series.items()},
-        path,
-        title=title,
-    )
 
 
 class StepClock:

@@ -12,13 +12,22 @@ batches: the data is cut by data_rank and data_world only.
 """
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from models.llama import Transformer
+from models.losses import next_token_loss
+from models.memory_plan import Layout, plan_layout
+from models.pipeline import pipe_state_dict, pipeline_module
+from models.tensor_parallel import full_state_dict
 from tasks.training.config import LaunchConfig
+from tasks.training.distributed import all_gather
+from tasks.training.metrics import perplexity
+from tasks.training.types import StepStats, Steps
 
 
 @dataclass(frozen=True)
@@ -57,12 +66,9 @@ class RankLayout:
         """The module DeepSpeed is handed: the model itself, or (pp > 1) its PipelineModule with the loss inside."""
         if self.pp == 1:
             return model
-        from models.losses import next_token_loss
-        from models.pipeline import pipeline_module
-
         return pipeline_module(model, self.pp, next_token_loss, seed)
 
-    def steps(self, steps):
+    def steps(self, steps: Steps) -> Steps:
         """The stage's Steps, or (pp > 1) PipelineSteps over its batches."""
         return PipelineSteps(steps) if self.pp > 1 else steps
 
@@ -73,16 +79,9 @@ class RankLayout:
         None. A collective: every rank calls it."""
         if self.tp == 1 and self.pp == 1:
             return engine.module
-        from models.llama import Transformer
-        from tasks.training.engine import all_gather
-
         if self.tp > 1:
-            from models.tensor_parallel import full_state_dict
-
             state = full_state_dict(engine.module)
         else:
-            from models.pipeline import pipe_state_dict
-
             state = {}
             for part in all_gather(pipe_state_dict(engine.module) if self.data_rank == 0 else {}, self.dp * self.pp):
                 state.update(part)
@@ -93,45 +92,6 @@ class RankLayout:
             state["lm_head.weight"] = state["embed.weight"]
         model.load_state_dict({k: v.cpu() for k, v in state.items()})
         return model
-
-
-class TensorParallelGroups:
-    """The (dp, tp) device mesh, and what DeepSpeed asks a model-parallel unit (`mpu`) for: it then reduces
-    gradients over each replica's dp group, not over ranks holding different shards."""
-
-    def __init__(self, dp: int, tp: int) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        self.mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (dp, tp),
-                                     mesh_dim_names=("dp", "tp"))
-        self.tp_mesh = self.mesh["tp"]
-        self.tp_group, self.dp_group = self.mesh.get_group("tp"), self.mesh.get_group("dp")
-
-    def get_model_parallel_rank(self) -> int:
-        import torch.distributed as dist
-
-        return dist.get_rank(self.tp_group)
-
-    def get_model_parallel_world_size(self) -> int:
-        return self.tp_mesh.size()
-
-    def get_model_parallel_group(self):
-        return self.tp_group
-
-    get_tensor_model_parallel_rank = get_model_parallel_rank
-    get_tensor_model_parallel_world_size = get_model_parallel_world_size
-    get_tensor_model_parallel_group = get_model_parallel_group
-
-    def get_data_parallel_rank(self) -> int:
-        import torch.distributed as dist
-
-        return dist.get_rank(self.dp_group)
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.mesh["dp"].size()
-
-    def get_data_parallel_group(self):
-        return self.dp_group
 
 
 class PipelineSteps:
@@ -147,10 +107,9 @@ class PipelineSteps:
     def __init__(self, inner) -> None:
         self.inner = inner
         self.cfg = inner.cfg
+        self.updates_per_step = inner.updates_per_step
 
-    def step(self, engine, step: int, rank: int, world: int):
-        from tasks.training.loop import StepStats
-
+    def step(self, engine, step: int, rank: int, world: int) -> StepStats:
         b = self.cfg.batch
         t0 = time.perf_counter()
         lr = float(engine.get_lr()[0])
@@ -163,8 +122,6 @@ class PipelineSteps:
                          time.perf_counter() - t0)
 
     def validate(self, engine, rank: int, world: int) -> dict[str, float] | None:
-        from tasks.training.metrics import perplexity
-
         n = self.cfg.log.eval_batches
         if self.inner.eval_batches is None or n == 0:
             return None
@@ -192,8 +149,6 @@ def peak_bytes() -> int:
     """This rank's peak memory so far: the GPU's max_memory_allocated, or on the CPU the process' peak RSS."""
     if torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated())
-    import resource
-
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
@@ -202,9 +157,6 @@ def memory_record(layout: RankLayout, zero: str, model_cfg, seq_len: int, micro_
     """The layout, the memory plan's per-device estimate for it (models/memory_plan.py) and every rank's measured
     peak; a collective (the peaks are gathered). The estimate counts model states, activations and DeepSpeed's
     buffers only: a CPU rank's RSS adds Python, torch and the data (a few hundred MB)."""
-    from models.memory_plan import Layout, plan_layout
-    from tasks.training.engine import all_gather
-
     peaks = all_gather(peak_bytes(), world)
     estimate = None
     if model_cfg is not None:

@@ -1,10 +1,10 @@
 """The one loop's bookkeeping: its counters (what a checkpoint carries), the non-finite-loss policy,
-the logged windows, validation, throughput and MFU, and what a run ends with."""
+the logged windows, validation, throughput and MFU."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 import torch
 
@@ -12,37 +12,11 @@ from infra.launch.launcher import resolve_precision
 from infra.launch.precision import cpu_peak_flops
 from tasks.training.config import TrainingConfig
 from tasks.training.metrics import MetricsSink, StepClock, Throughput, measure_peak_flops, model_flops_per_token
-
-if TYPE_CHECKING:
-    from tasks.training.loop import StepStats, Steps
-
-Echo = Callable[[str], Any]
+from tasks.training.types import Echo, StepStats, Steps
 
 
 class NonFiniteLossError(RuntimeError):
     """Training produced max_bad_steps non-finite losses in a row."""
-
-
-@dataclass
-class TrainResult:
-    """What a training run ended with; `history` holds every metrics record rank 0 logged."""
-
-    steps: int
-    final_loss: float | None
-    final_val_loss: float | None
-    final_val_ppl: float | None
-    tokens_seen: int
-    tokens_per_s: float | None  # training throughput of this session, eval and checkpoints excluded
-    skipped_steps: int
-    resumed_from: int | None  # the checkpoint step this session started from; None for a fresh run
-    world_size: int
-    checkpoint: Path | None
-    history: list[dict[str, float]] = field(default_factory=list)
-    final_val_parts: dict[str, float] = field(default_factory=dict)  # the loss_fn's parts at the last validation
-    final_val_bpb: float | None = None  # bits per byte at the last validation, when the stage measures it
-    engine: Any = field(default=None, repr=False)  # the trained engine (its .module is the model)
-    layout: Any = field(default=None, repr=False)  # tasks/training/parallel.py's RankLayout the ranks trained in
-    memory: dict[str, Any] = field(default_factory=dict)  # parallel.memory_record: layout, planned and peak bytes
 
 
 @dataclass

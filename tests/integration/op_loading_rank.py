@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from tasks.training.engine import init_distributed
+from tasks.training.distributed import init_distributed
 
 if __name__ == "__main__":
     rank, world = init_distributed()

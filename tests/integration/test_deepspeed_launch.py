@@ -88,14 +88,14 @@ def test_the_runner_starts_its_node_launcher_through_ours():
     from infra.launch.runner import import_deepspeed, node_launcher
 
     local = [sys.executable, "-u", "-m", "deepspeed.launcher.launch", "--world_info=e30=", "--master_port=29500",
-             "--module", "tasks.training.loop", "--job", "j.json"]
+             "--module", "tasks.training.rank", "--job", "j.json"]
     assert node_launcher(local) == [sys.executable, "-u", "-m", "infra.launch.runner", "--node-launcher",
                                     *local[4:]]
     runner = import_deepspeed("deepspeed.launcher.runner")
     from deepspeed.launcher.multinode_runner import PDSHRunner
 
     args = runner.parse_args(["--num_gpus", "1", "--master_port", "29500", "--no_local_rank", "--module",
-                              "tasks.training.loop", "--job", "j.json"])
+                              "tasks.training.rank", "--job", "j.json"])
     args.master_addr = "127.0.0.1"
     cmd, kill, _ = PDSHRunner(args, "e30=").get_cmd({}, collections.OrderedDict([("node1", 1), ("node2", 1)]))
     ours = node_launcher(cmd)
@@ -134,11 +134,11 @@ def test_the_runners_log_says_the_command_as_started():
 
 
 def test_launch_command(tmp_path):
-    cmd = launch_command("tasks.training.loop", ["--job", "j.json"], num_procs=2, master_port=29555)
+    cmd = launch_command("tasks.training.rank", ["--job", "j.json"], num_procs=2, master_port=29555)
     assert cmd[:3] == [sys.executable, "-m", "infra.launch.runner"]
     assert cmd[cmd.index("--num_gpus") + 1] == "2"
     assert cmd[cmd.index("--master_port") + 1] == "29555"
-    assert cmd[cmd.index("--module") + 1] == "tasks.training.loop"
+    assert cmd[cmd.index("--module") + 1] == "tasks.training.rank"
     assert cmd[-2:] == ["--job", "j.json"] and "--no_local_rank" in cmd and "--hostfile" not in cmd
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node1 slots=8\nnode2 slots=8\n")
@@ -195,8 +195,8 @@ def test_two_rank_zero2_pretraining_through_the_launcher(zero2_two_rank):  # noq
 
     assert result.world_size == 2 and result.steps == 6
     assert result.tokens_seen == 6 * 4 * 16 * 2
-    assert result.final_train_loss is not None and result.val_loss is not None
-    assert result.val_ppl == pytest.approx(float(np.exp(result.val_loss)))
+    assert result.final_train_loss is not None and result.final_val_loss is not None
+    assert result.final_val_ppl == pytest.approx(float(np.exp(result.final_val_loss)))
     # ZeRO-2 checkpoint: one optimizer-state partition per rank, plus the model states.
     ckpt = out / "checkpoints" / "step00000006"
     assert result.checkpoint == ckpt and (out / "checkpoints" / "latest").read_text().strip() == ckpt.name

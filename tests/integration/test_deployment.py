@@ -435,7 +435,7 @@ def check_pipeline_run_and_its_rerun(deployed: dict, client, exp, parent) -> Non
     assert top.params["run.preset"] == "tiny" and top.params["run.overrides"].startswith("pretrain.steps=6")
     assert top.tags["llmforge.git_commit"] and top.tags["llmforge.machine"] and "torch" in top.tags["llmforge.versions"]
     assert top.tags["mlflow.note.content"].startswith("preset `tiny`, changed: ")
-    assert {"data/kept", "pretrain/val_ppl", "grpo/heldout_accuracy", "pipeline/wall_minutes",
+    assert {"data/kept", "pretrain/final_val_ppl", "grpo/heldout_accuracy_after", "pipeline/wall_minutes",
             "pretrain/wall_minutes", "evaluate/grpo.token.ece"} <= set(top.metrics), sorted(top.metrics)
     assert not {"do_sample", "max_new_tokens", "return_full_text"} & set(top.params)
     data_run = next(r for r in runs if stage_of[r.info.run_id] == "data"

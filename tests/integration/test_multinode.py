@@ -126,4 +126,4 @@ def test_two_node_zero2_pretraining_matches_one_node(tmp_path, zero2_two_rank, l
     one, two = _loss_curve(zero2_two_rank.ws, one_node.mlflow_run_id), _loss_curve(tmp_path / "ws-two", two_nodes.mlflow_run_id)
     assert [s for s, _ in two] == [s for s, _ in one] == list(range(1, 7))
     assert [v for _, v in two] == pytest.approx([v for _, v in one], rel=1e-4)
-    assert two_nodes.val_loss == pytest.approx(one_node.val_loss, rel=1e-4)
+    assert two_nodes.final_val_loss == pytest.approx(one_node.final_val_loss, rel=1e-4)

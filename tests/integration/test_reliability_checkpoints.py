@@ -8,7 +8,7 @@ import pytest
 
 from tasks.data.manifest import ChecksumError
 from tasks.training.checkpoint import CKPT_SUMS_FILE, checkpoint_tags, resume_tag, verify_checkpoint
-from tasks.training.loop import train
+from tests.helpers.training import train
 from tasks.training.metrics import ListSink
 from tasks.training.pretrain.stage import lm_loss
 from tasks.training.batches import token_window_batches
@@ -77,7 +77,7 @@ def test_save_interrupted_before_sums_falls_back_to_the_previous_checkpoint(trai
     assert resume_tag(ckpt) == "step00000002"
     resumed = _resume(ckpt, batches, steps=4)
     assert resumed.resumed_from == 2
-    assert abs(resumed.final_loss - straight.final_loss) < 1e-5
+    assert abs(resumed.final_train_loss - straight.final_train_loss) < 1e-5
 
 
 def test_only_checkpoint_without_sums_is_refused(tmp_path, trained):

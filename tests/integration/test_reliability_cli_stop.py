@@ -47,7 +47,7 @@ def _start_until_pretraining(env: dict[str, str]) -> tuple[subprocess.Popen, str
         lines.append(line)
         if m := re.search(r"Beginning flow run '([\w-]+)' for flow 'pipeline'", line):
             flow_run = m.group(1)
-        if "launching:" in line and "tasks.training.loop" in line:  # DeepSpeed's own lines go to launch.log
+        if "launching:" in line and "tasks.training.rank" in line:  # DeepSpeed's own lines go to launch.log
             break
     else:
         pytest.fail("the run ended before pretraining:\n" + "".join(lines[-60:]))
@@ -123,7 +123,7 @@ def test_ctrl_c_then_prefect_cancel_during_pretraining(prefect_env, prefect_api,
     proc, flow_run, lines = _start_until_pretraining(env)
     assert any("stage tokenize-shards: reused" in line for line in lines), "".join(lines[-60:])  # the seed's
     tree = _tree(proc)
-    assert any("tasks.training.loop" in " ".join(p.cmdline()) for p in tree)
+    assert any("tasks.training.rank" in " ".join(p.cmdline()) for p in tree)
     os.killpg(proc.pid, signal.SIGINT)
     out, statuses = _check_stopped(proc, tree, lines, shm_before, ws, expected_rc={130}, tmpdir=tmpdir)
     assert "stopped by SIGINT" in out and "stopping the run" in out

@@ -37,7 +37,7 @@ DRIVER = textwrap.dedent("""
                                "precision": "fp32", "precision_reason": "test"}))
     install_stop_handlers()
     try:
-        launch("tasks.training.loop", ["--job", str(job)], num_procs=ranks, master_port=port, cwd=Path.cwd())
+        launch("tasks.training.rank", ["--job", str(job)], num_procs=ranks, master_port=port, cwd=Path.cwd())
     except RunStopped as exc:
         print("driver:", exc, flush=True)
         sys.exit(exc.exit_code)

@@ -132,7 +132,7 @@ def resumed_like(stage_cls: Any, cfg: Any, inputs: dict[str, Any], out: Path, ws
     assert any(f"resuming from step {killed_at} " in line for line in said)
     assert resumed.steps == straight.steps == cfg.steps
     assert abs(resumed.final_train_loss - straight.final_train_loss) < 1e-5
-    assert abs(resumed.val_loss - straight.val_loss) < 1e-5
+    assert abs(resumed.final_val_loss - straight.final_val_loss) < 1e-5
     return resumed
 
 

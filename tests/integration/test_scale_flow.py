@@ -34,7 +34,7 @@ def test_two_point_sweep_tracked_and_cached(tmp_path, prefect_env, small_stage_s
     assert [p["depth"] for p in points] == [1, 2] and [p["steps"] for p in points] == [53, 32]
     # On the sweep's own micro-batch (scale.micro_batch_size: 4 sequences of 128), not pretraining's 16; depth 2,
     # short of scale.min_steps on 4, on 2.
-    assert [p["micro_batch_size"] for p in points] == [None, 2] and all(p["val_bpb"] > 0 for p in points)
+    assert [p["micro_batch_size"] for p in points] == [None, 2] and all(p["final_val_bpb"] > 0 for p in points)
     assert [p["tokens"] for p in points] == [53 * 4 * 128, 32 * 2 * 128]
     assert not (folder / "prediction.json").exists()
     report = (folder / "report.md").read_text()
@@ -53,8 +53,8 @@ def test_two_point_sweep_tracked_and_cached(tmp_path, prefect_env, small_stage_s
         point = next(p for p in points if p["mlflow_run_id"] == child.info.run_id)
         assert int(child.data.params["n_params"]) == point["n_params"] and int(child.data.params["tokens"]) == point["tokens"]
         assert float(child.data.params["flops"]) == pytest.approx(point["flops"], rel=1e-5)
-        assert child.data.metrics["val_bpb"] == pytest.approx(point["val_bpb"])
-        assert child.data.metrics["val_loss"] == pytest.approx(point["val_loss"])
+        assert child.data.metrics["final_val_bpb"] == pytest.approx(point["final_val_bpb"])
+        assert child.data.metrics["final_val_loss"] == pytest.approx(point["final_val_loss"])
     artifacts = {a.path for a in client.list_artifacts(sweep[0].info.run_id, "scale")}
     assert {"scale/report.md", "scale/points.json"} <= artifacts
 

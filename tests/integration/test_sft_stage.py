@@ -27,7 +27,8 @@ from tasks.training.sft.stage import (  # noqa: E402
     sft_loss,
     sft_sources,
 )
-from tasks.training.sft.data import ArithmeticSftOptions, SftExample  # noqa: E402
+from tasks.training.config import ArithmeticSftOptions  # noqa: E402
+from tasks.training.sft.data import SftExample  # noqa: E402
 from tests.conftest import sft_config, small_alphabet_bpe  # noqa: E402
 from tests.integration.references import sft_reference  # noqa: E402,F401 - the shared SFT run
 
@@ -146,8 +147,8 @@ def test_sft_end_to_end_through_the_launcher(sft_reference):  # noqa: F811
     assert result.rejected == {"exceeds_seq_len": 1, "malformed_json": 1}
     reasons = [json.loads(line)["reason"] for line in (out / "rejected.jsonl").read_text().splitlines()]
     assert sorted(reasons) == ["exceeds_seq_len", "malformed_json"]
-    assert result.final_train_loss is not None and result.val_loss is not None
-    assert result.replay_val_loss is not None and result.replay_val_ppl is not None
+    assert result.final_train_loss is not None and result.final_val_loss is not None
+    assert result.final_replay_val_loss is not None and result.final_replay_val_ppl is not None
     first_loss = next(float(s.split("loss ")[1].split()[0]) for s in lines_seen if s.startswith("step 10/"))
     assert result.final_train_loss < first_loss  # it learned something
     tuned = load_model(result.model_dir)

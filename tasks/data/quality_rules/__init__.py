@@ -26,7 +26,8 @@ from tasks.data.quality_rules.code import CODE
 from tasks.data.quality_rules.fineweb import FINEWEB
 from tasks.data.quality_rules.gopher import GOPHER_QUALITY, GOPHER_REPETITION
 from tasks.data.quality_rules.batch import Batch
-from tasks.data.quality_rules.rule import Rule, TextView
+from tasks.data.quality_rules.rule import Rule
+from tasks.data.quality_rules.text import TextView
 
 FAMILIES: dict[str, list[type[Rule]]] = {
     "gopher_quality": GOPHER_QUALITY,

@@ -2,7 +2,7 @@
 
 A `Batch` splits every document into words once, with pyarrow kernels over the whole batch,
 so a rule whose measure is a per-word count (`Rule.check_batch`) reads those arrays instead
-of looping over words in Python; each document's `TextView` (tasks/data/quality_rules/rule.py)
+of looping over words in Python; each document's `TextView` (tasks/data/quality_rules/text.py)
 is made when a rule first asks for it.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.data.quality_rules.rule import _LETTER, _MIX, _PUNCT_CHARS, _STEP, NgramCounts, TextView
+from tasks.data.quality_rules.text import LETTER, MIX, PUNCT_CHARS, STEP, NgramCounts, TextView
 
 
 class Batch:
@@ -86,7 +86,7 @@ class Batch:
 
     @cached_property
     def _trimmed(self) -> pa.Array:
-        return pc.utf8_trim(self.words, characters=_PUNCT_CHARS)
+        return pc.utf8_trim(self.words, characters=PUNCT_CHARS)
 
     @cached_property
     def content_lengths(self) -> np.ndarray:
@@ -111,7 +111,7 @@ class Batch:
         other = np.flatnonzero(~self._ascii)
         if len(other):
             has = has.copy()
-            has[other] = [_LETTER.search(w) is not None for w in self.words.take(pa.array(other)).to_pylist()]
+            has[other] = [LETTER.search(w) is not None for w in self.words.take(pa.array(other)).to_pylist()]
         return self.per_doc(has)
 
     def distinct_stop_words(self, stop_words: frozenset[str]) -> np.ndarray:
@@ -169,12 +169,12 @@ class Batch:
         shorter n-gram's key, which no rule reads. Each size extends the one below it."""
         if n not in self._keys:
             if n == 1:
-                self._keys[1] = (self.word_ids.astype(np.uint64) + np.uint64(1)) * _MIX
+                self._keys[1] = (self.word_ids.astype(np.uint64) + np.uint64(1)) * MIX
             else:
                 keys = self.ngram_keys(n - 1).copy()
                 total, k = len(keys), n - 1
                 if k < total:
-                    keys[: total - k] = keys[: total - k] * _STEP + self.ngram_keys(1)[k:]
+                    keys[: total - k] = keys[: total - k] * STEP + self.ngram_keys(1)[k:]
                 self._keys[n] = keys
         return self._keys[n]
 

@@ -31,7 +31,8 @@ from pydantic import Field
 
 from infra.config import StrictModel
 from tasks.data.quality_rules.batch import Batch
-from tasks.data.quality_rules.rule import Rule, TextView, failures, over, under
+from tasks.data.quality_rules.rule import Rule, failures, over, under
+from tasks.data.quality_rules.text import TextView
 
 TERMINAL_PUNCTUATION = (".", "?", "!", '"', "'")
 POLICY_PHRASES = ["terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies"]

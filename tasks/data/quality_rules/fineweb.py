@@ -7,7 +7,8 @@ from pydantic import Field
 
 from infra.config import StrictModel
 from tasks.data.quality_rules.batch import Batch
-from tasks.data.quality_rules.rule import Rule, TextView, failures, fraction, over
+from tasks.data.quality_rules.rule import Rule, failures, fraction, over
+from tasks.data.quality_rules.text import TextView
 
 # The original FineWeb stop characters, plus the CJK, Arabic and Devanagari sentence ends.
 STOP_CHARS = [".", "'", '"', "!", "?", "。", "！", "？", "؟", "।"]

@@ -13,16 +13,8 @@ from pydantic import Field
 
 from infra.config import StrictModel
 from tasks.data.quality_rules.batch import Batch
-from tasks.data.quality_rules.rule import (
-    Rule,
-    TextView,
-    duplicated_ngram_chars,
-    failures,
-    fraction,
-    over,
-    top_ngram_chars,
-    under,
-)
+from tasks.data.quality_rules.rule import Rule, duplicated_ngram_chars, failures, fraction, over, top_ngram_chars, under
+from tasks.data.quality_rules.text import TextView
 
 STOP_WORDS = ["the", "be", "to", "of", "and", "that", "have", "with"]
 BULLETS = ("•", "-", "*", "‣", "◦", "·")

@@ -20,7 +20,8 @@ import torch
 from models.chat_template import decode_completion, encode_prompt, special_ids
 from models.grpo import group_advantages, grpo_loss
 from models.losses import IGNORE_INDEX, token_logprobs
-from models.sampling import tempered
+from models.sampling import equal_length_batches, generate, tempered
+from tasks.eval.rewards import ABSTENTION
 from tasks.training.config import GrpoConfig
 
 
@@ -76,8 +77,6 @@ def _generate_groups(
 
     generate() has no padding mask, so only equal-length prompts can share a forward pass.
     """
-    from models.sampling import equal_length_batches, generate
-
     device = next(model.parameters()).device
     out: list[list[tuple[list[int], list[float]]]] = [[] for _ in prompts]
     per_call = max(1, max_rows // n_samples)  # prompts per generate call, bounding its memory
@@ -138,8 +137,6 @@ def guide_abstentions(rollouts: list[Rollout], tokenizer: Any, group_size: int, 
     and lowers it elsewhere. Their old log-probs are left to the caller (the policy's own, from a forward pass)."""
     if per_group <= 0:
         return []
-    from tasks.eval.rewards import ABSTENTION
-
     ids = tokenizer.encode(ABSTENTION, add_special_tokens=False).ids + [special_ids(tokenizer).end_turn]
     chosen = range(len(rollouts) // group_size) if groups is None else groups
     guided = [g * group_size + j for g in chosen for j in range(group_size - per_group, group_size)]
@@ -210,11 +207,6 @@ def masked_entropy(logits: torch.Tensor, mask: torch.Tensor) -> float:
     return float((ent * mask).sum() / mask.sum().clamp_min(1))
 
 
-
-
-# ----------------------------------------------------------------------------- held-out score
-
-
 def abstention_nll(logp: torch.Tensor, mask: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
     """The mean negative log-likelihood of the completion tokens of `rows` (the guided abstentions): a supervised
     term on the prompts where the policy's own samples are mostly wrong, as R-Tuning (Zhang et al. 2024) teaches
@@ -267,7 +259,7 @@ def _rollout_metrics(rollouts: Sequence[Rollout], rewards: torch.Tensor, group_s
 
 
 @dataclass
-class _Scorer:
+class Scorer:
     """The rewards of a run: the weighted sum, and the one that says whether a completion is correct."""
 
     reward_fn: Callable[[str, Any], float]
@@ -281,7 +273,7 @@ class _Scorer:
 
 
 def grpo_step(engine, reference: torch.nn.Module, tokenizer: Any, picked: Sequence[Problem], cfg: GrpoConfig,
-              scorer: _Scorer, generator: torch.Generator, step: int) -> tuple[dict[str, float], list[Rollout]]:
+              scorer: Scorer, generator: torch.Generator, step: int) -> tuple[dict[str, float], list[Rollout]]:
     """Sample cfg.group_size completions of each picked problem, score them, update the policy; metrics, rollouts."""
     t0 = time.perf_counter()
     device = engine.device
@@ -325,5 +317,3 @@ def grpo_step(engine, reference: torch.nn.Module, tokenizer: Any, picked: Sequen
     }
     return metrics, rollouts
 
-
-# ----------------------------------------------------------------------------- the loop

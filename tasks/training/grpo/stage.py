@@ -11,7 +11,7 @@ The policy is trained on the `grpo` split of tasks/eval/arithmetic.py and scored
 the `eval` split, which neither SFT nor GRPO ever sees (with `task: gsm8k`, on GSM8K's train
 and test splits, tasks/eval/gsm8k.py). GRPO runs single-rank here
 (num_procs = 1): rollouts are sampled step by step with a KV cache inside the one
-DeepSpeed engine (GrpoSteps in tasks/training/grpo/loop.py, the one loop's step), and on this project's scale there is nothing to
+DeepSpeed engine (GrpoSteps in tasks/training/grpo/steps.py, the one loop's step), and on this project's scale there is nothing to
 gain from splitting a batch of a few hundred short sequences across ranks.
 
 Measured at the tiny preset's scale before issue 28 (the 2.4M-parameter demo model, sums up to
@@ -35,12 +35,15 @@ from pydantic import BaseModel
 
 from infra.stages import Launch
 from infra.tracking.runs import set_tag
+from models.export import load_model
 from tasks.eval.answers import AnswerScore
-from tasks.training import worker
+from tasks.eval.arithmetic import make_problems
+from tasks.eval.gsm8k import load_problems
+from tasks.tokenizer.train import load_tokenizer
 from tasks.training.config import GrpoConfig
-from tasks.training.grpo.loop import GrpoSteps, grpo_shape
-from tasks.training.progress import TrainResult
-from tasks.training.worker import ExportedModel, TrainingStage, saved_model_config
+from tasks.training.grpo.steps import GrpoSteps, grpo_shape, samples_text
+from tasks.training.stage import ExportedModel, TrainingStage, export_model, launch_of, publish, saved_model_config
+from tasks.training.types import TrainResult
 
 SAMPLES_FILE = "samples.txt"
 
@@ -57,7 +60,7 @@ class HeldoutScore(BaseModel):
     distinct_answers: int
 
 
-class GrpoStageResult(ExportedModel):
+class GrpoResult(ExportedModel):
     """What GRPO ended with: the contents of out_dir/result.json."""
 
     samples_path: Path
@@ -77,13 +80,9 @@ class GrpoStageResult(ExportedModel):
 def grpo_problems(cfg: GrpoConfig) -> tuple[list[Any], list[Any]]:
     """(problems to train on, held-out problems to score on) of cfg.task; an error when a split holds too few."""
     if cfg.task == "gsm8k":
-        from tasks.eval.gsm8k import load_problems
-
         src = cfg.gsm8k
         return (load_problems(src, src.train_split, cfg.n_train_problems, cfg.problem_seed),
                 load_problems(src, src.eval_split, cfg.eval_prompts, cfg.problem_seed))
-    from tasks.eval.arithmetic import make_problems
-
     train = make_problems(cfg.n_train_problems, cfg.problem_seed, cfg.max_operand, cfg.ops, split="grpo")
     if cfg.abstain_n:  # beyond the trained range: where abstaining pays
         train += make_problems(cfg.abstain_n, cfg.problem_seed, cfg.abstain_max_operand, cfg.ops, split="grpo",
@@ -117,7 +116,7 @@ def _heldout(score: AnswerScore) -> HeldoutScore:
                         distinct_answers=score.distinct_answers)
 
 
-def heldout_metrics(out: GrpoStageResult) -> dict[str, float]:
+def heldout_metrics(out: GrpoResult) -> dict[str, float]:
     """Held-out accuracy, reward, counts and distinct answers before and after, as MLflow metrics."""
     return {
         "heldout_accuracy_before": out.before.accuracy, "heldout_accuracy_after": out.after.accuracy,
@@ -133,7 +132,7 @@ def heldout_metrics(out: GrpoStageResult) -> dict[str, float]:
 
 
 class Grpo(TrainingStage):
-    name, store, Config, Result = "grpo", "checkpoints/grpo", GrpoConfig, GrpoStageResult
+    name, store, Config, Result = "grpo", "checkpoints/grpo", GrpoConfig, GrpoResult
     inputs = ("sft", "tokenizer")
     # Its checkpoints also carry the reference model's sha256, which GrpoSteps checks on a resume.
     config: GrpoConfig
@@ -148,23 +147,18 @@ class Grpo(TrainingStage):
         if cfg.eval_prompts < 1:
             raise ValueError("eval_prompts must be >= 1: the stage reports held-out accuracy before and after GRPO")
         shape = grpo_shape(cfg)
-        return worker.launch_of(cfg, shape["micro_batch_size"], shape["grad_accum"],
-                                identity={"sft_model": str(sft.resolve())})
+        return launch_of(cfg, shape["micro_batch_size"], shape["grad_accum"], identity={"sft_model": str(sft.resolve())})
 
     # ------------------------------------------------------------------------- rank side
 
     def model(self) -> torch.nn.Module:
-        from models import export
-
-        self.policy = export.load_model(self.job.inputs["sft"]).float()
+        self.policy = load_model(self.job.inputs["sft"]).float()
         return self.policy
 
     def shape(self) -> dict[str, int]:
         return grpo_shape(self.config)
 
     def steps(self, rank: int, world: int) -> GrpoSteps:
-        from tasks.tokenizer.train import load_tokenizer
-
         self.tokenizer = load_tokenizer(self.job.inputs["tokenizer"])
         self.reference = copy.deepcopy(self.policy)  # the SFT model, frozen, before any update
         self.train_problems, self.eval_problems = grpo_problems(self.config)
@@ -172,23 +166,23 @@ class Grpo(TrainingStage):
         return self.grpo
 
     def finish(self, trained: TrainResult, run: Any, rank: int, world: int) -> None:
-        cfg, job = self.config, self.job
-        res = self.grpo.finished(trained)
-        assert res.eval_before is not None and res.eval_after is not None  # eval_prompts >= 1 is checked at launch
+        cfg, job, grpo = self.config, self.job, self.grpo
+        assert grpo.eval_before is not None and grpo.eval_after is not None  # eval_prompts >= 1 is checked at launch
         samples = job.out_dir / SAMPLES_FILE
-        samples.write_text(res.samples_text(), encoding="utf-8")
-        model_dir, hf_dir = worker.export_model(res.policy, job, cfg.export_hf)
-        out = GrpoStageResult(
+        samples.write_text(samples_text(grpo.samples), encoding="utf-8")
+        model_dir, hf_dir = export_model(trained.engine.module, job, cfg.export_hf)
+        rewards = [h["reward_mean"] for h in trained.history if "reward_mean" in h]
+        out = GrpoResult(
             out_dir=job.out_dir, model_dir=model_dir, hf_dir=hf_dir, samples_path=samples, mlflow_run_id=run.info.run_id,
             steps=cfg.steps, n_train_problems=len(self.train_problems),
-            before=_heldout(res.eval_before), after=_heldout(res.eval_after),
-            final_train_reward=res.history[-1]["reward_mean"] if res.history else None,
-            skipped_steps=res.skipped_steps, flat=flat_training(res.history), seconds=res.seconds,
-            resumed_from=res.resumed_from,
+            before=_heldout(grpo.eval_before), after=_heldout(grpo.eval_after),
+            final_train_reward=rewards[-1] if rewards else None,
+            skipped_steps=trained.skipped_steps, flat=flat_training(trained.history), seconds=grpo.seconds(),
+            resumed_from=trained.resumed_from,
         )
         if run is not None:
             set_tag("llmforge.grpo_flat", str(out.flat).lower())
-        worker.publish(run, job.out_dir, out, heldout_metrics(out), cfg.steps, [out.samples_path], trained.memory)
+        publish(run, job.out_dir, out, heldout_metrics(out), cfg.steps, [out.samples_path], trained.memory)
         print(f"GRPO held-out: accuracy {out.before.n_correct}/{out.before.n} -> {out.after.n_correct}/{out.after.n}, "
               f"mean reward {out.before.mean_reward:.3f} -> {out.after.mean_reward:.3f}, "
               f"distinct answers {out.before.distinct_answers} -> {out.after.distinct_answers}"

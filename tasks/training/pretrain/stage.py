@@ -10,24 +10,35 @@
 Stage side (`prepare`): the tokenizer covers the shards' vocabulary and the architecture fits
 the windows. Rank side: every rank builds the same model (same seed), memory-maps the token
 files, and the one loop (tasks/training/loop.py) trains it with `LossSteps` of `lm_loss`;
-rank 0 exports the model, the loss curve and result.json. After the run the stage side
-compares validation perplexity with the tokenizer's unigram baseline (tasks/reports/pretrain.py).
+rank 0 exports the model, the loss curve and result.json. After the run the stage side compares
+validation perplexity with the tokenizer's unigram baseline on the same tokens, and the run's tokens
+per parameter with the compute-optimal ratio: the one a scaling sweep fitted on the same data and
+tokenizer where there is one (`llmforge scale`, tasks/training/scaling/fit_record.py), else Chinchilla's 20.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from infra.stages import Launch
-from models.losses import next_token_loss
-from tasks.training import worker
+from infra.stages import DS_CONFIG_FILE, Launch
+from infra.tracking.runs import log_artifact, log_artifacts, log_metrics, log_text, set_tag
+from models.bpb import nats_and_bytes, token_bytes
+from models.export import load_config
+from models.flops import ChinchillaReport, chinchilla, num_params
+from models.llama import ModelConfig, Transformer, model_config
+from models.losses import next_token_loss, token_logprobs
+from models.tensor_parallel import check_tensor_parallel
+from tasks.tokenizer.tokenize_shards import load_token_index, load_token_split, unigram_perplexity
+from tasks.tokenizer.train import load_tokenizer
+from tasks.training.batches import token_window_batches
 from tasks.training.config import PretrainConfig
 from tasks.training.loop import LossSteps
-from tasks.training.progress import TrainResult
-from tasks.training.batches import token_window_batches
-from tasks.training.worker import ExportedModel, TrainingStage
+from tasks.training.scaling.fit_record import find_fit
+from tasks.training.stage import ExportedModel, TrainingStage, exported, launch_of, publish
+from tasks.training.types import TrainResult
 
 
 class PretrainResult(ExportedModel):
@@ -37,15 +48,20 @@ class PretrainResult(ExportedModel):
     loss_curve: Path | None
     steps: int
     final_train_loss: float | None
-    val_loss: float | None
-    val_ppl: float | None
-    val_bpb: float | None = None  # bits per byte on the same validation windows: compares across tokenizers
+    final_val_loss: float | None
+    final_val_ppl: float | None
+    final_val_bpb: float | None = None  # bits per byte on the same validation windows: compares across tokenizers
     tokens_seen: int
-    tokens_per_s: float | None
+    train_tokens_per_s: float | None
     skipped_steps: int
     world_size: int
     n_params: int
-    unigram_ppl: float | None = None  # the tokenizer's unigram baseline on the same validation tokens
+    # After the run, on the stage side: the tokenizer's unigram baseline on the same validation tokens, and the
+    # Chinchilla view of the run (tokens per parameter, all parameters counted, against the optimal ratio).
+    unigram_ppl: float | None = None
+    tokens_per_param: float | None = None
+    optimal_tokens_per_param: float | None = None
+    chinchilla: str | None = None  # the Chinchilla view in one line (models.flops.ChinchillaReport.summary)
 
 
 def lm_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -57,24 +73,17 @@ def lm_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) ->
 def lm_nats_and_bytes(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
                       table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Nats and UTF-8 bytes of a batch's predicted tokens (special tokens count neither): bits per byte's parts."""
-    from models.bpb import nats_and_bytes
-    from models.losses import token_logprobs
-
     inputs, targets = batch
     return nats_and_bytes(-token_logprobs(model(inputs), targets), targets, table.to(targets.device))
 
 
 def resolve_model_config(cfg: PretrainConfig, vocab_size: int) -> dict[str, Any]:
     """The architecture the ranks will build, checked here so a bad config fails before launching."""
-    from models.llama import model_config
-
     mcfg = model_config(cfg.model, vocab_size, **cfg.model_overrides)
     if cfg.batch.seq_len > mcfg.max_seq_len:
         raise ValueError(f"batch.seq_len={cfg.batch.seq_len} exceeds the model's max_seq_len={mcfg.max_seq_len}; "
                          "lower batch.seq_len or override max_seq_len in model_overrides")
     if cfg.launch.tp > 1:
-        from models.tensor_parallel import check_tensor_parallel
-
         check_tensor_parallel(mcfg, cfg.launch.tp)
     if cfg.launch.pp > mcfg.n_layers:
         raise ValueError(f"launch.pp={cfg.launch.pp} exceeds the model's n_layers={mcfg.n_layers}: each pipeline stage "
@@ -90,9 +99,6 @@ class Pretrain(TrainingStage):
     # ------------------------------------------------------------------------- stage side
 
     def prepare(self, inputs: dict[str, Path | None], out_dir: Path) -> Launch:
-        from tasks.tokenizer.tokenize_shards import load_token_index
-        from tasks.tokenizer.train import load_tokenizer
-
         tokens_dir, tokenizer_path = Path(inputs["tokens"]), Path(inputs["tokenizer"])
         index = load_token_index(tokens_dir)
         vocab_size = load_tokenizer(tokenizer_path).get_vocab_size()
@@ -101,21 +107,33 @@ class Pretrain(TrainingStage):
                              f"{tokenizer_path} has {vocab_size}; re-tokenize with this tokenizer")
         architecture = resolve_model_config(self.config, vocab_size)
         b = self.config.batch
-        return worker.launch_of(self.config, b.micro_batch_size, b.grad_accum, extra={"architecture": architecture},
+        return launch_of(self.config, b.micro_batch_size, b.grad_accum, extra={"architecture": architecture},
                                 identity={"model": architecture})
 
-    def after(self, result: PretrainResult, inputs: dict[str, Path | None], reports: Path) -> PretrainResult:
-        from tasks.reports.pretrain import log_pretrain_report
-
-        report = log_pretrain_report(Path(inputs["tokenizer"]), Path(inputs["tokens"]), result, reports)
-        print(report.markdown)
-        return result.model_copy(update={"unigram_ppl": report.unigram_ppl})
+    def after(self, result: PretrainResult, inputs: dict[str, Path | None]) -> PretrainResult:
+        """The unigram baseline and the Chinchilla view, logged with the run's configs, tokenizer and model."""
+        tokens_dir = Path(inputs["tokens"])
+        unigram = unigram_perplexity(tokens_dir)
+        view = chinchilla_view(result, tokens_dir)
+        metrics = {"unigram_ppl": unigram, "tokens_per_param": view.tokens_per_param,
+                   "optimal_tokens_per_param": view.optimal_ratio}
+        if result.final_val_ppl is not None:
+            metrics["val_ppl_over_unigram"] = result.final_val_ppl / unigram
+        log_metrics(metrics)
+        log_artifact(Path(inputs["tokenizer"]), artifact_path="tokenizer")
+        log_text(json.dumps(load_token_index(tokens_dir).model_dump(mode="json"), indent=2), "pretrain/token_index.json")
+        for name in (self.config_file, DS_CONFIG_FILE):
+            if (result.out_dir / name).is_file():
+                log_artifact(result.out_dir / name, artifact_path="pretrain")
+        log_artifacts(result.model_dir, artifact_path="model")  # safetensors + config.json
+        if view.warning:
+            set_tag("chinchilla.warning", view.warning)
+        return result.model_copy(update={"unigram_ppl": unigram, "tokens_per_param": view.tokens_per_param,
+                                         "optimal_tokens_per_param": view.optimal_ratio, "chinchilla": view.summary()})
 
     # ------------------------------------------------------------------------- rank side
 
     def model(self) -> torch.nn.Module:
-        from models.llama import ModelConfig, Transformer
-
         # Same seed on every rank: identical initial weights before DeepSpeed broadcasts/partitions them.
         torch.manual_seed(self.config.seed)
         return Transformer(ModelConfig(**self.job.extra["architecture"]))
@@ -126,8 +144,6 @@ class Pretrain(TrainingStage):
 
     def steps(self, rank: int, world: int) -> LossSteps:
         """`lm_loss` over the train windows; validation on the val split unless it is shorter than a window."""
-        from tasks.tokenizer.tokenize_shards import load_token_split
-
         cfg, tokens_dir = self.config, self.job.inputs["tokens"]
         seq_len, rows = cfg.batch.seq_len, cfg.batch.micro_batch_size
         # Checked against index.json's sha256 so a same-size bit flip is caught before training.
@@ -138,27 +154,37 @@ class Pretrain(TrainingStage):
             eval_batches = token_window_batches(val_tokens, seq_len, rows, cfg.seed + 1)
         elif rank == 0:
             print(f"val split has {len(val_tokens)} tokens, fewer than seq_len+1={seq_len + 1}: no validation loss")
-        from models.bpb import token_bytes
-        from tasks.tokenizer.train import load_tokenizer
-
         table = torch.as_tensor(token_bytes(load_tokenizer(self.job.inputs["tokenizer"])))
         return LossSteps(cfg, token_window_batches(train_tokens, seq_len, rows, cfg.seed), eval_batches, lm_loss,
                          bpb_fn=lambda model, batch: lm_nats_and_bytes(model, batch, table))
 
     def finish(self, trained: TrainResult, run: Any, rank: int, world: int) -> None:
-        done = worker.exported(trained, self.job, rank, self.config.launch.zero, self.config.export_hf,
+        done = exported(trained, self.job, rank, self.config.launch.zero, self.config.export_hf,
                                "Pretraining loss")
         if done is None:
             return
         out = PretrainResult(
             out_dir=self.job.out_dir, model_dir=done.model_dir, hf_dir=done.hf_dir, checkpoint=trained.checkpoint,
             loss_curve=done.loss_curve, mlflow_run_id=run.info.run_id, steps=trained.steps,
-            final_train_loss=trained.final_loss, val_loss=trained.final_val_loss, val_ppl=trained.final_val_ppl,
-            val_bpb=trained.final_val_bpb,
-            tokens_seen=trained.tokens_seen, tokens_per_s=trained.tokens_per_s, skipped_steps=trained.skipped_steps,
-            world_size=world, n_params=done.n_params,
+            final_train_loss=trained.final_train_loss, final_val_loss=trained.final_val_loss,
+            final_val_ppl=trained.final_val_ppl, final_val_bpb=trained.final_val_bpb, tokens_seen=trained.tokens_seen,
+            train_tokens_per_s=trained.train_tokens_per_s, skipped_steps=trained.skipped_steps, world_size=world,
+            n_params=done.n_params,
         )
-        final = {"final_train_loss": out.final_train_loss, "final_val_loss": out.val_loss,
-                 "final_val_ppl": out.val_ppl, "final_val_bpb": out.val_bpb, "tokens_seen": float(out.tokens_seen),
-                 "train_tokens_per_s": out.tokens_per_s, "n_params": float(out.n_params)}
-        worker.publish(run, self.job.out_dir, out, final, trained.steps, [done.loss_curve], trained.memory)
+        final = {"final_train_loss": out.final_train_loss, "final_val_loss": out.final_val_loss,
+                 "final_val_ppl": out.final_val_ppl, "final_val_bpb": out.final_val_bpb,
+                 "tokens_seen": float(out.tokens_seen), "train_tokens_per_s": out.train_tokens_per_s,
+                 "n_params": float(out.n_params)}
+        publish(run, self.job.out_dir, out, final, trained.steps, [done.loss_curve], trained.memory)
+
+
+def chinchilla_view(result: PretrainResult, tokens_dir: Path) -> ChinchillaReport:
+    """The run's tokens per parameter (all parameters, as Chinchilla counts them) against the compute-optimal ratio:
+    the one a sweep fitted on the same data and tokenizer (tasks/training/scaling/fit_record.py), else Chinchilla's."""
+    n_params = num_params(load_config(result.model_dir))
+    fit = find_fit(tokens_dir) if result.tokens_seen else None
+    if fit is None:
+        return chinchilla(n_params=n_params, tokens=result.tokens_seen)
+    ratio = fit.optimal_ratio(6.0 * n_params * result.tokens_seen)
+    return chinchilla(n_params=n_params, tokens=result.tokens_seen, optimal_ratio=ratio.estimate,
+                      ratio_source=fit.source(ratio))

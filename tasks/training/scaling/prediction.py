@@ -60,7 +60,7 @@ class Prediction(BaseModel):
 
     def measured(self, result: Any) -> "Prediction":
         """This prediction with the trained run's validation bits per byte (a PretrainResult)."""
-        return self.model_copy(update={"measured_bpb": result.val_bpb, "mlflow_run_id": result.mlflow_run_id,
+        return self.model_copy(update={"measured_bpb": result.final_val_bpb, "mlflow_run_id": result.mlflow_run_id,
                                        "out_dir": str(result.out_dir)})
 
     @property
@@ -89,7 +89,7 @@ def fit_problem(points: list[SweepPoint]) -> str | None:
 def fit_sweep(points: list[MeasuredPoint], members: list[FamilyMember], scale: ScaleConfig) -> ScalingBootstrap:
     """Approaches 2 and 3 on the points' validation bits per byte, with `scale.resamples` bootstrap resamples."""
     return bootstrap([p.budget for p in points], [p.n_params for p in points], [p.tokens for p in points],
-                     [p.val_bpb for p in points], flops_per_token=flops_per_token_of(members),
+                     [p.final_val_bpb for p in points], flops_per_token=flops_per_token_of(members),
                      resamples=scale.resamples, seed=scale.seed)
 
 

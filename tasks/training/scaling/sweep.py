@@ -44,8 +44,8 @@ class SweepPoint(BaseModel):
 class MeasuredPoint(SweepPoint):
     """A trained point: its validation loss and bits per byte, how often it saw its data, where it lives."""
 
-    val_bpb: float
-    val_loss: float
+    final_val_bpb: float
+    final_val_loss: float
     epochs: float  # tokens / the unique training tokens of the shards
     mlflow_run_id: str | None
     out_dir: str
@@ -147,10 +147,10 @@ def point_config(pretrain: PretrainConfig, point: SweepPoint, scale: ScaleConfig
 
 def measured_point(point: SweepPoint, result: Any, train_tokens: int) -> MeasuredPoint:
     """`point` with what its pretraining run measured (a PretrainResult)."""
-    if result.val_bpb is None or result.val_loss is None:
+    if result.final_val_bpb is None or result.final_val_loss is None:
         raise ValueError(f"sweep point depth {point.depth} at C={point.budget:.3g} ({result.out_dir}) has no validation "
                          "loss: the token shards' val split is shorter than a window; use a larger data.mix.total")
-    return MeasuredPoint(**point.model_dump(), val_bpb=result.val_bpb, val_loss=result.val_loss,
+    return MeasuredPoint(**point.model_dump(), final_val_bpb=result.final_val_bpb, final_val_loss=result.final_val_loss,
                          epochs=point.tokens / max(train_tokens, 1), mlflow_run_id=result.mlflow_run_id,
                          out_dir=str(result.out_dir))
 

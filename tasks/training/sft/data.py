@@ -35,16 +35,17 @@ from pydantic import Field, model_validator
 
 from infra.config import ConfigError, StrictModel, parse_config, read_yaml
 from models.special_tokens import SPECIAL_TOKENS
-from tasks.eval.arithmetic import make_problems, problem_capacity
+from tasks.eval.arithmetic import make_problems
 from tasks.eval.rewards import ABSTENTION
 from tasks.data.catalog import SourceBase, check_hf_paths, folder_glob, is_within, match_files
 from tasks.data.documents import make_doc_id
 from tasks.data.parquet_reader import parquet_records
 from tasks.data.rejection import Rejection
-from tasks.data.readers import check_string, hf_dataset, jsonl_records
+from tasks.data.hf_source import load_hf
+from tasks.data.readers import check_string, jsonl_records
+from tasks.training.config import ArithmeticSftOptions, SftBuiltin
 
 SftKind = Literal["sft_jsonl", "sft_parquet", "sft_hf_dataset", "sft_builtin"]
-SftBuiltin = Literal["stdlib_docstrings", "arithmetic"]
 
 # Pure modules (no import side effects, nothing platform-specific) whose docstrings feed
 # the built-in set; a fixed list so the set is the same on every run of one Python.
@@ -63,61 +64,6 @@ class SftFields(StrictModel):
     instruction: str = "instruction"
     response: str = "response"
     messages: str | None = None  # when set, this field holds the [{role, content}, ...] list instead
-
-
-class ArithmeticSftOptions(StrictModel):
-    n: int = Field(default=400, gt=0)
-    seed: int = 0
-    max_operand: int = Field(default=20, ge=0)
-    ops: str = "+-"
-    # Abstention: `abstain_n` more questions with an operand in (max_operand, abstain_max_operand],
-    # answered "I don't know" (tasks/eval/rewards.ABSTENTION), so the model learns the one way to abstain.
-    abstain_n: int = Field(default=0, ge=0)
-    abstain_max_operand: int | None = Field(default=None, ge=0)
-    # This many more such questions, held out for validation only (never trained on, whatever val_fraction says), so
-    # that the validation set checks the abstention too and grows without taking examples from training. Drawn after
-    # the abstain_n ones from the same sequence: the abstain_n trained on stay the same sums.
-    val_abstain_n: int = Field(default=0, ge=0)
-    # The abstained questions have an operand above this (default max_operand). Above max_operand, it leaves a band
-    # of sums SFT neither answers nor abstains on: where the model's knowledge ends there is GRPO's to find.
-    abstain_above: int | None = Field(default=None, ge=0)
-    # This many of the n questions inside the range answered "I don't know" instead (drawn by seed), so that "I don't
-    # know" has a prior inside the range for GRPO to move: up where the policy is wrong, down where it is right.
-    # Off by default (BENCHMARKS.md "An abstention prior inside the range": GRPO turned those abstentions into answers).
-    abstain_in_range: int = Field(default=0, ge=0)
-
-    @property
-    def abstained_above(self) -> int:
-        """The abstained questions have an operand above this: abstain_above, else max_operand."""
-        return self.max_operand if self.abstain_above is None else self.abstain_above
-
-    @model_validator(mode="after")
-    def _abstain_range(self) -> "ArithmeticSftOptions":
-        unsure = self.abstain_n + self.val_abstain_n
-        if unsure and (self.abstain_max_operand is None or self.abstain_max_operand <= self.max_operand):
-            name = "abstain_n" if self.abstain_n else "val_abstain_n"
-            raise ValueError(f"{name}={getattr(self, name)} needs abstain_max_operand above max_operand="
-                             f"{self.max_operand} (got {self.abstain_max_operand}): the abstained questions lie outside "
-                             "the trained range")
-        if self.abstain_in_range > self.n:
-            raise ValueError(f"abstain_in_range={self.abstain_in_range} must be at most n={self.n}: it picks which of "
-                             "the n questions inside the range are answered \"I don't know\"")
-        above = self.abstain_above
-        if above is not None and not (self.max_operand <= above < (self.abstain_max_operand or 0)):
-            raise ValueError(f"abstain_above={above} must lie in [max_operand={self.max_operand}, abstain_max_operand="
-                             f"{self.abstain_max_operand}): the abstained questions have an operand above it")
-        # Counted here, not in a rank after its launch, where make_problems would refuse too many.
-        if self.n > (inside := problem_capacity(self.max_operand, self.ops, "sft")):
-            raise ValueError(f"n={self.n}, but only {inside} questions of the sft split have operands up to "
-                             f"max_operand={self.max_operand} with ops={self.ops!r}: lower n or raise max_operand")
-        if unsure:
-            above = self.abstained_above
-            room = problem_capacity(self.abstain_max_operand or 0, self.ops, "sft", above)
-            if unsure > room:
-                raise ValueError(f"abstain_n + val_abstain_n = {self.abstain_n} + {self.val_abstain_n} = {unsure}, "
-                                 f"but only {room} questions of the sft split have an operand in ({above}, "
-                                 f"{self.abstain_max_operand}]: lower them or raise abstain_max_operand")
-        return self
 
 
 class SftSourceConfig(SourceBase):
@@ -362,7 +308,7 @@ def iter_source_records(source: SftSourceConfig, root: Path) -> Iterator[tuple[s
         assert source.hf is not None
         # The same rule as a file source's path: its name and data_files lie under `root` unless allowed.
         check_hf_paths(source.hf, root, [root.resolve()], source.allow_outside_roots, f"SFT source '{source.name}'")
-        for i, rec in enumerate(hf_dataset(source.hf, root)):
+        for i, rec in enumerate(load_hf(source.hf, root)):
             yield f"hf:{source.hf.name}", f"row:{i}", rec
         return
     for path in source_files(source, root):

@@ -28,18 +28,20 @@ from typing import Any
 
 import torch
 
-from infra.workspace.atomic import write_text_atomic
 from infra.stages import Launch
-from models.chat_template import ChatEncoding, collate
+from infra.workspace.atomic import write_text_atomic
+from models.chat_template import ChatEncoding, collate, encode_chat, special_ids
+from models.export import load_model
 from models.losses import next_token_loss
-from tasks.training import worker
-from tasks.training.config import SftConfig, SftDataConfig
-from tasks.training.loop import BatchFn, LossParts, LossSteps
-from tasks.training.progress import TrainResult
+from tasks.tokenizer.tokenize_shards import load_token_index, load_token_split
+from tasks.tokenizer.train import load_tokenizer
 from tasks.training.batches import epoch_orders, token_window_batches
+from tasks.training.config import SftConfig, SftDataConfig
+from tasks.training.loop import LossSteps
 from tasks.training.metrics import perplexity
-from tasks.training.sft.data import SftExample, SftSourceConfig
-from tasks.training.worker import ExportedModel, TrainingStage, saved_model_config
+from tasks.training.sft.data import SftExample, SftSourceConfig, load_sft_catalog, load_sft_examples
+from tasks.training.stage import ExportedModel, TrainingStage, exported, launch_of, publish, saved_model_config
+from tasks.training.types import BatchFn, LossParts, TrainResult
 
 REJECTED_FILE = "rejected.jsonl"
 
@@ -52,11 +54,11 @@ class SftResult(ExportedModel):
     rejected_path: Path
     steps: int
     final_train_loss: float | None
-    val_loss: float | None  # on the held-out SFT examples' assistant tokens
+    final_val_loss: float | None  # on the held-out SFT examples' assistant tokens
     # Next-token loss on the pretraining validation split at the last validation, when replaying.
-    replay_val_loss: float | None = None
-    replay_val_ppl: float | None = None
-    tokens_per_s: float | None
+    final_replay_val_loss: float | None = None
+    final_replay_val_ppl: float | None = None
+    train_tokens_per_s: float | None
     skipped_steps: int
     world_size: int
     examples_train: int
@@ -70,7 +72,6 @@ class SftResult(ExportedModel):
 
 def sft_sources(data: SftDataConfig) -> list[SftSourceConfig]:
     """The SFT sources `data` selects, with its arithmetic options and example cap applied."""
-    from tasks.training.sft.data import load_sft_catalog
 
     if data.catalog is not None:
         sources = load_sft_catalog(data.catalog)
@@ -115,7 +116,6 @@ def encode_examples(
     An example longer than seq_len + 1 tokens is rejected (`exceeds_seq_len`) rather than
     truncated: a cut answer would teach the model to stop mid-sentence without <|end|>.
     """
-    from models.chat_template import encode_chat
 
     encs, kept, rejected = [], [], []
     for ex in examples:
@@ -210,7 +210,6 @@ class SftExamples:
 
 def load_examples(cfg: SftConfig, tokenizer: Any, seq_len: int) -> SftExamples:
     """Read the selected sources, encode with the chat template, split train/val; fails when no train example is left."""
-    from tasks.training.sft.data import load_sft_examples
 
     root = cfg.data.catalog if cfg.data.catalog is not None else Path(".")
     examples, rejected = load_sft_examples(sft_sources(cfg.data), root=root)
@@ -243,7 +242,6 @@ def example_batches(data: SftExamples, cfg: SftConfig, pad: int, replay_rows: in
     eval_batches = chat_batches(data.val, n_chat, pad, seq_len, seed + 1) if data.val else None
     if not replay_rows:
         return train_batches, eval_batches
-    from tasks.tokenizer.tokenize_shards import load_token_split
 
     if replay_tokens_dir is None:
         raise ValueError(f"{replay_rows} replay rows per micro-batch but no replay_tokens_dir in the job")
@@ -261,7 +259,6 @@ def example_batches(data: SftExamples, cfg: SftConfig, pad: int, replay_rows: in
 
 def check_replay_tokens(cfg: SftConfig, replay_tokens: Path | None, vocab_size: int) -> Path | None:
     """The absolute token-shard folder to replay, checked against the model; None when replay is off."""
-    from tasks.tokenizer.tokenize_shards import load_token_index
 
     if cfg.replay_fraction == 0:
         return None
@@ -293,25 +290,22 @@ class Sft(TrainingStage):
             raise FileNotFoundError(f"data.catalog={cfg.data.catalog} is not a folder of sft_* YAML definitions")
         replay = check_replay_tokens(cfg, inputs.get("tokens"), mcfg.vocab_size)
         catalog = str(Path(cfg.data.catalog).resolve()) if cfg.data.catalog is not None else None
-        return worker.launch_of(cfg, cfg.batch.micro_batch_size, cfg.batch.grad_accum, extra={"catalog": catalog},
+        return launch_of(cfg, cfg.batch.micro_batch_size, cfg.batch.grad_accum, extra={"catalog": catalog},
                                 identity={"base_model": str(base.resolve()), "model": mcfg.model_dump(mode="json"),
                                           "replay_tokens": str(replay) if replay else None})
 
     # ------------------------------------------------------------------------- rank side
 
     def model(self) -> torch.nn.Module:
-        from models import export
 
         # The optimizer keeps fp32 masters; bf16 runs cast through DeepSpeed.
-        return export.load_model(self.job.inputs["base"]).float()
+        return load_model(self.job.inputs["base"]).float()
 
     def shape(self) -> dict[str, int]:
         b = self.config.batch
         return {"micro_batch_size": b.micro_batch_size, "grad_accum": b.grad_accum, "seq_len": b.seq_len}
 
     def steps(self, rank: int, world: int) -> LossSteps:
-        from models.chat_template import special_ids
-        from tasks.tokenizer.train import load_tokenizer
 
         cfg = self.config
         tokenizer = load_tokenizer(self.job.inputs["tokenizer"])
@@ -333,7 +327,7 @@ class Sft(TrainingStage):
 
     def finish(self, trained: TrainResult, run: Any, rank: int, world: int) -> None:
         title = "SFT loss (assistant tokens" + (", replayed pretraining text)" if self.config.replay_rows else ")")
-        done = worker.exported(trained, self.job, rank, self.config.launch.zero, self.config.export_hf, title)
+        done = exported(trained, self.job, rank, self.config.launch.zero, self.config.export_hf, title)
         if done is None:
             return
         data, out_dir = self.data, self.job.out_dir
@@ -341,16 +335,17 @@ class Sft(TrainingStage):
         out = SftResult(
             out_dir=out_dir, model_dir=done.model_dir, hf_dir=done.hf_dir, checkpoint=trained.checkpoint,
             loss_curve=done.loss_curve, rejected_path=out_dir / REJECTED_FILE, mlflow_run_id=run.info.run_id,
-            steps=trained.steps, final_train_loss=trained.final_loss,
-            val_loss=trained.final_val_parts.get("sft_loss", trained.final_val_loss),
-            replay_val_loss=replay_val, replay_val_ppl=perplexity(replay_val) if replay_val is not None else None,
-            tokens_per_s=trained.tokens_per_s, skipped_steps=trained.skipped_steps, world_size=world,
+            steps=trained.steps, final_train_loss=trained.final_train_loss,
+            final_val_loss=trained.final_val_parts.get("sft_loss", trained.final_val_loss),
+            final_replay_val_loss=replay_val,
+            final_replay_val_ppl=perplexity(replay_val) if replay_val is not None else None,
+            train_tokens_per_s=trained.train_tokens_per_s, skipped_steps=trained.skipped_steps, world_size=world,
             examples_train=len(data.train), examples_val=len(data.val),
             examples_by_source=dict(sorted(Counter(ex.source for ex in data.kept).items())),
             rejected=dict(sorted(Counter(r["reason"] for r in data.rejected).items())),
         )
-        final = {"final_train_loss": out.final_train_loss, "final_val_loss": out.val_loss,
-                 "final_replay_val_loss": out.replay_val_loss, "final_replay_val_ppl": out.replay_val_ppl,
+        final = {"final_train_loss": out.final_train_loss, "final_val_loss": out.final_val_loss,
+                 "final_replay_val_loss": out.final_replay_val_loss, "final_replay_val_ppl": out.final_replay_val_ppl,
                  "examples_train": float(out.examples_train), "examples_val": float(out.examples_val),
                  "examples_rejected": float(len(data.rejected))}
-        worker.publish(run, out_dir, out, final, trained.steps, [out.rejected_path, done.loss_curve], trained.memory)
+        publish(run, out_dir, out, final, trained.steps, [out.rejected_path, done.loss_curve], trained.memory)

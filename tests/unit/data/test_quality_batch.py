@@ -18,7 +18,7 @@ import pytest
 from tasks.data.quality_rules import FilterSpec, RULES, build_rules, judge_texts
 from tasks.data.quality_rules.gopher import STOP_WORDS
 from tasks.data.quality_rules.batch import Batch
-from tasks.data.quality_rules.rule import TextView
+from tasks.data.quality_rules.text import TextView
 
 _PUNCT = set(string.punctuation + "«»„“”‘’…–—•·¡¿")
 # Words that stress the Unicode paths: non-ASCII letters, a Kelvin sign that lowers to "k",

@@ -17,7 +17,8 @@ from tasks.data.quality_rules import (
     rule_names,
     validate_filter_spec,
 )
-from tasks.data.quality_rules.rule import TextView, duplicated_ngram_chars, top_ngram_chars
+from tasks.data.quality_rules.text import TextView
+from tasks.data.quality_rules.rule import duplicated_ngram_chars, top_ngram_chars
 
 # One paragraph per line, every line a sentence, no repeats: passes every prose rule.
 CLEAN_PROSE = "\n".join(

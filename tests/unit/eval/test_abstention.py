@@ -13,7 +13,8 @@ from tasks.eval.config import EvalConfig
 from tasks.eval.evaluate import answer_metrics, answer_records
 from tasks.eval.rewards import ABSTENTION, combined_reward, format_reward, get_reward, is_abstention, parse_answer
 from tasks.training.config import GrpoConfig
-from tasks.training.sft.data import ArithmeticSftOptions, SftSourceConfig, load_sft_examples
+from tasks.training.config import ArithmeticSftOptions
+from tasks.training.sft.data import SftSourceConfig, load_sft_examples
 from tests.unit.eval.test_answer_formats import Parrot, tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -38,7 +38,7 @@ def test_fit_then_prediction_written_before_the_run_then_measured(tmp_path, monk
         # The sweep's runs scatter about the law (0.3%, seeded); the predicted run measures the law itself.
         noise = 0.0 if len(trained) == 13 else np.random.default_rng(len(trained)).normal(0.0, 0.003)
         bpb = float(TRUTH.loss(n, d) * np.exp(noise))
-        return SimpleNamespace(val_bpb=bpb, val_loss=bpb * 2, mlflow_run_id=None, out_dir=tmp_path / f"run{len(trained)}")
+        return SimpleNamespace(final_val_bpb=bpb, final_val_loss=bpb * 2, mlflow_run_id=None, out_dir=tmp_path / f"run{len(trained)}")
 
     monkeypatch.setattr(scale_flow_module, "run", fake_run)
     monkeypatch.setattr(scale_flow_module, "data_flow", lambda *a, **kw: SimpleNamespace(manifest=tmp_path / "m.json"))

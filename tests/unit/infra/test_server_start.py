@@ -20,7 +20,7 @@ def test_the_start_runs_beside_the_caller_with_sigint_blocked_only_in_its_thread
         release.wait(5)
         return 4242
 
-    monkeypatch.setattr(run_signals, "shielded_prefect_server", fake_server)
+    monkeypatch.setattr(signals, "shielded_prefect_server", fake_server)
     wait = signals.prefect_server_starting()
     assert started.wait(5), "the server's start did not begin in its thread"
     # The caller goes on (its imports) while the server starts, and still takes Ctrl-C.
@@ -34,7 +34,7 @@ def test_a_failed_start_is_raised_to_the_caller_when_it_waits(monkeypatch):
     def broken() -> int:
         raise RuntimeError("port in use")
 
-    monkeypatch.setattr(run_signals, "shielded_prefect_server", broken)
+    monkeypatch.setattr(signals, "shielded_prefect_server", broken)
     wait = signals.prefect_server_starting()
     with pytest.raises(RuntimeError, match="port in use"):
         wait()

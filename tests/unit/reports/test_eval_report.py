@@ -46,7 +46,7 @@ def test_report_card_shows_intervals_significance_and_selective_prediction(tmp_p
                               tmp_path / "manifest.json")
     stage_score = SimpleNamespace(n_correct=36, n=59, accuracy=36 / 59, mean_reward=0.7)
     grpo = SimpleNamespace(before=stage_score, after=stage_score, flat=True, steps=40)
-    path = write_final_report(manifest, (None, 100.0), SimpleNamespace(val_loss=0.25, examples_val=59), grpo, evals, {},
+    path = write_final_report(manifest, (None, 100.0), SimpleNamespace(final_val_loss=0.25, examples_val=59), grpo, evals, {},
                               60.0, tmp_path / "report.md")
     text = path.read_text()
     assert "| SFT loss on its 59 held-out examples (assistant tokens, nats per token) | 0.250 |" in text
@@ -84,11 +84,12 @@ def test_parent_run_metrics_are_every_stages_headline_grouped_by_stage_and_round
     evals = _evals()
     times = [StageTime(stage="pretrain", run_id="r1", minutes=6.123456, reused=True),
              StageTime(stage="sft", run_id="r2", minutes=4.9, reused=False)]
-    metrics = headline_metrics({"collected": 10, "kept": 8}, SimpleNamespace(val_ppl=9.0, unigram_ppl=20.0),
-                               SimpleNamespace(val_loss=None), SimpleNamespace(before=score, after=score, flat=False), evals,
+    metrics = headline_metrics({"collected": 10, "kept": 8}, SimpleNamespace(final_val_ppl=9.0, unigram_ppl=20.0),
+                               SimpleNamespace(final_val_loss=None), SimpleNamespace(before=score, after=score, flat=False), evals,
                                times, 60.0, 90.0)
     assert (metrics["evaluate/base.bpb"], metrics["evaluate/sft.bpb"], metrics["evaluate/grpo.bpb"]) == (1.25, 1.5, 1.75)
-    assert metrics["grpo/heldout_accuracy"] == 0.6102 and metrics["data/kept"] == 8 and "sft/val_loss" not in metrics
+    assert metrics["grpo/heldout_accuracy_after"] == 0.6102 and metrics["data/kept"] == 8
+    assert "sft/final_val_loss" not in metrics
     assert metrics["pretrain/wall_minutes"] == 6.123 and metrics["pipeline/stage_minutes"] == 11.02
     assert metrics["pipeline/stages_reused"] == 1 and metrics["pipeline/wall_minutes_all_attempts"] == 1.5
     assert metrics["evaluate/grpo.answer.accuracy"] == significant(evals["grpo"].metrics()["answer.accuracy"])

@@ -9,14 +9,9 @@ from matplotlib.image import imread
 
 from models.calibration import calibration_report, reliability_bins
 from tasks.eval.selective import selective_report
-from tasks.reports.plots import (
-    accuracy_coverage_png,
-    compare_models_png,
-    funnel_figure,
-    funnel_png,
-    loss_curve_png,
-    reliability_diagram_png,
-)
+from tasks.reports.plots import (accuracy_coverage_png, compare_models_png, funnel_figure, funnel_png,
+                                 reliability_diagram_png)
+from tasks.training.loss_curve import loss_curve_png
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

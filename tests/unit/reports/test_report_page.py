@@ -7,7 +7,7 @@ from pathlib import Path
 
 from infra.workspace.paths import Workspace
 from tasks.reports.card import complete_attempt, inline_images, record_attempt, write_report_html
-from tasks.reports.plots import loss_curve_png
+from tasks.training.loss_curve import loss_curve_png
 
 
 def test_report_html_inlines_figures_and_renders_tables(tmp_path: Path):

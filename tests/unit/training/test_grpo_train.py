@@ -22,7 +22,7 @@ from tasks.eval.answers import greedy_answers, score_answers  # noqa: E402
 from tasks.eval.arithmetic import make_problems  # noqa: E402
 from tasks.eval.rewards import REWARDS, register_reward  # noqa: E402
 from tasks.training.config import GrpoConfig  # noqa: E402
-from tasks.training.grpo.loop import grpo_train  # noqa: E402
+from tests.helpers.training import grpo_train  # noqa: E402
 from tasks.training.grpo.rollouts import (  # noqa: E402
     Rollout, abstention_nll, guide_abstentions, informative_groups, own_logprobs, rollout_batch, sample_rollouts,
     unsure_groups,

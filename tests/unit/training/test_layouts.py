@@ -69,7 +69,7 @@ def test_pipeline_layers_hold_the_whole_models_weights_and_give_them_back():
     from models.llama import Transformer, model_config
     from models.losses import next_token_loss
     from models.pipeline import pipeline_module, pipe_state_dict
-    from tasks.training.engine import init_distributed
+    from tasks.training.distributed import init_distributed
 
     init_distributed()
     torch.manual_seed(0)
@@ -91,15 +91,15 @@ def test_pipeline_layers_hold_the_whole_models_weights_and_give_them_back():
 def test_layout_and_memory_reach_mlflow_and_the_report_card(tmp_path):
     from tasks.reports.card import memory_row
     from tasks.training.pretrain.stage import PretrainResult
-    from tasks.training.worker import memory_metrics
+    from tasks.training.stage import memory_metrics
 
     memory = {"layout": "dp1_tp2_pp1", "world_size": 2, "plan_bytes_per_device": 3 * 2**20,
               "peak_bytes_per_rank": [500 * 2**20, 510 * 2**20]}
     assert memory_metrics(memory) == {"plan_bytes_per_device": 3 * 2**20, "peak_bytes_max_rank": 510 * 2**20,
                                       "peak_bytes_rank0": 500 * 2**20, "peak_bytes_rank1": 510 * 2**20}
     base = PretrainResult(out_dir=tmp_path, model_dir=tmp_path, hf_dir=None, mlflow_run_id=None, checkpoint=None,
-                          loss_curve=None, steps=1, final_train_loss=1.0, val_loss=None, val_ppl=None, tokens_seen=1,
-                          tokens_per_s=None, skipped_steps=0, world_size=2, n_params=1, layout="dp1_tp2_pp1",
+                          loss_curve=None, steps=1, final_train_loss=1.0, final_val_loss=None, final_val_ppl=None, tokens_seen=1,
+                          train_tokens_per_s=None, skipped_steps=0, world_size=2, n_params=1, layout="dp1_tp2_pp1",
                           world_size_used=2, plan_bytes_per_device=3 * 2**20,
                           peak_bytes_per_rank=[500 * 2**20, 510 * 2**20])
     assert memory_row(base) == ("| pretraining layout, 2 ranks: memory plan's estimate per device; measured peak per "

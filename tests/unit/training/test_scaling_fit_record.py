@@ -63,35 +63,27 @@ def test_the_chinchilla_line_names_the_fitted_ratio_and_moves_its_band_with_it()
     assert "params 20.5k" in line and "tokens 1.35M" in line and f"optimal ~{CHINCHILLA_TOKENS_PER_PARAM:.3g}" in line
 
 
-def test_the_pretraining_report_uses_the_sweeps_ratio_on_the_same_shards(tmp_path, small_bootstrap, monkeypatch):
+def test_the_pretraining_chinchilla_view_uses_the_sweeps_ratio_on_the_same_shards(tmp_path, small_bootstrap,
+                                                                                     monkeypatch):
     from types import SimpleNamespace
 
-    import models.export
-    import tasks.reports.pretrain as pretrain_report
+    import tasks.training.pretrain.stage as pretrain_stage
     from models.flops import num_params
     from models.llama import model_config
 
     cfg = model_config("demo", 1024)
-    logged: dict = {}
-    monkeypatch.setattr(models.export, "load_config", lambda folder: cfg)
-    monkeypatch.setattr(pretrain_report, "unigram_perplexity", lambda folder: 900.0)
-    monkeypatch.setattr(pretrain_report, "log_metrics", logged.update)
-    for name in ("log_artifact", "log_artifacts", "log_text", "set_tag"):
-        monkeypatch.setattr(pretrain_report, name, lambda *a, **k: None)
+    monkeypatch.setattr(pretrain_stage, "load_config", lambda folder: cfg)
     ws = tmp_path / "work"
     index = _shards(ws / "tokens" / "k")
-    result = SimpleNamespace(model_dir=tmp_path / "model", tokens_seen=2_000_000, steps=100, final_train_loss=4.0,
-                             val_ppl=150.0, tokens_per_s=None, out_dir=tmp_path / "run")
+    result = SimpleNamespace(model_dir=tmp_path / "model", tokens_seen=2_000_000)
 
-    def line() -> str:
-        (tmp_path / "reports").mkdir(exist_ok=True)
-        return pretrain_report.log_pretrain_report(tmp_path / "tok.json", ws / "tokens" / "k", result,
-                                                   tmp_path / "reports").chinchilla
+    def view():
+        return pretrain_stage.chinchilla_view(result, ws / "tokens" / "k")
 
-    assert "(optimal ~20, Chinchilla)" in line() and logged["optimal_tokens_per_param"] == 20
+    assert "(optimal ~20, Chinchilla)" in view().summary() and view().optimal_ratio == 20
     (ws / "scale" / "s").mkdir(parents=True)
     write_fit(ws / "scale" / "s", small_bootstrap, index)
     fitted = small_bootstrap.law.optimum(6.0 * num_params(cfg) * 2_000_000).tokens_per_param
-    assert f"fitted at this compute by the sweep in {ws / 'scale' / 's'}, 95% interval [" in line()
-    assert logged["optimal_tokens_per_param"] == pytest.approx(fitted)
-    assert logged["tokens_per_param"] == pytest.approx(2_000_000 / num_params(cfg))  # all parameters, as Chinchilla
+    assert f"fitted at this compute by the sweep in {ws / 'scale' / 's'}, 95% interval [" in view().summary()
+    assert view().optimal_ratio == pytest.approx(fitted)
+    assert view().tokens_per_param == pytest.approx(2_000_000 / num_params(cfg))  # all parameters, as Chinchilla

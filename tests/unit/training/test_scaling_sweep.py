@@ -29,8 +29,8 @@ TRUTH = LossLaw(E=0.8, A=20.0, B=30.0, alpha=0.30, beta=0.32)
 
 def measured(points, noise=0.0, seed=0):
     rng = np.random.default_rng(seed)
-    return [MeasuredPoint(**p.model_dump(), val_bpb=float(TRUTH.loss(p.n_params, p.tokens) * np.exp(rng.normal(0, noise))),
-                          val_loss=1.0, epochs=p.tokens / 1e6, mlflow_run_id=None, out_dir="x") for p in points]
+    return [MeasuredPoint(**p.model_dump(), final_val_bpb=float(TRUTH.loss(p.n_params, p.tokens) * np.exp(rng.normal(0, noise))),
+                          final_val_loss=1.0, epochs=p.tokens / 1e6, mlflow_run_id=None, out_dir="x") for p in points]
 
 
 def test_the_sweeps_own_micro_batch_gives_every_point_its_steps():
@@ -152,7 +152,7 @@ def test_prediction_picks_the_true_best_member_and_covers_its_loss(fitted, tmp_p
     assert {"flops", "n_params", "tokens", "predicted_bpb", "interval"} <= set(data) and len(data["interval"]) == 2
 
     class Trained:  # what a PretrainResult offers the prediction
-        val_bpb, mlflow_run_id, out_dir = truth[pred.depth], "run", tmp_path
+        final_val_bpb, mlflow_run_id, out_dir = truth[pred.depth], "run", tmp_path
 
     done = pred.measured(Trained())
     write_prediction(tmp_path, done)

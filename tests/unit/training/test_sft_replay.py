@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from models.losses import IGNORE_INDEX
 from tasks.eval.arithmetic import make_problems
 from tasks.tokenizer.tokenize_shards import load_token_split
-from tasks.training.loop import train
+from tests.helpers.training import train
 from tasks.training.metrics import ListSink
 from tasks.training.sft.data import SftExample
 from tasks.training.sft.stage import check_replay_tokens, encode_examples, sft_batch_tokens, sft_loss

@@ -5,7 +5,7 @@ import pytest
 
 from tasks.training.config import RESUME_NEUTRAL
 from tasks.training.engine import build_engine
-from tasks.training.loop import train
+from tests.helpers.training import train
 from tasks.training.metrics import ListSink
 from tasks.training.pretrain.stage import lm_loss
 from tasks.training.batches import token_window_batches

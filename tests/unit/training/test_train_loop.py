@@ -9,7 +9,7 @@ import torch
 
 from tasks.training.checkpoint import checkpoint_tags, latest_checkpoint_step
 from tasks.training.progress import NonFiniteLossError
-from tasks.training.loop import train
+from tests.helpers.training import train
 from tasks.training.metrics import ListSink, MlflowSink
 from tasks.training.pretrain.stage import lm_loss
 from tasks.training.batches import token_window_batches
@@ -114,7 +114,7 @@ def test_resume_matches_uninterrupted_run(tmp_path, zero):
     assert resumed.resumed_from == n and resumed.steps == 2 * n
     assert said[0].startswith(f"resuming from step {n} ")  # the user is told before the first step
     assert said[-1].startswith(f"step {2 * n}/{2 * n} ") and "elapsed" in said[-1] and "ETA 0s" in said[-1]
-    assert abs(resumed.final_loss - straight.final_loss) < 1e-5
+    assert abs(resumed.final_train_loss - straight.final_train_loss) < 1e-5
     _, a = straight_sink.series("loss")
     steps_b, b = resumed_sink.series("loss")
     assert steps_b == list(range(n + 1, 2 * n + 1))
@@ -159,7 +159,7 @@ def test_nan_steps_are_skipped_without_update(tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(snapshots[2], snapshots[3]))
     assert all(torch.equal(x, y) for x, y in zip(snapshots[3], snapshots[4]))
     assert any(not torch.equal(x, y) for x, y in zip(snapshots[4], snapshots[5]))
-    assert math.isfinite(result.final_loss)
+    assert math.isfinite(result.final_train_loss)
     assert all(math.isfinite(p.detach().sum().item()) for p in snapshots[5])
 
 
@@ -216,7 +216,7 @@ def test_train_config_rejects_bad_values():
 
 
 def test_the_deepspeed_op_build_is_announced_only_when_it_is_not_cached(tmp_path, monkeypatch):
-    from tasks.training.engine import _shm_op_built
+    from tasks.training.distributed import _shm_op_built
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     assert not _shm_op_built()
@@ -279,4 +279,4 @@ def test_a_signal_saves_the_step_it_stops_at_and_a_resume_continues_there(tmp_pa
     assert latest_checkpoint_step(tmp_path / "b") == 3 and checkpoint_tags(tmp_path / "b") == ["step00000003"]
     resumed = train(tiny_model(seed=99), cfg, batches, None, lm_loss, tmp_path / "b", ListSink())
     assert resumed.resumed_from == 3 and resumed.steps == 8
-    assert abs(resumed.final_loss - straight.final_loss) < 1e-5  # the stop changed nothing that was trained
+    assert abs(resumed.final_train_loss - straight.final_train_loss) < 1e-5  # the stop changed nothing that was trained

@@ -29,46 +29,20 @@ import hashlib
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import torch
 
-from tasks.training.config import GrpoConfig
-from tasks.training.grpo.rollouts import MAX_BATCH_ROWS, Problem, Rollout, _Scorer, grpo_step
 from tasks.eval.answers import AnswerScore, greedy_answers, score_answers
 from tasks.eval.rewards import combined_reward, get_reward
-from tasks.training.loop import StepStats, fit
+from tasks.training.config import GrpoConfig
+from tasks.training.grpo.rollouts import MAX_BATCH_ROWS, Problem, Rollout, Scorer, grpo_step
+from tasks.training.types import StepStats
 
 
-MetricsLog = Callable[[dict, int], Any]
-@dataclass
-class GrpoResult:
-    """What a GRPO run ended with: the trained policy module, per-step metrics, sample completions."""
-
-    policy: torch.nn.Module
-    history: list[dict[str, float]] = field(default_factory=list)
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    eval_before: AnswerScore | None = None  # greedy, on the held-out problems
-    eval_after: AnswerScore | None = None
-    seconds: float = 0.0
-    skipped_steps: int = 0  # steps whose loss was non-finite (their updates were skipped)
-    resumed_from: int | None = None  # the checkpoint step this session started from; None for a fresh run
-
-    def samples_text(self) -> str:
-        """Sample completions as plain text, for an MLflow artifact."""
-        blocks = []
-        for s in self.samples:
-            blocks.append(
-                f"### step {s['step']}  reward {s['reward']:.3f}\n"
-                f"[prompt] {s['question']}\n[completion] {s['completion']}\n"
-            )
-        return "\n".join(blocks)
-
-
-# ----------------------------------------------------------------------------- rollouts
+# ----------------------------------------------------------------------------- held-out score
 
 
 def heldout_score(model: torch.nn.Module, tokenizer: Any, problems: Sequence[Problem], cfg: GrpoConfig) -> AnswerScore:
@@ -117,16 +91,6 @@ class _ProblemCycle:
         return picked
 
 
-def _check_models(policy: torch.nn.Module, reference: torch.nn.Module, tokenizer: Any, cfg: GrpoConfig) -> None:
-    if policy is reference:
-        raise ValueError("reference must be a separate frozen copy of the policy (e.g. copy.deepcopy(policy)), not the policy itself")
-    vocab = tokenizer.get_vocab_size()
-    for name, m in (("policy", policy), ("reference", reference)):
-        mcfg = getattr(m, "cfg", None)
-        if mcfg is not None and mcfg.vocab_size < vocab:
-            raise ValueError(f"{name} vocab_size={mcfg.vocab_size} is smaller than the tokenizer's {vocab}")
-
-
 def module_sha256(module: torch.nn.Module) -> str:
     """sha256 of a module's state (names, dtypes, shapes and bytes), e.g. to recognise the reference model."""
     h = hashlib.sha256()
@@ -137,19 +101,19 @@ def module_sha256(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def _keep_samples(result: GrpoResult, rollouts: Sequence[Rollout], step: int, n_groups: int, cfg: GrpoConfig) -> None:
-    """The first completion of the first cfg.samples_per_step groups, every cfg.samples_every steps and at the end."""
-    if step % cfg.samples_every == 0 or step == cfg.steps - 1:
-        for g in range(min(cfg.samples_per_step, n_groups)):
-            r = rollouts[g * cfg.group_size]
-            result.samples.append({"step": step, "question": r.problem.question, "completion": r.text, "reward": r.reward})
+def samples_text(samples: Sequence[dict[str, Any]]) -> str:
+    """Sample completions as plain text, for an MLflow artifact."""
+    return "\n".join(f"### step {s['step']}  reward {s['reward']:.3f}\n"
+                     f"[prompt] {s['question']}\n[completion] {s['completion']}\n" for s in samples)
 
 
 class GrpoSteps:
     """GRPO as the one loop's step (tasks/training/loop.fit): each step samples groups of completions,
     scores them and makes cfg.updates_per_batch clipped updates; validation is the greedy held-out score.
 
-    Its checkpoint state: the problem cycle, the sampler's generator, the samples, the held-out score
+    What it keeps for the stage's result: `samples` (the first completion of the first cfg.samples_per_step groups,
+    every cfg.samples_every steps and at the last), the held-out scores `eval_before` and `eval_after`, and
+    `seconds()`. Its checkpoint state: the problem cycle, the sampler's generator, the samples, the held-out score
     before training, the seconds so far and the reference model's sha256 (a resume refuses another
     reference), so a resumed run ends exactly where an uninterrupted one does.
     """
@@ -161,10 +125,13 @@ class GrpoSteps:
         self.reference, self.tokenizer, self.cfg = reference, tokenizer, cfg
         reference.eval()
         reference.requires_grad_(False)
-        self.scorer = _Scorer(combined_reward(cfg.rewards), get_reward(cfg.accuracy_reward))
+        self.updates_per_step = cfg.updates_per_batch  # the lr schedule counts these optimizer steps
+        self.scorer = Scorer(combined_reward(cfg.rewards), get_reward(cfg.accuracy_reward))
         self.cycle = _ProblemCycle(problems, cfg.seed)
         self.evals = list(eval_problems or [])[: cfg.eval_prompts]
-        self.result = GrpoResult(policy=None)
+        self.samples: list[dict[str, Any]] = []
+        self.eval_before: AnswerScore | None = None  # greedy, on the held-out problems
+        self.eval_after: AnswerScore | None = None
         self.reference_sha256 = module_sha256(reference)
         self.generator: torch.Generator | None = None
         self._generator_state: torch.Tensor | None = None
@@ -184,7 +151,7 @@ class GrpoSteps:
         picked = self.cycle.take(self.cfg.prompts_per_step * self.cfg.oversample)
         metrics, rollouts = grpo_step(engine, self.reference, self.tokenizer, picked, self.cfg, self.scorer,
                                       self._on(engine), step)
-        _keep_samples(self.result, rollouts, step, len(rollouts) // self.cfg.group_size, self.cfg)
+        self._keep_samples(rollouts, step)
         loss = metrics.pop("loss")
         bad = not math.isfinite(loss) or not engine.was_step_applied()
         tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
@@ -195,36 +162,35 @@ class GrpoSteps:
         self._on(engine)
         if not self.evals:
             return None
-        self.result.eval_before = heldout_score(engine.module, self.tokenizer, self.evals, self.cfg)
-        return eval_metrics(self.result.eval_before)
+        self.eval_before = heldout_score(engine.module, self.tokenizer, self.evals, self.cfg)
+        return eval_metrics(self.eval_before)
 
     def validate(self, engine, rank: int, world: int) -> dict[str, float] | None:
         if not self.evals:
             return None
-        self.result.eval_after = heldout_score(engine.module, self.tokenizer, self.evals, self.cfg)
-        return eval_metrics(self.result.eval_after)
+        self.eval_after = heldout_score(engine.module, self.tokenizer, self.evals, self.cfg)
+        return eval_metrics(self.eval_after)
 
-    def finished(self, trained: Any) -> GrpoResult:
-        """The GRPO view of a finished `fit`: the policy, per-step metrics, samples, held-out scores, time."""
-        result = self.result
-        result.policy = trained.engine.module
-        result.history = [h for h in trained.history if "reward_mean" in h]
-        result.seconds = self.seconds()
-        result.skipped_steps = trained.skipped_steps
-        result.resumed_from = trained.resumed_from
-        return result
+    def _keep_samples(self, rollouts: Sequence[Rollout], step: int) -> None:
+        """The first completion of the first cfg.samples_per_step groups, every cfg.samples_every steps and at the end."""
+        cfg = self.cfg
+        if step % cfg.samples_every == 0 or step == cfg.steps - 1:
+            for g in range(min(cfg.samples_per_step, len(rollouts) // cfg.group_size)):
+                r = rollouts[g * cfg.group_size]
+                self.samples.append({"step": step, "question": r.problem.question, "completion": r.text,
+                                     "reward": r.reward})
 
     def seconds(self) -> float:
         """Training and scoring time, summed over the launches of a resumed run."""
         return self._seconds_before + time.perf_counter() - self._started
 
     def state(self) -> dict[str, Any]:
-        before = self.result.eval_before
+        before = self.eval_before
         return {
             "reference_sha256": self.reference_sha256, "cycle": self.cycle.state(),
             # Reseeded from (seed, step) before every step today; kept so a resume stays exact if that changes.
             "generator": self.generator.get_state() if self.generator is not None else None,
-            "samples": self.result.samples, "seconds": self.seconds(),
+            "samples": self.samples, "seconds": self.seconds(),
             "eval_before": asdict(before) if before is not None else None,
         }
 
@@ -237,50 +203,10 @@ class GrpoSteps:
             )
         self.cycle.restore(state["cycle"])
         self._generator_state = state["generator"]
-        self.result.samples = list(state["samples"])
+        self.samples = list(state["samples"])
         before = state.get("eval_before")
-        self.result.eval_before = AnswerScore(**before) if before is not None else None
+        self.eval_before = AnswerScore(**before) if before is not None else None
         self._seconds_before = float(state["seconds"])
-
-
-class _LogCallback:
-    """A `log(metrics, step)` callable as the loop's metrics sink."""
-
-    def __init__(self, log: MetricsLog) -> None:
-        self.log = log
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.log(metrics, step)
-
-
-def grpo_train(
-    policy: torch.nn.Module,
-    reference: torch.nn.Module,
-    tokenizer: Any,
-    problems: Sequence[Problem],
-    cfg: GrpoConfig,
-    log: MetricsLog | None = None,
-    eval_problems: Sequence[Problem] | None = None,
-    ckpt_dir: Path | None = None,
-    echo: Callable[[str], Any] | None = None,
-    ds_config: dict[str, Any] | None = None,
-) -> GrpoResult:
-    """Train `policy` with GRPO on `problems` through the one training loop; `reference` stays frozen.
-
-    Metrics go to `log(metrics, step)`; with `eval_problems`, the first cfg.eval_prompts of them are
-    scored greedily before and after training (eval_before / eval_after; logged as heldout_accuracy /
-    heldout_reward / heldout_problems at steps 0 and cfg.steps). With `ckpt_dir`, checkpoints follow
-    cfg.checkpoint and a run resumes from the latest one there (refusing one taken against another
-    reference model). A non-finite loss skips its update; cfg.max_bad_steps of them in a row fail.
-    """
-    if not problems:
-        raise ValueError("grpo_train needs at least one problem")
-    _check_models(policy, reference, tokenizer, cfg)
-    steps = GrpoSteps(reference, tokenizer, problems, cfg, eval_problems)
-    sink = _LogCallback(log or (lambda metrics, step: None))
-    # One micro-batch (the whole sampled batch) per optimizer step.
-    trained = fit(policy, cfg, steps, ckpt_dir, sink, **grpo_shape(cfg), echo=echo, ds_config=ds_config)
-    return steps.finished(trained)
 
 
 def grpo_shape(cfg: GrpoConfig) -> dict[str, int]:

@@ -1,5 +1,8 @@
-"""What every training stage shares besides the loop itself (tasks/training/loop.py).
+"""What every training stage is and shares around the one loop: the stage's base, its MLflow run on rank 0,
+the export of the trained model and the result it publishes.
 
+    class Pretrain(TrainingStage)          a LaunchedStage whose ranks run tasks/training/rank.py
+    launch_of(cfg, ...)                    stage side: ds_config.json and the precision the ranks train in
     saved_model_config(model_dir, ...)     stage side: a saved model's architecture, checked against the tokenizer
     with rank0_run(job, rank)              rank 0 logs into the stage's MLflow run; the others log nothing
     exported(trained, job, rank, ...)      rank 0 exports the trained model (+ a Hugging Face folder) and plots
@@ -17,14 +20,17 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from infra.workspace.atomic import write_json_atomic
-from infra.workspace.paths import Workspace
+from infra.launch.precision import choose_precision
 from infra.stages import DS_CONFIG_FILE, RESULT_FILE, Job, Launch, LaunchedStage
 from infra.tracking.runs import log_artifact, log_config, log_metrics, stage_run
+from infra.workspace.atomic import write_json_atomic
+from infra.workspace.paths import Workspace
+from models.export import export_hf_llama, load_config, save_model
+from tasks.tokenizer.train import TOKENIZER_FILE, load_tokenizer
 from tasks.training.config import RESUME_NEUTRAL
-from tasks.training.engine import full_parameters
-from tasks.training.progress import TrainResult
-from tasks.training.metrics import loss_curve
+from tasks.training.engine import ds_config_for, full_parameters
+from tasks.training.loss_curve import loss_curve
+from tasks.training.types import TrainResult
 
 LOSS_CURVE_FILE = "loss_curve.png"
 MODEL_DIR = "model"
@@ -36,7 +42,7 @@ class TrainingStage(LaunchedStage):
     change the same keys in each (how it logs, checkpoints and runs: RESUME_NEUTRAL)."""
 
     resume_neutral = RESUME_NEUTRAL
-    rank_module = "tasks.training.loop"  # every rank's entry point: the one training loop's `main`
+    rank_module = "tasks.training.rank"  # every rank's entry point, which trains with the one loop
 
 
 class ExportedModel(BaseModel):
@@ -75,8 +81,6 @@ def read_ds_config(job: Job) -> dict[str, Any]:
 
 def tokenizer_json(path: Path | None) -> Path | None:
     """The tokenizer.json of a tokenizer file or folder, or None when there is none."""
-    from tasks.tokenizer.train import TOKENIZER_FILE
-
     if path is None:
         return None
     candidate = path / TOKENIZER_FILE if path.is_dir() else path
@@ -85,12 +89,10 @@ def tokenizer_json(path: Path | None) -> Path | None:
 
 def export_model(model: torch.nn.Module, job: Job, export_hf: bool) -> tuple[Path, Path | None]:
     """out_dir/model (models.export.save_model) and, when asked, out_dir/hf for transformers."""
-    from models import export
-
-    model_dir = export.save_model(model, job.out_dir / MODEL_DIR)
+    model_dir = save_model(model, job.out_dir / MODEL_DIR)
     hf_dir = None
     if export_hf:
-        hf_dir = export.export_hf_llama(model, job.out_dir / HF_DIR,
+        hf_dir = export_hf_llama(model, job.out_dir / HF_DIR,
                                         tokenizer_json=tokenizer_json(job.inputs.get("tokenizer")))
     return model_dir, hf_dir
 
@@ -155,9 +157,6 @@ def memory_metrics(memory: dict[str, Any]) -> dict[str, float | None]:
 
 def saved_model_config(model_dir: Path, tokenizer_path: Path, hint: str):
     """The models.llama.ModelConfig of a saved model, checked to cover the tokenizer's vocabulary (`hint`: what to do if not)."""
-    from models.export import load_config
-    from tasks.tokenizer.train import load_tokenizer
-
     mcfg = load_config(model_dir)
     vocab_size = load_tokenizer(tokenizer_path).get_vocab_size()
     if mcfg.vocab_size < vocab_size:
@@ -169,9 +168,6 @@ def saved_model_config(model_dir: Path, tokenizer_path: Path, hint: str):
 def launch_of(cfg: Any, micro_batch_size: int, grad_accum: int, **kw: Any) -> Launch:
     """What a training stage's `prepare` hands the runner: the ds_config.json its ranks train with and the
     precision `launch.precision` resolves to here (`auto`: measured on this machine), plus `kw` (extra, identity)."""
-    from infra.launch.precision import choose_precision
-    from tasks.training.engine import ds_config_for
-
     choice = choose_precision(cfg.launch.precision)
     return Launch(ds_config_for(cfg.optim, cfg.launch, micro_batch_size, grad_accum), choice.precision, choice.reason,
                   **kw)
