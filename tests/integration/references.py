@@ -1,4 +1,4 @@
-"""Reference launches shared by several tests: each runs once per test run (tests/shared.py), whichever test
+"""Reference launches shared by several tests: each runs once per test run (tests/helpers/shared.py), whichever test
 asks first, and the others read its outputs back from disk.
 
 - `sft_reference`: one SFT through the launcher (catalog with two rejects, replay, HF export, a checkpoint
@@ -39,7 +39,7 @@ from tests.conftest import (
     write_token_shards,
     write_word_tokenizer,
 )
-from tests.shared import shared_once
+from tests.helpers.shared import shared_once
 
 LINES_FILE = "lines.txt"  # what the launch streamed back, one line each
 CHECKS_FILE = "checks.json"  # zero2_two_rank: what the launch left behind

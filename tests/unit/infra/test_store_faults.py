@@ -14,7 +14,7 @@ from flows.cli import main
 from infra.deepspeed_launch import LaunchDiskFull, launch_failure
 from infra.paths import Workspace
 from infra.tracking import configure
-from tests.shared import shared_once
+from tests.helpers.shared import shared_once
 
 
 def _cli_runs(workdir: Path, capsys, command: str = "runs") -> tuple[int, list[str]]:
