@@ -211,7 +211,7 @@ def _zero2_inputs(root: Path) -> dict[str, Path | None]:
 def _build_zero2(root: Path) -> None:
     from infra.deepspeed_launch import shm_buffers
     from tasks.training.pretrain.stage import Pretrain
-    from tests.integration.test_reliability_signals import _shm_files, new_shm_files
+    from tests.helpers.processes import new_shm_files, shm_files
 
     write_word_tokenizer(root / "tokenizer.json", ZERO2_VOCAB)
     write_token_shards(root / "tokens", ZERO2_VOCAB)
@@ -220,7 +220,7 @@ def _build_zero2(root: Path) -> None:
     private_tmp = root / "tmp"
     private_tmp.mkdir()
     tempfile.gettempdir()
-    before = _shm_files()
+    before = shm_files()
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("TMPDIR", str(private_tmp))

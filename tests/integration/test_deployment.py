@@ -32,7 +32,7 @@ import yaml
 from tests.conftest import ROOT
 from tests.integration import seeds
 from tests.integration.seeds import SMALL, seed_workspace
-from .test_data_flow import make_catalog
+from tests.helpers.data_flow import make_catalog
 
 SCRIPTS = ROOT / "infra" / "scripts"
 PREFECT_YAML = ROOT / "infra" / "prefect.yaml"

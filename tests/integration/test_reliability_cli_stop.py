@@ -26,7 +26,7 @@ import pytest
 from tasks.training.checkpoint import latest_checkpoint_step
 from tests.conftest import CLI, ROOT
 from tests.integration import seeds
-from tests.integration.test_reliability_signals import new_shm_files
+from tests.helpers.processes import new_shm_files
 
 pytestmark = pytest.mark.slow
 STOP_WITHIN_S = 30.0
