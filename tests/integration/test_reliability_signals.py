@@ -1,7 +1,7 @@
 """A run stops when told and leaks nothing: Ctrl-C, SIGTERM and SIGKILL against real DeepSpeed launches.
 
 Each test starts a driver process (the CLI's signal handlers around `infra.deepspeed_launch.launch`
-of two idle ranks, tests/integration/idle_rank.py) in a session of its own, as a terminal would
+of two idle ranks, tests/helpers/idle_rank.py) in a session of its own, as a terminal would
 start a command, signals it, and then counts what is left: processes of the tree and
 /dev/shm files. The clean launch is the shared 2-rank ZeRO-2 pretraining of
 tests/integration/references.py, counted the same way.
@@ -33,7 +33,7 @@ DRIVER = textwrap.dedent("""
 
     out, ranks, wait_s, port = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
     job = out / "job.json"
-    job.write_text(json.dumps({"stage": "tests.integration.idle_rank:Idle", "config": {"wait_s": wait_s},
+    job.write_text(json.dumps({"stage": "tests.helpers.idle_rank:Idle", "config": {"wait_s": wait_s},
                                "inputs": {}, "out_dir": str(out), "ws_root": str(out), "mlflow_run_id": None,
                                "precision": "fp32", "precision_reason": "test"}))
     install_stop_handlers()
