@@ -1,5 +1,4 @@
-"""A training stage SIGKILLed through the launcher after its first checkpoint, and its resume checked against an
-uninterrupted run: the kill tests' machinery."""
+"""The kill tests' machinery: a launched stage SIGKILLed after its first checkpoint, and its resume checked."""
 from __future__ import annotations
 
 import json

@@ -16,8 +16,7 @@ from tasks.data.documents import Document, documents_table, write_table_atomic
 from tasks.data.minhash_dedup import NearDedupConfig, banding, compute_signatures, near_dedup, shingles
 from tasks.data.minhash_estimate import spill_limit
 from tasks.data.text_normalize import dedup_key
-
-from .test_minhash_dedup import make_variant
+from tests.helpers.near_dedup import make_variant
 
 
 def grams(text: str, n: int) -> set[tuple[str, ...]]:

@@ -14,7 +14,7 @@ from tasks.eval.evaluate import answer_metrics, answer_records
 from tasks.eval.rewards import ABSTENTION, combined_reward, format_reward, get_reward, is_abstention, parse_answer
 from tasks.training.config import GrpoConfig
 from tasks.training.sft.data import ArithmeticSftOptions, SftSourceConfig, load_sft_examples
-from tests.unit.eval.test_answer_formats import Parrot, tokenizer
+from tests.helpers.arithmetic_answers import Parrot, tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
