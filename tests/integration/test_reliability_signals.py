@@ -4,7 +4,7 @@ Each test starts a driver process (the CLI's signal handlers around `infra.deeps
 of two idle ranks, tests/helpers/idle_rank.py) in a session of its own, as a terminal would
 start a command, signals it, and then counts what is left: processes of the tree and
 /dev/shm files. The clean launch is the shared 2-rank ZeRO-2 pretraining of
-tests/integration/references.py, counted the same way.
+tests/helpers/references.py, counted the same way.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import pytest
 
 from infra.deepspeed_launch import SHM_DIR, free_port, shm_buffers
 from tests.helpers.processes import alive, new_shm_files, process_tree, shm_files, wait_gone
-from tests.integration.references import leak_checks, zero2_two_rank  # noqa: F401 - the clean 2-rank launch
+from tests.helpers.references import leak_checks, zero2_two_rank  # noqa: F401 - the clean 2-rank launch
 
 REPO = Path(__file__).resolve().parents[2]
 STOP_WITHIN_S = 30.0  # the issue's bound for a stop
@@ -82,7 +82,7 @@ def no_new_shm():
 
 @pytest.mark.slow
 def test_clean_launch_leaves_no_shm_buffer(zero2_two_rank):  # noqa: F811
-    """The shared 2-rank ZeRO-2 pretraining (tests/integration/references.py) ran with a private TMPDIR and
+    """The shared 2-rank ZeRO-2 pretraining (tests/helpers/references.py) ran with a private TMPDIR and
     /dev/shm counted before and after: nothing of it stayed."""
     checks = leak_checks(zero2_two_rank)
     assert zero2_two_rank.result.world_size == 2  # both ranks mapped their all-reduce buffer

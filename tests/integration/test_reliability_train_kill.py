@@ -5,7 +5,7 @@ The machinery is shared with test_reliability_post_training_kill.py (tests/helpe
 `run_killed` runs the stage in a driver subprocess, in a session of its own, and SIGKILLs its whole process
 group at once as soon as 'latest' names the first checkpoint; `resumed_like` resumes it and compares with an
 uninterrupted run. Here `straight_and_killed` runs that uninterrupted run in a thread of this process alongside
-the killed one; the SFT and GRPO kill tests compare with the shared reference runs (tests/integration/references.py).
+the killed one; the SFT and GRPO kill tests compare with the shared reference runs (tests/helpers/references.py).
 """
 from __future__ import annotations
 
