@@ -1,1 +1,1 @@
-"""Helpers that several test modules share: builders, reference runs, fixtures and launched ranks."""
+"""What several test modules share: builders, fixtures, reference runs, launched ranks, and the order tests run in."""
