@@ -6,7 +6,7 @@
 Each pair runs the same command line twice, alternating which goes first: once with `python -m deepspeed.launcher.runner`
 (the `deepspeed` script), once with `python -m infra.launch.runner` (what every stage launches: MLflow kept out of
 the runner and the per-node launcher, the launcher looking at its ranks every 0.2 s, both ending without the
-interpreter's teardown). The ranks are tests/integration/op_loading_rank.py: they import DeepSpeed, join, and exit.
+interpreter's teardown). The ranks are tests/helpers/op_loading_rank.py: they import DeepSpeed, join, and exit.
 Prints each launch's wall seconds, the medians, and ours over DeepSpeed's with the pairs' spread.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from infra.launch.launcher import free_port, launch_command, launch_env  # noqa: E402
 
-RANK = "tests.integration.op_loading_rank"
+RANK = "tests.helpers.op_loading_rank"
 RUNNERS = {"deepspeed": [sys.executable, "-m", "deepspeed.launcher.runner"],
            "ours": [sys.executable, "-m", "infra.launch.runner"]}
 

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# The shared helpers' asserts report their values as the test modules' do (before any of them is imported).
+pytest.register_assert_rewrite("tests.helpers")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -346,8 +349,8 @@ def eval_result_with_answers(questions: list[str], correct, confidences, answer_
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register tests/schedule.py's LongestFirst: it has the last word on the order (longest first, by a table
+    """Register tests/helpers/schedule.py's LongestFirst: it has the last word on the order (longest first, by a table
     of measured seconds), after pytest_collection_modifyitems above has put the slow tests first."""
-    from tests.schedule import LongestFirst
+    from tests.helpers.schedule import LongestFirst
 
     config.pluginmanager.register(LongestFirst(), "llmforge-longest-first")

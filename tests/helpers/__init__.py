@@ -1,1 +1,1 @@
-"""Helpers the tests share: builders, fixtures and runs that more than one test module uses."""
+"""What several test modules share: builders, fixtures, reference runs, launched ranks, and the order tests run in."""

@@ -20,7 +20,7 @@ import pytest
 
 from infra.lifecycle.process_tree import stop_processes
 from tests.conftest import run_cli
-from tests.integration.test_data_flow import make_preset
+from tests.helpers.data_flow import make_preset
 
 pytest.importorskip("ray")
 pytest.importorskip("prefect_ray")

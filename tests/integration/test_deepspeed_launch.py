@@ -22,7 +22,7 @@ from infra.launch.launcher import (
     resolve_precision,
 )
 from tests.conftest import ROOT, launch_into, tiny_pretrain_config
-from tests.integration.references import zero2_two_rank  # noqa: F401 - the shared 2-rank ZeRO-2 run
+from tests.helpers.references import zero2_two_rank  # noqa: F401 - the shared 2-rank ZeRO-2 run
 
 
 @pytest.mark.parametrize("zero", ZERO_STAGES)
@@ -181,7 +181,7 @@ def test_launch_streams_output_and_reports_failure(tmp_path):
 
 @pytest.mark.slow
 def test_two_rank_zero2_pretraining_through_the_launcher(zero2_two_rank):  # noqa: F811
-    """The shared 2-rank ZeRO-2 run (tests/integration/references.py; test_multinode compares with it)."""
+    """The shared 2-rank ZeRO-2 run (tests/helpers/references.py; test_multinode compares with it)."""
     import mlflow
 
     from infra.workspace.paths import Workspace

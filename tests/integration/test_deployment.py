@@ -30,9 +30,9 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.integration import seeds
-from tests.integration.seeds import SMALL, seed_workspace
-from .test_data_flow import make_catalog
+from tests.helpers import seeds
+from tests.helpers.data_flow import make_catalog
+from tests.helpers.seeds import SMALL, seed_workspace
 
 SCRIPTS = ROOT / "infra" / "scripts"
 PREFECT_YAML = ROOT / "infra" / "prefect.yaml"
@@ -180,7 +180,7 @@ def run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.Compl
 
 # The pipeline deployment with every stage's budget cut to a few steps.
 SMALL_PIPELINE = SMALL + ["name=deployed-small"]
-small_stage_seed = seeds.small_stage_seed  # the session's data/tokenizer/tokens seed (tests/integration/seeds.py)
+small_stage_seed = seeds.small_stage_seed  # the session's data/tokenizer/tokens seed (tests/helpers/seeds.py)
 
 
 def deployment_run(name: str, env: dict[str, str], *params: str, timeout: float = 600) -> subprocess.CompletedProcess:

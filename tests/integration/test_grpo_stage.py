@@ -1,5 +1,5 @@
 """GRPO stage: a tiny run through the real DeepSpeed launcher (one CPU rank) and a real MLflow store
-(tests/integration/references.py's `grpo_reference`, shared with the GRPO kill test)."""
+(tests/helpers/references.py's `grpo_reference`, shared with the GRPO kill test)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ from models.llama import ModelConfig, Transformer  # noqa: E402
 from tasks.eval.arithmetic import make_problems  # noqa: E402
 from tasks.training.grpo.stage import Grpo  # noqa: E402
 from tests.conftest import grpo_config, launch_into, saved_tokenizer, small_alphabet_bpe  # noqa: E402
-from tests.integration.references import grpo_reference  # noqa: E402,F401 - the shared GRPO run
+from tests.helpers.references import grpo_reference  # noqa: E402,F401 - the shared GRPO run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -42,7 +42,7 @@ def test_stage_config_checks(tmp_path, tok):
 
 @pytest.mark.slow
 def test_grpo_stage_through_the_launcher(grpo_reference):  # noqa: F811
-    """The shared GRPO run (tests/integration/references.py): 6 steps from a quick SFT model, samples every step."""
+    """The shared GRPO run (tests/helpers/references.py): 6 steps from a quick SFT model, samples every step."""
     ref = grpo_reference
     result, out, sft_dir, tok = ref.result, ref.out, ref.inputs["sft"], Tokenizer.from_file(str(ref.inputs["tokenizer"]))
     sft = load_model(sft_dir)

@@ -22,7 +22,7 @@ import pytest
 
 from infra.launch.launcher import free_port
 from tests.conftest import stop_process
-from tests.integration.references import zero2_config, zero2_two_rank  # noqa: F401 - the one-node run
+from tests.helpers.references import zero2_config, zero2_two_rank  # noqa: F401 - the one-node run
 
 pytestmark = pytest.mark.slow
 
@@ -102,7 +102,7 @@ def _loss_curve(ws: Path, run_id: str) -> list[tuple[int, float]]:
 
 
 def test_two_node_zero2_pretraining_matches_one_node(tmp_path, zero2_two_rank, loopback_nodes, monkeypatch):  # noqa: F811
-    """The two-node run against the shared one-node run (tests/integration/references.py): the same config, apart
+    """The two-node run against the shared one-node run (tests/helpers/references.py): the same config, apart
     from where the two ranks run, on the same input files."""
     from tasks.training.pretrain.stage import Pretrain
     from tests.conftest import launch_into

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT
-from tests.shared import shared_once
+from tests.helpers.shared import shared_once
 
 STEPS = 4
 
@@ -62,7 +62,7 @@ def _build_one_process(work: Path) -> None:
 @pytest.fixture(scope="session")
 def one_process(tmp_path_factory):
     """The inputs, and one process's result and per-step losses on them (what both layouts are checked against):
-    run once per test run, whichever worker gets tp2 or pp2 first (tests/shared.py)."""
+    run once per test run, whichever worker gets tp2 or pp2 first (tests/helpers/shared.py)."""
     from infra.stages import read_result
     from tasks.training.pretrain.stage import Pretrain
 

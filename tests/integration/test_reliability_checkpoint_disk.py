@@ -29,7 +29,7 @@ from tasks.training.pretrain.stage import lm_loss
 from tasks.training.batches import token_window_batches
 from tests.conftest import loop_model, random_tokens
 from tests.conftest import train_config_for as cfg_for
-from tests.integration.test_reliability_disk import mounts  # noqa: F401 - the tmpfs fixture
+from tests.helpers.mounts import mounts  # noqa: F401 - the tmpfs fixture
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CKPT_BYTES = 288_000  # about what one checkpoint of loop_model takes (weights + AdamW moments)

@@ -5,7 +5,7 @@ the run's private TMPDIR (but torch's compile cache), no MLflow run is RUNNING a
 The Ctrl-C saves a checkpoint of the step it stopped at (far from the next scheduled one, step 100),
 and the second run, the same command, resumes pretraining from that step.
 
-The workspace starts with the session seed's data, tokenizer and token stages (tests/integration/seeds.py),
+The workspace starts with the session seed's data, tokenizer and token stages (tests/helpers/seeds.py),
 run with the same overrides: both runs reuse them and go straight to pretraining.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ import pytest
 
 from tasks.training.checkpoint import latest_checkpoint_step
 from tests.conftest import CLI, ROOT
-from tests.integration import seeds
-from tests.integration.test_reliability_signals import new_shm_files
+from tests.helpers import seeds
+from tests.helpers.processes import new_shm_files
 
 pytestmark = pytest.mark.slow
 STOP_WITHIN_S = 30.0

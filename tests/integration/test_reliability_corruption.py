@@ -9,12 +9,12 @@ from tasks.data.manifest import ChecksumError, load_manifest, shard_paths
 from tasks.data.shards import ShardConfig, write_shards
 from tasks.tokenizer.tokenize_shards import load_token_split
 from tests.conftest import write_token_shards as _write_tokens
-from tests.integration.test_reliability_shards import _mixed
+from tests.helpers.corpora import mixed_documents
 
 
 @pytest.fixture
 def shards(tmp_path):
-    return write_shards(_mixed(tmp_path / "mixed.parquet", 2_000, "d"), tmp_path / "shards", ShardConfig(shard_mb=0.1), {}, {}, [])
+    return write_shards(mixed_documents(tmp_path / "mixed.parquet", 2_000, "d"), tmp_path / "shards", ShardConfig(shard_mb=0.1), {}, {}, [])
 
 
 def _flip_bit(path, rng: random.Random) -> None:

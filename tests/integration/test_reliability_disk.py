@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -12,29 +10,8 @@ from flows.cli import main
 from infra.workspace.paths import Workspace
 from tasks.data.manifest import load_manifest, shard_paths
 from tasks.data.shards import ShardConfig, write_shards
-from tests.integration.test_reliability_shards import _mixed
-
-
-def _mount(target: Path, options: str) -> None:
-    target.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}); needs root with CAP_SYS_ADMIN")
-
-
-@pytest.fixture
-def mounts(tmp_path):
-    made: list[Path] = []
-
-    def mount(name: str, options: str) -> Path:
-        target = tmp_path / name
-        _mount(target, options)
-        made.append(target)
-        return target
-
-    yield mount
-    for target in reversed(made):
-        subprocess.run(["umount", "-l", str(target)], check=False)
+from tests.helpers.corpora import mixed_documents
+from tests.helpers.mounts import mounts  # noqa: F401 - the tmpfs fixture
 
 
 def test_file_where_the_workspace_folder_should_be(tmp_path):
@@ -54,7 +31,7 @@ def test_write_probe_hitting_enospc_is_reported(tmp_path):
         Workspace(root).ensure_writable()
 
 
-def test_read_only_mount_fails_before_any_work(mounts, tmp_path, monkeypatch, capsys):
+def test_read_only_mount_fails_before_any_work(mounts, tmp_path, monkeypatch, capsys):  # noqa: F811
     ro = mounts("ro", "ro,size=1m")
     with pytest.raises(PermissionError, match="Read-only file system"):
         Workspace(ro / "work").ensure_writable()
@@ -67,12 +44,12 @@ def test_read_only_mount_fails_before_any_work(mounts, tmp_path, monkeypatch, ca
     assert not list(ro.iterdir())
 
 
-def test_full_disk_while_sharding_keeps_previous_set(mounts, tmp_path):
+def test_full_disk_while_sharding_keeps_previous_set(mounts, tmp_path):  # noqa: F811
     small = mounts("small", "size=1m")
     out = small / "shards"
-    previous = write_shards(_mixed(tmp_path / "old.parquet", 50, "old"), out, ShardConfig(shard_mb=0.01), {}, {}, [])
+    previous = write_shards(mixed_documents(tmp_path / "old.parquet", 50, "old"), out, ShardConfig(shard_mb=0.01), {}, {}, [])
     before = [s.sha256 for s in load_manifest(previous).shards]
-    big = _mixed(tmp_path / "big.parquet", 20_000, "new")  # ~8 MB of text: cannot fit in 1 MiB
+    big = mixed_documents(tmp_path / "big.parquet", 20_000, "new")  # ~8 MB of text: cannot fit in 1 MiB
     with pytest.raises(OSError) as info:
         write_shards(big, out, ShardConfig(shard_mb=0.05), {}, {}, [])
     assert info.value.errno == errno.ENOSPC or "No space left" in str(info.value)

@@ -22,7 +22,7 @@ def test_a_stopped_rank_ends_the_launch_naming_it():
             seen["stopped"] = time.monotonic()
 
     with pytest.raises(RuntimeError, match=r"rank 1 \(pid \d+\) was silent for 4 s \(stopped: SIGSTOP") as info:
-        launch("tests.integration.silent_rank", ["1", "120"], num_procs=2, log=log, timeout_s=4.0)
+        launch("tests.helpers.silent_rank", ["1", "120"], num_procs=2, log=log, timeout_s=4.0)
     took = time.monotonic() - seen["stopped"]
     assert "timeout_s" in str(info.value)
     # the timeout + a poll + the launcher's stop (the other rank would have worked 120 s); was: forever
@@ -41,7 +41,7 @@ def test_a_launch_after_a_stale_build_lock_clears_it_and_joins(tmp_path):
     old = time.time() - 600
     os.utime(lock, (old, old))
     lines: list[str] = []
-    launch("tests.integration.op_loading_rank", [], num_procs=1, log=lines.append,
+    launch("tests.helpers.op_loading_rank", [], num_procs=1, log=lines.append,
            env={"TORCH_EXTENSIONS_DIR": str(root)}, timeout_s=120)
     assert any(f"removed a stale build lock {lock}" in line for line in lines), lines
     assert any("rank 0/1 joined" in line for line in lines), lines[-20:]
@@ -52,7 +52,7 @@ _DRIVER = """
 import sys
 from infra.launch.launcher import launch
 try:
-    launch("tests.integration.op_loading_rank", [], num_procs=1, env={"TORCH_EXTENSIONS_DIR": sys.argv[1]}, timeout_s=600)
+    launch("tests.helpers.op_loading_rank", [], num_procs=1, env={"TORCH_EXTENSIONS_DIR": sys.argv[1]}, timeout_s=600)
 except KeyboardInterrupt:
     print("interrupted", flush=True)
 except RuntimeError as exc:  # the rank's build died of the SIGINT first: the launch reports its exit before the
@@ -101,6 +101,6 @@ def test_ctrl_c_during_the_op_build_leaves_no_lock_and_the_next_launch_joins(tmp
     # The next launch: with the op's files as a finished build leaves them (mtimes kept: nothing to rebuild).
     shutil.copytree(built.parent, folder, symlinks=True, dirs_exist_ok=True)
     lines: list[str] = []
-    launch("tests.integration.op_loading_rank", [], num_procs=1, log=lines.append,
+    launch("tests.helpers.op_loading_rank", [], num_procs=1, log=lines.append,
            env={"TORCH_EXTENSIONS_DIR": str(root)}, timeout_s=120)
     assert any("rank 0/1 joined" in line for line in lines), lines[-20:]

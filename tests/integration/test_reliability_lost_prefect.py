@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.conftest import CLI, ROOT, start_prefect_server
-from tests.integration.test_data_flow import make_preset
+from tests.helpers.data_flow import make_preset
 
 LOST_AFTER_S = 8
 

@@ -1,8 +1,8 @@
 """SIGKILL SFT and GRPO through the real DeepSpeed launcher after a checkpoint; each rerun resumes to the
-uninterrupted run's result (machinery: test_reliability_train_kill.py).
+uninterrupted run's result (machinery: tests/helpers/killed_runs.py).
 
 The uninterrupted runs are the shared references of test_sft_stage and test_grpo_stage
-(tests/integration/references.py): the killed run and its resume use the same config and the same input
+(tests/helpers/references.py): the killed run and its resume use the same config and the same input
 files, in a folder and workspace of their own.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ from models.export import load_model  # noqa: E402
 from tasks.training.grpo.stage import Grpo  # noqa: E402
 from tasks.training.sft.stage import Sft  # noqa: E402
 from tests.conftest import launch_into  # noqa: E402
-from tests.integration.references import grpo_reference, sft_reference  # noqa: E402,F401 - the uninterrupted runs
-from tests.integration.test_reliability_train_kill import resumed_like, run_killed  # noqa: E402
+from tests.helpers.killed_runs import resumed_like, run_killed  # noqa: E402
+from tests.helpers.references import grpo_reference, sft_reference  # noqa: E402,F401 - the uninterrupted runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.data.documents import Document, documents_table, write_table_atomic
 from tasks.data.manifest import load_manifest, shard_paths
 from tasks.data.shards import MANIFEST, ShardConfig, write_shards
 from tests.conftest import ROOT
+from tests.helpers.corpora import mixed_documents
 
 CFG = ShardConfig(shard_mb=0.02, seed=1)  # ~20 KB per shard: hundreds of shards, a few seconds of writing
 
@@ -23,15 +23,6 @@ from pathlib import Path
 from tasks.data.shards import ShardConfig, write_shards
 write_shards(Path(sys.argv[1]), Path(sys.argv[2]), ShardConfig.model_validate_json(sys.argv[3]), {}, {}, [])
 """
-
-
-def _mixed(path: Path, n: int, tag: str) -> Path:
-    docs = [
-        Document(f"{tag}{i}", f"src{i % 3}", f"{tag} document {i} " + "lorem ipsum dolor sit amet " * 12, "cc0", "p", f"line:{i}")
-        for i in range(n)
-    ]
-    write_table_atomic(documents_table(docs), path)
-    return path
 
 
 def _sums(manifest: Path) -> list[str]:
@@ -63,13 +54,13 @@ def _kill_when(staging_parent: Path, name: str, min_files: int, args: list[str])
 
 @pytest.mark.slow
 def test_sigkill_mid_write_keeps_previous_set_and_rerun_matches(tmp_path):
-    mixed = _mixed(tmp_path / "mixed.parquet", 20_000, "new")  # ~8 MB of text, ~400 shards
+    mixed = mixed_documents(tmp_path / "mixed.parquet", 20_000, "new")  # ~8 MB of text, ~400 shards
     reference = write_shards(mixed, tmp_path / "ref" / "shards", CFG, {}, {}, [])
     n_shards = len(load_manifest(reference).shards)
     assert n_shards > 100
 
     out = tmp_path / "run" / "shards"
-    previous = write_shards(_mixed(tmp_path / "old.parquet", 500, "old"), out, CFG, {}, {}, [])
+    previous = write_shards(mixed_documents(tmp_path / "old.parquet", 500, "old"), out, CFG, {}, {}, [])
     previous_sums = _sums(previous)
 
     killed_at = []
@@ -87,7 +78,7 @@ def test_sigkill_mid_write_keeps_previous_set_and_rerun_matches(tmp_path):
 
 
 def test_kill_with_no_previous_set_leaves_no_final_folder(tmp_path):
-    mixed = _mixed(tmp_path / "mixed.parquet", 6_000, "x")
+    mixed = mixed_documents(tmp_path / "mixed.parquet", 6_000, "x")
     out = tmp_path / "run" / "shards"
     _kill_when(out.parent, "shards", 5, [str(mixed), str(out), CFG.model_dump_json()])
     assert not out.exists()  # no half-written folder under the final name

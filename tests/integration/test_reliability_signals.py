@@ -1,10 +1,10 @@
 """A run stops when told and leaks nothing: Ctrl-C, SIGTERM and SIGKILL against real DeepSpeed launches.
 
 Each test starts a driver process (the CLI's signal handlers around `infra.launch.launcher.launch`
-of two idle ranks, tests/integration/idle_rank.py) in a session of its own, as a terminal would
+of two idle ranks, tests/helpers/idle_rank.py) in a session of its own, as a terminal would
 start a command, signals it, and then counts what is left: processes of the tree and
 /dev/shm files. The clean launch is the shared 2-rank ZeRO-2 pretraining of
-tests/integration/references.py, counted the same way.
+tests/helpers/references.py, counted the same way.
 """
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infra.launch.launcher import SHM_DIR, SHM_PREFIX, free_port, shm_buffers
-from tests.integration.references import leak_checks, zero2_two_rank  # noqa: F401 - the clean 2-rank launch
+from infra.launch.launcher import SHM_DIR, free_port, shm_buffers
+from tests.helpers.processes import alive, new_shm_files, process_tree, shm_files, wait_gone
+from tests.helpers.references import leak_checks, zero2_two_rank  # noqa: F401 - the clean 2-rank launch
 
 REPO = Path(__file__).resolve().parents[2]
 STOP_WITHIN_S = 30.0  # the issue's bound for a stop
@@ -32,7 +33,7 @@ DRIVER = textwrap.dedent("""
 
     out, ranks, wait_s, port = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
     job = out / "job.json"
-    job.write_text(json.dumps({"stage": "tests.integration.idle_rank:Idle", "config": {"wait_s": wait_s},
+    job.write_text(json.dumps({"stage": "tests.helpers.idle_rank:Idle", "config": {"wait_s": wait_s},
                                "inputs": {}, "out_dir": str(out), "ws_root": str(out), "mlflow_run_id": None,
                                "precision": "fp32", "precision_reason": "test"}))
     install_stop_handlers()
@@ -43,43 +44,6 @@ DRIVER = textwrap.dedent("""
         sys.exit(exc.exit_code)
     print("driver: done", flush=True)
 """)
-
-
-def _shm_files() -> set[str]:
-    """DeepSpeed's CPU all-reduce buffers in /dev/shm: what a launch can leak. Other names there belong to other
-    programs (a `tmpXXXXXXXX` file, not ours, appeared beside a full suite's run and failed this check once)."""
-    return {name for name in os.listdir(SHM_DIR) if name.startswith(SHM_PREFIX)} if SHM_DIR.is_dir() else set()
-
-
-def new_shm_files(before: set[str], settle_s: float = 5.0) -> set[str]:
-    """/dev/shm files absent from `before` that are still there `settle_s` later.
-
-    Another test's launch running alongside (pytest -n) holds its buffers for the seconds of its
-    start-up; a leak is what stays.
-    """
-    new = _shm_files() - before
-    if new:
-        time.sleep(settle_s)
-        new &= _shm_files()
-    return new
-
-
-def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def _wait_gone(pids: list[int], within_s: float) -> list[int]:
-    deadline = time.monotonic() + within_s
-    while (left := _alive(pids)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
 
 
 def _start_driver(tmp_path: Path, ranks: int, wait_s: float) -> tuple[subprocess.Popen, int, list[str]]:
@@ -107,14 +71,10 @@ def _no_temp_left(tmp_path: Path) -> list[str]:
     return sorted(os.listdir(tmp_path / "tmp"))
 
 
-def _tree(proc: subprocess.Popen) -> list[int]:
-    return [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-
-
 @pytest.fixture
 def no_new_shm():
     """Fails the test when it leaves a /dev/shm file behind."""
-    before = _shm_files()
+    before = shm_files()
     yield
     new = new_shm_files(before)
     assert not new, f"left in {SHM_DIR}: {sorted(new)}"
@@ -122,7 +82,7 @@ def no_new_shm():
 
 @pytest.mark.slow
 def test_clean_launch_leaves_no_shm_buffer(zero2_two_rank):  # noqa: F811
-    """The shared 2-rank ZeRO-2 pretraining (tests/integration/references.py) ran with a private TMPDIR and
+    """The shared 2-rank ZeRO-2 pretraining (tests/helpers/references.py) ran with a private TMPDIR and
     /dev/shm counted before and after: nothing of it stayed."""
     checks = leak_checks(zero2_two_rank)
     assert zero2_two_rank.result.world_size == 2  # both ranks mapped their all-reduce buffer
@@ -140,19 +100,19 @@ def test_clean_launch_leaves_no_shm_buffer(zero2_two_rank):  # noqa: F811
 ])
 def test_signal_stops_launcher_and_every_rank(tmp_path, no_new_shm, how):
     proc, port, lines = _start_driver(tmp_path, ranks=2, wait_s=600.0)
-    tree = _tree(proc)
+    tree = process_tree(proc)
     assert len(tree) >= 5, f"driver, wrapper/launcher, launch.py and 2 ranks expected: {tree}"
     if how == "SIGKILL to the driver":
         proc.kill()
         proc.wait()
-        assert _wait_gone(tree, 10.0) == []  # all gone 10 s later
+        assert wait_gone(tree, 10.0) == []  # all gone 10 s later
     else:
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
         t0 = time.monotonic()
         out = proc.communicate(timeout=STOP_WITHIN_S)[0]
         assert proc.returncode == 130, out
         assert "stopping the run" in out and "driver: stopped by SIGINT" in out
-        assert _wait_gone(tree, STOP_WITHIN_S - (time.monotonic() - t0)) == []
+        assert wait_gone(tree, STOP_WITHIN_S - (time.monotonic() - t0)) == []
     assert shm_buffers(port) == []
     assert _no_temp_left(tmp_path) == []
 
@@ -186,12 +146,12 @@ def test_second_signal_forces_a_stop(tmp_path):
     assert child_pid is not None
     proc.send_signal(signal.SIGINT)
     time.sleep(1.0)
-    assert _alive([child_pid]), "the child ignores SIGTERM, so the first stop is still waiting"
+    assert alive([child_pid]), "the child ignores SIGTERM, so the first stop is still waiting"
     proc.send_signal(signal.SIGINT)
     out = proc.communicate(timeout=5)[0]
     assert proc.returncode == 128 + signal.SIGINT, out
     assert "killing every process of the run now" in out
-    assert _wait_gone([child_pid], 5.0) == []
+    assert wait_gone([child_pid], 5.0) == []
 
 
 POOL_DRIVER = textwrap.dedent("""
@@ -222,7 +182,7 @@ def test_data_workers_end_with_the_stage(tmp_path, sig):
         if len(workers) >= 2:
             break
         time.sleep(0.2)
-    tree = _tree(proc)
+    tree = process_tree(proc)
     assert len(tree) >= 3, tree
     time.sleep(2.0)  # the workers are inside their first batch
     if sig == signal.SIGINT:
@@ -232,4 +192,4 @@ def test_data_workers_end_with_the_stage(tmp_path, sig):
     out = proc.communicate(timeout=STOP_WITHIN_S)[0]
     assert proc.returncode == (130 if sig == signal.SIGINT else -9), out
     assert "KeyboardInterrupt" not in out  # workers leave Ctrl-C to the stage: no traceback per worker
-    assert _wait_gone(tree, 10.0) == []
+    assert wait_gone(tree, 10.0) == []

@@ -23,7 +23,7 @@ from infra.launch.launcher import shm_buffers
 from tasks.training.checkpoint import latest_checkpoint_step
 from tasks.training.pretrain.stage import Pretrain
 from tests.conftest import ROOT, launch_into, tiny_pretrain_config
-from tests.integration.test_reliability_signals import _shm_files, _tree, _wait_gone, new_shm_files
+from tests.helpers.processes import new_shm_files, process_tree, shm_files, wait_gone
 
 STOP_WITHIN_S = 30.0  # the issue's bound for a stop
 DRIVER = textwrap.dedent("""
@@ -64,7 +64,7 @@ def test_a_stopped_pretraining_saves_its_step_and_the_rerun_continues_there(tmp_
     # (torch's per-user compile cache, torchinductor_<user>, lives there by default: a cache every run shares.)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu", "TMPDIR": str(tmp_path / "tmp"),
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache")}
-    shm_before = _shm_files()
+    shm_before = shm_files()
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, cfg.model_dump_json(), str(out), str(ws), json.dumps(inputs)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -76,7 +76,7 @@ def test_a_stopped_pretraining_saves_its_step_and_the_rerun_continues_there(tmp_
             break
     else:
         pytest.fail("the stage ended before training:\n" + "\n".join(lines[-40:]))
-    tree = _tree(proc)
+    tree = process_tree(proc)
     assert len(tree) >= 5, f"driver, wrapper/launcher, launch.py and 2 ranks expected: {tree}"
     stopped_at = time.monotonic()
     if how == "ctrl-c":
@@ -94,7 +94,7 @@ def test_a_stopped_pretraining_saves_its_step_and_the_rerun_continues_there(tmp_
     assert proc.returncode == (130 if how == "ctrl-c" else 143), said[-3000:]
     assert "stopping the run" in said and f"driver: stopped by {signame}" in said
     # Nothing of the run is left: its processes, its /dev/shm buffers, its temp files.
-    assert _wait_gone(tree, STOP_WITHIN_S * overload - (time.monotonic() - stopped_at)) == []
+    assert wait_gone(tree, STOP_WITHIN_S * overload - (time.monotonic() - stopped_at)) == []
     port = int(re.search(r"--master_port (\d+)", next(x for x in lines if x.startswith("launching: "))).group(1))
     assert shm_buffers(port) == []
     new_shm = new_shm_files(shm_before)

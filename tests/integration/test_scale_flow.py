@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.conftest import run_cli
-from tests.integration import seeds
+from tests.helpers import seeds
 
 # One budget, depths 1 and 2 of the tiny family on a 1,024-token vocabulary: 53 and 16 optimizer steps of 4
 # sequences, and depth 2, short of min_steps, on 2 sequences instead (32 steps).

@@ -1,6 +1,6 @@
 """SFT stage: the masked chat batches, and a tiny end-to-end run through the real DeepSpeed launcher.
 
-The end-to-end run is tests/integration/references.py's `sft_reference` (a tiny byte-level BPE tokenizer and
+The end-to-end run is tests/helpers/references.py's `sft_reference` (a tiny byte-level BPE tokenizer and
 a tiny Transformer, real DeepSpeed on one CPU rank, a real MLflow SQLite store in its workspace), shared
 with the SFT kill test.
 """
@@ -30,7 +30,7 @@ from tasks.training.sft.stage import (  # noqa: E402
 from tasks.training.config import ArithmeticSftOptions  # noqa: E402
 from tasks.training.sft.data import SftExample  # noqa: E402
 from tests.conftest import sft_config, small_alphabet_bpe  # noqa: E402
-from tests.integration.references import sft_reference  # noqa: E402,F401 - the shared SFT run
+from tests.helpers.references import sft_reference  # noqa: E402,F401 - the shared SFT run
 
 PAD = 0
 
@@ -135,7 +135,7 @@ def test_source_selection():
 
 @pytest.mark.slow
 def test_sft_end_to_end_through_the_launcher(sft_reference):  # noqa: F811
-    """The shared SFT run (tests/integration/references.py): a catalog with good records, a malformed line and one
+    """The shared SFT run (tests/helpers/references.py): a catalog with good records, a malformed line and one
     record too long for seq_len; two of each micro-batch's eight rows replay pretraining text."""
     ref = sft_reference
     result, out, lines_seen = ref.result, ref.out, ref.lines

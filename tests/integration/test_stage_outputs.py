@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.data.manifest import shard_paths
-from tests.integration.test_data_flow import make_preset, run_cli
+from tests.helpers.data_flow import make_preset, run_cli
 
 pytestmark = pytest.mark.slow
 

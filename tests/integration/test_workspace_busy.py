@@ -11,7 +11,7 @@ import pytest
 from infra.workspace.paths import Workspace
 from infra.workspace.lock import workspace_lock
 from tests.conftest import CLI, ROOT
-from tests.integration.test_data_flow import make_preset
+from tests.helpers.data_flow import make_preset
 
 
 @pytest.mark.slow

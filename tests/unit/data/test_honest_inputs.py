@@ -24,7 +24,7 @@ from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs
 from tasks.data.input_files import sniff
 from tasks.data.readers import jsonl_lines
-from tests.unit.data.test_collect import collect_one, write
+from tests.helpers.collect import collect_one, write
 
 RECORDS = [{"text": f"document number {i}"} for i in range(300)]
 JSONL = "".join(json.dumps(r) + "\n" for r in RECORDS).encode()

@@ -14,6 +14,7 @@ from infra.config import ConfigError, parse_config
 from tasks.data.documents import REMOVED_SCHEMA, Document, documents_table, write_table_atomic
 from tasks.data.minhash_dedup import NearDedupConfig, compute_signatures, near_dedup
 from tasks.data.minhash_signatures import shingles
+from tests.helpers.near_dedup import make_variant
 
 
 def write_docs(path: Path, docs: list[Document]) -> Path:
@@ -28,17 +29,6 @@ def random_vocab(rng: random.Random, size: int = 20000) -> list[str]:
 def exact_jaccard(a: str, b: str, n: int = 5) -> float:
     sa, sb = set(shingles(a, n)), set(shingles(b, n))
     return len(sa & sb) / len(sa | sb)
-
-
-def make_variant(words: list[str], edits: int, vocab: list[str], rng: random.Random) -> list[str]:
-    """Replace or insert `edits` words at random distinct positions."""
-    out = list(words)
-    for pos in sorted(rng.sample(range(len(words)), edits), reverse=True):
-        if rng.random() < 0.5:
-            out[pos] = rng.choice(vocab)
-        else:
-            out.insert(pos, rng.choice(vocab))
-    return out
 
 
 # Edits per variant: 0-2 edits of 200 words give J >= 0.9, 10 or more give J <= 0.6.

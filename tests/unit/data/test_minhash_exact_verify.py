@@ -5,47 +5,15 @@ many pairs are merged at once; the shingle sets are the distinct shingle hashes.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from tasks.data import lsh_buckets
-from tasks.data.documents import Document, documents_table, write_table_atomic
-from tasks.data.minhash_dedup import NearDedupConfig, near_dedup
+from tasks.data.minhash_dedup import NearDedupConfig
 from tasks.data.minhash_signatures import _xxh3_shingle_hashes, permutations, signature_job, unique_shingle_sets
-
-
-def gram_set(text: str, n: int = 5) -> set[tuple[str, ...]]:
-    words = text.split()
-    return {tuple(words)} if len(words) <= n else {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
-
-
-def jaccard(a: str, b: str) -> float:
-    sa, sb = gram_set(a), gram_set(b)
-    return len(sa & sb) / len(sa | sb)
-
-
-def pair_with_shingles(rng: random.Random, shingles: int) -> tuple[str, str]:
-    """A text of distinct words with `shingles` 5-grams and a copy with one middle word replaced:
-    5 of its shingles change, so J = (S - 5) / (S + 5) exactly."""
-    words = [f"w{rng.randrange(10**9)}x{i}" for i in range(shingles + 4)]
-    copy = list(words)
-    copy[len(words) // 2] = f"new{rng.randrange(10**9)}"
-    return " ".join(words), " ".join(copy)
-
-
-def run(texts: list[str], cfg: NearDedupConfig, tmp: Path) -> tuple[pa.Table, pa.Table, dict]:
-    docs = [Document(f"d{i}", "web" if i % 3 else "code", t) for i, t in enumerate(texts)]
-    path = write_table_atomic(documents_table(docs), tmp / "in.parquet")
-    result = near_dedup(path, tmp / "out" / "kept.parquet", tmp / "out" / "removed.parquet", cfg)
-    return pq.read_table(tmp / "out" / "kept.parquet"), pq.read_table(tmp / "out" / "removed.parquet"), result.stats
-
-
-# Many bands of few rows: every pair above J ~ 0.5 is a candidate, so only verification decides.
-SURE_CANDIDATES = {"bands": 32, "rows": 4}
+from tests.helpers.near_dedup import SURE_CANDIDATES, gram_set, jaccard, pair_with_shingles, run
 
 
 def test_exact_threshold_keeps_below_and_removes_at_and_above(tmp_path):

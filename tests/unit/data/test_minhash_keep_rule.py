@@ -17,8 +17,7 @@ from tasks.data.minhash_dedup import NearDedupConfig, banding, compute_signature
 from tasks.data.minhash_signatures import shingles
 from tasks.data.minhash_estimate import spill_limit
 from tasks.data.text_normalize import dedup_key
-
-from .test_minhash_dedup import make_variant
+from tests.helpers.near_dedup import make_variant
 
 
 def grams(text: str, n: int) -> set[tuple[str, ...]]:

@@ -10,8 +10,7 @@ from infra.config import ConfigError
 from tasks.data.documents import REMOVED_SCHEMA, Document, documents_table, write_table_atomic
 from tasks.data.quality_filter import quality_filter
 from tasks.data.quality_rules import FilterSpec
-
-from .test_quality_rules import CLEAN_CODE, CLEAN_PROSE, FAILING
+from tests.helpers.quality_texts import CLEAN_CODE, CLEAN_PROSE, FAILING
 
 
 def doc(source: str, i: int, text: str) -> Document:

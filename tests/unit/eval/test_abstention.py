@@ -15,7 +15,7 @@ from tasks.eval.rewards import ABSTENTION, combined_reward, format_reward, get_r
 from tasks.training.config import GrpoConfig
 from tasks.training.config import ArithmeticSftOptions
 from tasks.training.sft.data import SftSourceConfig, load_sft_examples
-from tests.unit.eval.test_answer_formats import Parrot, tokenizer
+from tests.helpers.arithmetic_answers import Parrot, tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

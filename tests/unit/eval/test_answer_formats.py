@@ -8,22 +8,16 @@ import pytest
 import torch
 
 from models.chat_template import encode_prompt, encode_text, special_ids
-from models.llama import model_config
 from tasks.eval.answers import greedy_answers
 from tasks.eval.arithmetic import ArithmeticProblem, few_shot_prompt, make_problems, parse_question
 from tasks.eval.choices import choice_records, options_for, sequence_logprobs
 from tasks.eval.differences import difference_metrics, stage_differences
 from tasks.reports.eval import comparison_table, differences_table, selective_table
 from tasks.eval.rewards import integer_exact, parse_integer
-from tests.conftest import bpe_tokenizer_on, eval_result_with_answers, tiny_llama
+from tests.conftest import eval_result_with_answers, tiny_llama
+from tests.helpers.arithmetic_answers import Parrot, tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def tokenizer():
-    texts = [p.question + " " + p.response for p in make_problems(200, 0)]
-    texts += [few_shot_prompt(p, make_problems(3, 1)) + f" {p.answer}\n" for p in make_problems(50, 2)]
-    return bpe_tokenizer_on(texts, vocab_size=300)
 
 
 def test_few_shot_prompt_and_its_answer() -> None:
@@ -35,28 +29,6 @@ def test_few_shot_prompt_and_its_answer() -> None:
         parse_question("What is love?")
     assert parse_integer(" 51") == 51 and parse_integer(" 51 apples") is None and parse_integer("") is None
     assert integer_exact(" 51", problem) == 1.0 and integer_exact("<answer>51</answer>", problem) == 0.0
-
-
-class Parrot(torch.nn.Module):
-    """Says `script` whatever the prompt, each token with logit 3 against 0 for all others."""
-
-    def __init__(self, vocab: int, script: list[int]):
-        super().__init__()
-        self.cfg = model_config("demo", vocab_size=vocab, dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                                ffn_hidden=64, max_seq_len=128)
-        self.anchor = torch.nn.Parameter(torch.zeros(1))  # gives the sampler a device
-        self.script, self.prompt_len = script, 0
-
-    def forward(self, idx: torch.Tensor, cache=None) -> torch.Tensor:
-        start = cache.length if cache is not None else 0
-        if start == 0:
-            self.prompt_len = idx.shape[1]
-        if cache is not None:
-            cache.length = start + idx.shape[1]
-        step = start + idx.shape[1] - self.prompt_len
-        logits = torch.zeros(idx.shape[0], idx.shape[1], self.cfg.vocab_size)
-        logits[:, -1, self.script[min(step, len(self.script) - 1)]] = 3.0
-        return logits
 
 
 def test_few_shot_answer_is_the_first_line_and_its_confidence_the_line_s_probability() -> None:

@@ -14,7 +14,7 @@ from flows.cli import main
 from infra.launch.launcher import LaunchDiskFull, launch_failure
 from infra.workspace.paths import Workspace
 from infra.tracking.runs import configure
-from tests.shared import shared_once
+from tests.helpers.shared import shared_once
 
 
 def _cli_runs(workdir: Path, capsys, command: str = "runs") -> tuple[int, list[str]]:

@@ -25,7 +25,7 @@ from tasks.tokenizer.tokenize_shards import (
     val_mask,
 )
 from tasks.tokenizer.train import TokenizerConfig, load_tokenizer, special_token_ids, train_tokenizer
-from tests.unit.tokenizer.test_tokenizer_train import random_docs, write_corpus
+from tests.helpers.corpora import random_docs, write_corpus
 
 CFG = TokenizeConfig(val_fraction=0.25, batch_size=16)
 

@@ -1,7 +1,6 @@
 """The byte-level BPE: special tokens at 0..5, any text round-trips, loads in transformers with the same ids."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,33 +9,10 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 from models.special_tokens import EOS, SPECIAL_TOKENS
-from tasks.data.documents import Document, documents_table, write_table_atomic
-from tasks.data.manifest import ChecksumError, Manifest, ShardInfo, write_manifest
-from infra.workspace.record import sha256_file
+from tasks.data.documents import Document
+from tasks.data.manifest import ChecksumError
 from tasks.tokenizer.train import TokenizerConfig, load_tokenizer, special_token_ids, train_tokenizer
-
-WORDS = "the cat sat on a mat while dogs ran past quickly über naïve café 日本語 данные".split()
-
-
-def write_corpus(root, shards: list[list[Document]]):
-    """Write documents as Parquet shards plus a manifest, the way the data flow does; return the manifest path."""
-    root.mkdir(parents=True, exist_ok=True)
-    infos = []
-    for k, docs in enumerate(shards):
-        path = write_table_atomic(documents_table(docs), root / f"shard-{k:05d}.parquet")
-        sources: dict[str, int] = {}
-        for d in docs:
-            sources[d.source] = sources.get(d.source, 0) + 1
-        infos.append(ShardInfo(file=path.name, rows=len(docs), bytes=path.stat().st_size, sha256=sha256_file(path), sources=sources))
-    return write_manifest(Manifest(shards=infos), root / "manifest.json")
-
-
-def random_docs(n: int, seed: int = 0, source: str = "web") -> list[Document]:
-    rng = np.random.default_rng(seed)
-    return [
-        Document(f"{source}-{i}", source, " ".join(rng.choice(WORDS, size=int(rng.integers(5, 40)))), "MIT", "p", f"line:{i}")
-        for i in range(n)
-    ]
+from tests.helpers.corpora import random_docs, write_corpus
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from models.scaling import six_n
 from models.scaling_bootstrap import bootstrap
 from tasks.tokenizer.tokenize_shards import TokenShards
 from tasks.training.scaling.fit_record import find_fit, write_fit
-from tests.unit.models.test_scaling import BUDGETS, TRUTH, sweep
+from tests.helpers.scaling_sweeps import BUDGETS, TRUTH, sweep
 
 
 def _shards(folder, manifest="m" * 64):

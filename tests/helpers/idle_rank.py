@@ -1,6 +1,6 @@
 """A training stage whose ranks join the process group and then wait: what the stop tests stop.
 
-    deepspeed --module tasks.training.rank --job job.json   (job.stage = tests.integration.idle_rank:Idle)
+    deepspeed --module tasks.training.rank --job job.json   (job.stage = tests.helpers.idle_rank:Idle)
 
 It runs through the real rank entry point (tasks/training/rank.py `main`), so the supervisor watch
 and the shared-memory release under test are the ones every stage's ranks use.

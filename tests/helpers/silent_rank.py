@@ -1,6 +1,6 @@
 """A rank that goes silent: what the launch's rank watch must find and name.
 
-    deepspeed --module tests.integration.silent_rank <silent rank> <seconds the others work>
+    deepspeed --module tests.helpers.silent_rank <silent rank> <seconds the others work>
 
 The silent rank prints, then stops itself with SIGSTOP; the others keep a core busy (a rank
 computing), so only the stopped one is silent. No torch: the launch starts in seconds.

@@ -1,4 +1,4 @@
-"""Reference launches shared by several tests: each runs once per test run (tests/shared.py), whichever test
+"""Reference launches shared by several tests: each runs once per test run (tests/helpers/shared.py), whichever test
 asks first, and the others read its outputs back from disk.
 
 - `sft_reference`: one SFT through the launcher (catalog with two rejects, replay, HF export, a checkpoint
@@ -39,7 +39,7 @@ from tests.conftest import (
     write_token_shards,
     write_word_tokenizer,
 )
-from tests.shared import shared_once
+from tests.helpers.shared import shared_once
 
 LINES_FILE = "lines.txt"  # what the launch streamed back, one line each
 CHECKS_FILE = "checks.json"  # zero2_two_rank: what the launch left behind
@@ -211,7 +211,7 @@ def _zero2_inputs(root: Path) -> dict[str, Path | None]:
 def _build_zero2(root: Path) -> None:
     from infra.launch.launcher import shm_buffers
     from tasks.training.pretrain.stage import Pretrain
-    from tests.integration.test_reliability_signals import _shm_files, new_shm_files
+    from tests.helpers.processes import new_shm_files, shm_files
 
     write_word_tokenizer(root / "tokenizer.json", ZERO2_VOCAB)
     write_token_shards(root / "tokens", ZERO2_VOCAB)
@@ -220,7 +220,7 @@ def _build_zero2(root: Path) -> None:
     private_tmp = root / "tmp"
     private_tmp.mkdir()
     tempfile.gettempdir()
-    before = _shm_files()
+    before = shm_files()
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("TMPDIR", str(private_tmp))

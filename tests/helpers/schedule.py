@@ -37,7 +37,6 @@ COST: dict[str, float] = {
     IT + "test_reliability_stop_saves.py": 56,
     IT + "test_reliability_lost_prefect.py": 67,
     IT + "test_reliability_signals.py::test_signal_stops_launcher_and_every_rank": 50,
-    IT + "test_reliability_signals.py::test_sigkill_of_the_driver_leaves_no_rank_10s_later": 40,
     IT + "test_reliability_signals.py::test_clean_launch_leaves_no_shm_buffer": 45,
     IT + "test_data_flow.py::test_data_flow_end_to_end_and_cached_rerun": 52,
     IT + "test_data_flow.py::test_cli_help_and_bad_catalog": 25,

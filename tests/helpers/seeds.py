@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.shared import shared_once
+from tests.helpers.shared import shared_once
 
 # The tiny preset with every stage's budget cut to a few steps: this checks the wiring, the tracking and
 # the resume, not the model quality (the README's `make run` does that).

@@ -1,6 +1,6 @@
 """A rank that joins the process group, which loads (or builds) DeepSpeed's CPU op, then says so.
 
-    deepspeed --module tests.integration.op_loading_rank
+    deepspeed --module tests.helpers.op_loading_rank
 """
 from __future__ import annotations
 
