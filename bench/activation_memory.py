@@ -230,8 +230,8 @@ def run_rank(rank: int, world: int, port: int, layout: str, seq_len: int, micro_
     from models.llama import Transformer
     from models.losses import next_token_loss
     from tasks.training.config import LaunchConfig, OptimConfig
-    from tasks.training.engine import build_engine
     from tasks.training.distributed import init_distributed
+    from tasks.training.engine import build_engine
     from tasks.training.parallel import RankLayout
 
     torch.set_num_threads(1)  # two ranks on a shared 2-core machine

@@ -134,7 +134,8 @@ def run_stage(stage: str, catalog_dir: Path, work: Path) -> dict:
     """Run one stage on the previous stage's output; return docs in and the stage's CPU seconds."""
     import pyarrow.parquet as pq
 
-    from tasks.data import collect, exact_dedup, minhash_dedup, mix, pii_redact, quality_filter, shards  # noqa: F401 (imports are not the stage's cost)
+    from tasks.data import (collect, exact_dedup, mix, near_dedup,  # noqa: F401 (imports are not the stage's cost)
+                            pii_redact, quality_filter, shards)
     from tasks.data.catalog import load_catalog
 
     catalog = load_catalog(catalog_dir)
@@ -162,7 +163,7 @@ def run_stage(stage: str, catalog_dir: Path, work: Path) -> dict:
 
             exact_dedup(inp, out, removed, ExactDedupConfig())
         elif stage == "near":
-            from tasks.data.minhash_dedup import NearDedupConfig, near_dedup
+            from tasks.data.near_dedup import NearDedupConfig, near_dedup
 
             near_dedup(inp, out, removed, NearDedupConfig())
         elif stage == "quality":

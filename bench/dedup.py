@@ -17,7 +17,7 @@ for reference only.
    to a temporary folder). The slow ones (datasketch, datatrove) run on --baseline-docs.
 2. Whole near-dedup of one Parquet file, each tool in a fresh spawned process, reading the
    file and writing kept and removed documents:
-   ours: the near_dedup stage (tasks/data/minhash_dedup.py);
+   ours: the near_dedup stage (tasks/data/near_dedup.py);
    rensa: `RMinHash.from_token_sets` per batch + `RMinHashLSH(threshold, 128, --rensa-bands)`
      with our keep rule (documents in input order; removed when an already-kept LSH
      candidate has rensa's estimated Jaccard >= threshold, else inserted and kept);
@@ -176,7 +176,7 @@ def best_of(fn: Callable[[], object], repeats: int, warm: Callable[[], object] |
 
 
 def sig_ours(texts: list[str], cfg) -> np.ndarray:
-    from tasks.data.minhash_dedup import compute_signatures
+    from tasks.data.near_dedup import compute_signatures
 
     return compute_signatures(texts, cfg)
 
@@ -273,7 +273,7 @@ def sig_datatrove(texts: list[str], p: dict) -> int:
 
 def signature_section(texts: list[str], sub: list[str], args: argparse.Namespace, p: dict) -> tuple[list[dict], dict]:
     """Rows (tool, docs, CPU s, docs per CPU-second) and summary figures; raises if signatures differ."""
-    from tasks.data.minhash_dedup import NearDedupConfig, plan_workers
+    from tasks.data.near_dedup import NearDedupConfig, plan_workers
 
     base = NearDedupConfig(num_perm=p["num_perm"], threshold=p["threshold"], ngram=p["ngram"], seed=p["seed"], workers=1)
     one = base
@@ -386,9 +386,8 @@ def datatrove_dedup(in_path: str, out_dir: Path, p: dict) -> tuple[np.ndarray, d
     """datatrove's four MinHash stages on local folders (one task; buckets stage: one task per bucket)."""
     import pyarrow.parquet as pq
     from datatrove.data import Document as DTDocument
-    from datatrove.pipeline.dedup.minhash import (
-        MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter, MinhashDedupSignature,
-    )
+    from datatrove.pipeline.dedup.minhash import (MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter,
+                                                  MinhashDedupSignature)
 
     cfg = datatrove_config(p)
     root = out_dir / "datatrove"
@@ -413,7 +412,7 @@ def datatrove_dedup(in_path: str, out_dir: Path, p: dict) -> tuple[np.ndarray, d
 
 
 def ours_dedup(in_path: str, out_dir: Path, p: dict) -> tuple[np.ndarray, dict]:
-    from tasks.data.minhash_dedup import NearDedupConfig, near_dedup
+    from tasks.data.near_dedup import NearDedupConfig, near_dedup
 
     bands, rows = p.get("ours_banding") or (None, None)
     cfg = NearDedupConfig(num_perm=p["num_perm"], threshold=p["threshold"], ngram=p["ngram"], seed=p["seed"],
@@ -435,7 +434,7 @@ def _preload(method: str) -> None:
     import pyarrow.parquet  # noqa: F401
 
     if method == "ours":
-        import tasks.data.minhash_dedup  # noqa: F401
+        import tasks.data.near_dedup  # noqa: F401
     elif method == "rensa":
         import rensa  # noqa: F401
     else:
@@ -546,7 +545,7 @@ def profile_ours(path: Path, out: Path, p: dict, top: int) -> None:
     import cProfile
     import pstats
 
-    from tasks.data.minhash_dedup import NearDedupConfig, near_dedup
+    from tasks.data.near_dedup import NearDedupConfig, near_dedup
 
     cfg = NearDedupConfig(num_perm=p["num_perm"], threshold=p["threshold"], ngram=p["ngram"], seed=p["seed"],
                           workers=1, batch_size=p["batch_size"])
@@ -642,8 +641,8 @@ def goal(name: str, ok: bool, detail: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from tasks.data.minhash_dedup import NearDedupConfig, banding
     from tasks.data.minhash_signatures import shingles
+    from tasks.data.near_dedup import NearDedupConfig, banding
 
     cfg = NearDedupConfig(num_perm=args.num_perm, threshold=args.threshold)
     p = {

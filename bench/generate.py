@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from models.export import load_model
-from models.presets import PRESETS
 from models.llama import Transformer, model_config
+from models.presets import PRESETS
 from models.sampling import generate
 
 

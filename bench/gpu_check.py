@@ -40,14 +40,14 @@ from flows.config import load_pipeline_config  # noqa: E402
 from models.flops import flops_per_token, mfu, num_params  # noqa: E402
 from models.llama import ModelConfig, Transformer, model_config  # noqa: E402
 from tasks.eval.gsm8k import Gsm8kProblem  # noqa: E402
-from tasks.training.distributed import init_distributed  # noqa: E402
+from tasks.training.batches import token_window_batches  # noqa: E402
 from tasks.training.config import GrpoConfig, PretrainConfig  # noqa: E402
+from tasks.training.distributed import init_distributed  # noqa: E402
 from tasks.training.grpo.steps import GrpoSteps, grpo_shape  # noqa: E402
 from tasks.training.loop import LossSteps, fit  # noqa: E402
-from tasks.training.progress import NonFiniteLossError  # noqa: E402
 from tasks.training.metrics import ListSink, measure_peak_flops  # noqa: E402
 from tasks.training.pretrain.stage import lm_loss  # noqa: E402
-from tasks.training.batches import token_window_batches  # noqa: E402
+from tasks.training.progress import NonFiniteLossError  # noqa: E402
 
 # Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, in TFLOP/s, matched against
 # torch.cuda.get_device_name() in this order (so "L40S" is tried before "L4", "H100 PCIe" before "H100").

@@ -27,7 +27,6 @@ from pathlib import Path
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from flows.config import load_pipeline_config, parse_overrides  # noqa: E402
-from tasks.eval.arithmetic import make_problems  # noqa: E402
 from tasks.eval.intervals import paired_difference, proportion  # noqa: E402
 
 
@@ -65,10 +64,9 @@ def hallucinated(answers: dict[str, tuple[bool, bool]], questions: list[str]):
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from tasks.eval.evaluate import in_train_range
-    from tasks.tokenizer.train import load_tokenizer
-    from infra.workspace.paths import Workspace
     from infra.stages import in_run
+    from infra.workspace.paths import Workspace
+    from tasks.tokenizer.train import load_tokenizer
     from tasks.training.grpo.stage import Grpo
 
     args = parse_args(argv)
@@ -76,20 +74,20 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--seeds {args.seeds} repeats a seed; give distinct seeds")
     config = load_pipeline_config(args.preset, parse_overrides(args.overrides))
     grpo_cfg = config.grpo.model_copy(update={"export_hf": False, **({"steps": args.steps} if args.steps else {})})
-    e = config.eval
-    problems = make_problems(e.n_questions, e.seed, e.arithmetic_max_operand, e.arithmetic_ops, split="eval")
+    e, task = config.eval, config.arithmetic
+    problems = task.questions(e.n_questions, e.seed)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="grpo-seeds-"))
     torch.set_num_threads(grpo_cfg.launch.torch_threads or 1)  # the scoring here; tiny models run fastest on one thread
     tokenizer = load_tokenizer(args.tokenizer)
-    print(f"{len(problems)} held-out questions (preset {args.preset!r}, operands <= {e.arithmetic_max_operand}); "
+    print(f"{len(problems)} held-out questions (preset {args.preset!r}, operands <= {task.outer_max_operand}); "
           f"GRPO {grpo_cfg.steps} steps per seed, lr {grpo_cfg.optim.lr}; workspace {workdir}", flush=True)
 
     sft_answers = answers_of(args.sft_model, tokenizer, problems, e)
     sft = {q: right for q, (right, _) in sft_answers.items()}
     questions = list(sft)
     sft_halluc = hallucinated(sft_answers, questions)
-    # GRPO trains on operands <= train_max_operand: its effect, if any, shows there first.
-    in_range = [q for q in questions if e.train_max_operand is not None and in_train_range(q, e.train_max_operand)]
+    # GRPO trains on the task's trained range: its effect, if any, shows there first.
+    in_range = [q for q in questions if task.has_outer_range and task.in_range(q)]
     before = proportion([sft[q] for q in questions])
     before_in = proportion([sft[q] for q in in_range]) if in_range else None
     print(f"SFT: {before.describe()}" + (f"; in the training range: {before_in.describe()}" if before_in else "")
@@ -98,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         started = time.time()
         result = in_run(Grpo(grpo_cfg.model_copy(update={"seed": seed})), Workspace.locate(workdir), workdir / f"seed{seed}",
-                        log=lambda line: None, sft=Path(args.sft_model), tokenizer=Path(args.tokenizer))
+                        log=lambda line: None, sft=Path(args.sft_model), tokenizer=Path(args.tokenizer), task=task)
         after_answers = answers_of(result.model_dir, tokenizer, problems, e)
         after = {q: right for q, (right, _) in after_answers.items()}
         halluc = hallucinated(after_answers, questions)

@@ -100,9 +100,9 @@ def layout_config(name: str, steps: int):
 def run_layout(name: str, steps: int, work: Path, tokenizer: Path, tokens: Path) -> dict:
     import mlflow
 
-    from infra.workspace.paths import Workspace
     from infra.stages import in_run
-    from infra.tracking.runs import tracking_uri
+    from infra.tracking.store import tracking_uri
+    from infra.workspace.paths import Workspace
     from tasks.training.pretrain.stage import Pretrain
 
     ws = Workspace.locate(work / "ws")

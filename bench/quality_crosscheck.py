@@ -339,7 +339,8 @@ def _params(name: str) -> Any:
 
 def datatrove_filter(family: str, tokenizer, only: str | None = None, aligned: bool = False):
     """datatrove's filter for `family` with our default parameters; `only`: just that rule's check."""
-    from datatrove.pipeline.filters import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
+    from datatrove.pipeline.filters import (C4QualityFilter, FineWebQualityFilter, GopherQualityFilter,
+                                            GopherRepetitionFilter)
 
     def on(rule: str) -> bool:
         return only is None or only == rule

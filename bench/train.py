@@ -38,14 +38,13 @@ from infra.launch.precision import choose_precision  # noqa: E402
 from models.flops import flops_per_token, mfu, num_params  # noqa: E402
 from models.llama import Transformer, model_config  # noqa: E402
 from models.optim import build_adamw, build_scheduler  # noqa: E402
-from tasks.training.pretrain.stage import lm_loss  # noqa: E402
 from tasks.training.batches import token_window_batches  # noqa: E402
-from tasks.training.distributed import init_distributed  # noqa: E402
 from tasks.training.config import PretrainConfig, nested  # noqa: E402
+from tasks.training.distributed import init_distributed  # noqa: E402
 from tasks.training.engine import Schedule  # noqa: E402
 from tasks.training.loop import LossSteps, fit  # noqa: E402
 from tasks.training.metrics import ListSink, measure_peak_flops  # noqa: E402
-
+from tasks.training.pretrain.stage import lm_loss  # noqa: E402
 
 PEAK_MATMUL_S = 0.5  # the longest one timed matmul may take: the peak's sizes shrink to fit it
 

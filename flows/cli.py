@@ -4,12 +4,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import json
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+# Each command imports what it needs inside its own function: the config and the flows import every stage (pydantic,
+# pyarrow, prefect, and torch for the training flows), which `llmforge --help`, a wrong argument and `llmforge runs`
+# never need, and the data flow's process never loads torch (tests/unit/flows/test_cli_errors.py times the quick ones).
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -77,8 +82,9 @@ def _workdir(p: argparse.ArgumentParser) -> None:
 
 
 def _say_where(workdir: str, run_id: str, what: str) -> None:
+    from infra.tracking.runs import where_to_see_run
+    from infra.tracking.store import configure
     from infra.workspace.paths import Workspace
-    from infra.tracking.runs import configure, where_to_see_run
 
     ws = Workspace.locate(workdir)
     configure(ws)
@@ -101,10 +107,10 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from infra.workspace.paths import Workspace
     from infra.tracking.index import check_store_exists
-    from infra.workspace.lock import workspace_lock
     from infra.tracking.outputs import apply_gc, plan_gc
+    from infra.workspace.lock import workspace_lock
+    from infra.workspace.paths import Workspace
 
     ws = Workspace.locate(args.workdir)
     check_store_exists(ws)  # a mistyped --workdir must not become a new, empty workspace
@@ -121,8 +127,6 @@ def _gc(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    import json
-
     from infra.config import ConfigError
     from models.flops import count
     from models.memory_plan import GiB, load_model, plan
@@ -226,9 +230,9 @@ def _signals_raise() -> Iterator[None]:
 def _workspace_held(workdir: str) -> Iterator[None]:
     """Hold the workspace for the whole command, taken before anything starts (the config's imports, Prefect's
     server): a second run says within a second that it waits and for whom, and a signal while it waits ends it."""
-    from infra.workspace.paths import Workspace
     from infra.lifecycle.signals import RunStopped
     from infra.workspace.lock import workspace_lock
+    from infra.workspace.paths import Workspace
 
     ws = Workspace.locate(workdir).ensure_writable()
     with contextlib.ExitStack() as held:
@@ -382,9 +386,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _store_fault_or_raise(exc: Exception, args: argparse.Namespace) -> int:
     """MLflow's store locked (3), read-only (3) or not openable (2): one line and its exit code; else re-raise."""
-    from infra.workspace.paths import Workspace
+    from infra.tracking.store import tracking_uri
     from infra.tracking.store_errors import store_fault
-    from infra.tracking.runs import tracking_uri
+    from infra.workspace.paths import Workspace
 
     found = store_fault(exc, tracking_uri(Workspace.locate(getattr(args, "workdir", None))))
     if found is None:

@@ -14,21 +14,23 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from infra.config import (ConfigError, StrictModel, YamlAliasRefused, flatten_params, format_validation_error,
                           parse_yaml, read_yaml, set_dotted, unknown_key_error)
 from infra.workspace.paths import Workspace
-from tasks.eval.config import EvalConfig
+from tasks.data.catalog import load_catalog
 from tasks.data.exact_dedup import ExactDedupConfig
-from tasks.data.minhash_dedup import NearDedupConfig
 from tasks.data.mix import MixConfig
+from tasks.data.near_dedup import NearDedupConfig
 from tasks.data.pii_redact import PiiConfig
-from tasks.training.config import RENAMED, GrpoConfig, PretrainConfig, SftConfig
 from tasks.data.shards import ShardConfig
-from tasks.training.scaling.config import ScaleConfig
+from tasks.eval.arithmetic import ArithmeticTask
+from tasks.eval.config import EvalConfig
 from tasks.tokenizer.tokenize_shards import TokenizeConfig
 from tasks.tokenizer.train import TokenizerConfig
+from tasks.training.config import RENAMED, ArithmeticSftOptions, GrpoConfig, PretrainConfig, SftConfig
+from tasks.training.scaling.config import ScaleConfig
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 PRESETS_DIR = CHECKOUT / "infra" / "presets"
@@ -84,6 +86,8 @@ class PipelineConfig(StrictModel):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
+    # The arithmetic task SFT, GRPO and the evaluation share: its ops, trained range, abstention range and outer range.
+    arithmetic: ArithmeticTask = Field(default_factory=ArithmeticTask)
     sft: SftConfig = Field(default_factory=SftConfig)
     grpo: GrpoConfig = Field(default_factory=GrpoConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -93,6 +97,18 @@ class PipelineConfig(StrictModel):
     # Each stage's minutes on the machine the preset was measured on: the run's ETA scales them by this
     # machine's pace as measured so far (infra/lifecycle/clock.py). An estimate only; nothing waits on it.
     expected_minutes: dict[str, float] = Field(default_factory=lambda: dict(EXPECTED_MINUTES))
+
+    @model_validator(mode="after")
+    def _the_task_has_what_the_stages_ask(self) -> "PipelineConfig":
+        """The sums SFT and GRPO ask of the arithmetic task exist in its ranges, checked before any stage runs."""
+        data = self.sft.data
+        if data.arithmetic is not None:
+            data.arithmetic.check(self.arithmetic)
+        elif data.catalog is None and "arithmetic" in data.builtin:
+            ArithmeticSftOptions().check(self.arithmetic, "the built-in arithmetic SFT set")
+        if self.grpo.task == "arithmetic" and self.grpo.abstain_n:
+            self.arithmetic.abstention_range(f"grpo.abstain_n={self.grpo.abstain_n}")
+        return self
 
 
 def known_presets() -> list[str]:
@@ -177,28 +193,42 @@ def check_paths(cfg: PipelineConfig) -> None:
                 "give the folder of the catalog's source YAML files (--set data.catalog=PATH, or data.catalog in "
                 "the preset)")
         raise ConfigError(f"data.catalog {catalog}: no such folder ({catalog.resolve()}); {hint}")
-    from tasks.data.catalog import load_catalog
 
     load_catalog(catalog, only=cfg.data.sources)  # its YAML files valid, data.sources among them
 
 
-def renamed_key(dotted: str) -> str | None:
-    """Where a key of the configs before they were composed went (`sft.lr` -> `sft.optim.lr`), or None."""
-    for old, new in RENAMED.items():
-        if dotted == old or dotted.startswith(old + "."):
-            return new + dotted[len(old):]
+# Keys of the arithmetic task before it was one section that SFT, GRPO and the evaluation read, and the
+# evaluation's answer budget, named as GRPO's.
+MOVED_TO_ARITHMETIC = {
+    "sft.data.arithmetic.max_operand": "arithmetic.max_operand", "sft.data.arithmetic.ops": "arithmetic.ops",
+    "sft.data.arithmetic.abstain_max_operand": "arithmetic.abstain_max_operand",
+    "grpo.max_operand": "arithmetic.max_operand", "grpo.ops": "arithmetic.ops",
+    "grpo.abstain_max_operand": "arithmetic.abstain_max_operand",
+    "eval.train_max_operand": "arithmetic.max_operand", "eval.arithmetic_max_operand": "arithmetic.outer_max_operand",
+    "eval.arithmetic_ops": "arithmetic.ops", "eval.max_answer_tokens": "eval.max_new_tokens",
+}
+
+
+def renamed_key(dotted: str) -> tuple[str, str] | None:
+    """Where a key of an older layout went (`sft.lr` -> `sft.optim.lr`, `grpo.max_operand` -> `arithmetic.max_operand`),
+    and why; None for a key that was never renamed."""
+    for table, why in ((RENAMED, "training configs are composed of batch, optim, launch, checkpoint and log"),
+                       (MOVED_TO_ARITHMETIC, "the arithmetic task is one section, read by SFT, GRPO and the evaluation")):
+        for old, new in table.items():
+            if dotted == old or dotted.startswith(old + "."):
+                return new + dotted[len(old):], why
     if dotted == "pretrain.train" or dotted.startswith("pretrain.train."):
-        return "pretrain" + dotted[len("pretrain.train"):]
+        return "pretrain" + dotted[len("pretrain.train"):], "training configs are composed of batch, optim, launch, checkpoint and log"
     return None
 
 
 def refuse_renamed(keys: Sequence[str], origin: str) -> None:
     """A ConfigError naming the new key of an old one among `keys` (dotted), the deepest first: it says the most."""
     for dotted in sorted(keys, key=lambda k: -k.count(".")):
-        new = renamed_key(dotted)
-        if new is not None:
-            raise ConfigError(f"{origin}: key '{dotted}' is now '{new}' (training configs are composed of "
-                              "batch, optim, launch, checkpoint and log; see infra/presets/tiny.yaml)")
+        moved = renamed_key(dotted)
+        if moved is not None:
+            new, why = moved
+            raise ConfigError(f"{origin}: key '{dotted}' is now '{new}' ({why}; see infra/presets/tiny.yaml)")
 
 
 def _dotted_keys(data: Any, prefix: str = "") -> list[str]:

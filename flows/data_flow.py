@@ -17,25 +17,25 @@ from pathlib import Path
 from prefect import Flow, flow
 from pydantic import BaseModel
 
-from infra.config import config_hash
-from infra.workspace.paths import Workspace
 from flows.config import DataConfig, resolve_data_config
+from infra.config import config_hash
 from infra.launch.ray_cluster import check_cluster, on_ray_task_runner, prefect_api_for_workers, ray_task_runner
-from infra.workspace.cache import flow_key
+from infra.lifecycle.signals import stop_on_cancel
 from infra.stages import run, submit
 from infra.tracking.runs import describe_overrides, stage_run
-from infra.lifecycle.signals import stop_on_cancel
+from infra.workspace.cache import flow_key
 from infra.workspace.lock import workspace_lock
+from infra.workspace.paths import Workspace
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import Collect, MergeCollected, source_inputs
 from tasks.data.exact_dedup import ExactDedup
 from tasks.data.funnel import build_funnel
-from tasks.data.minhash_dedup import NearDedup
 from tasks.data.mix import RebalanceMix
+from tasks.data.near_dedup import NearDedup
 from tasks.data.pii_redact import PiiRedact
 from tasks.data.quality_filter import QualityFilter
-from tasks.reports.data import data_report_markdown, log_data_run, publish_prefect_artifact
 from tasks.data.shards import WriteShards
+from tasks.reports.data import data_report_markdown, log_data_run, publish_prefect_artifact
 
 
 class DataResult(BaseModel):

@@ -5,25 +5,29 @@ from pathlib import Path
 
 from prefect import flow
 
-from infra.workspace.paths import Workspace
-from infra.workspace.cache import flow_key
+from infra.lifecycle.signals import stop_on_cancel
 from infra.stages import place
 from infra.tracking.runs import stage_run
-from infra.lifecycle.signals import stop_on_cancel
+from infra.workspace.cache import flow_key
 from infra.workspace.lock import workspace_lock
+from infra.workspace.paths import Workspace
+from tasks.eval.arithmetic import ArithmeticTask
 from tasks.eval.config import EvalConfig
 from tasks.eval.evaluate import EvalResult, Evaluate
 from tasks.reports.eval import log_comparison
 
 
 @flow(name="evaluate", log_prints=True)
-def eval_flow(config: EvalConfig, models: dict[str, str], tokens: str, tokenizer: str, workdir: str = "work") -> dict[str, EvalResult]:
-    """Evaluate each named model (cached per model) and log their comparison; results by name."""
+def eval_flow(config: EvalConfig, models: dict[str, str], tokens: str, tokenizer: str, task: ArithmeticTask,
+              workdir: str = "work") -> dict[str, EvalResult]:
+    """Evaluate each named model on the arithmetic `task`'s questions (cached per model) and log their comparison;
+    results by name."""
     ws = Workspace.locate(workdir).ensure_writable()
     with stop_on_cancel(), workspace_lock(ws), stage_run(ws, "evaluate", config, config_key="eval", run_key=flow_key(
-            "evaluate", __name__, config, {"models": [Path(m) for m in models.values()], "tokens": Path(tokens)})) as run:
+            "evaluate", __name__, config, {"models": [Path(m) for m in models.values()], "tokens": Path(tokens),
+                                           "task": task})) as run:
         placed = {name: place(Evaluate(config), ws, model=Path(model_dir), tokens=Path(tokens), tokenizer=Path(tokenizer),
-                              label=name) for name, model_dir in models.items()}
+                              label=name, task=task) for name, model_dir in models.items()}
         results = {name: p.run() for name, p in placed.items()}
         print(log_comparison(results, {name: p.out_dir for name, p in placed.items()}, ws.run_reports(run.info.run_id)))
         return results

@@ -14,19 +14,19 @@ from pydantic import BaseModel
 from flows.config import PipelineConfig, preset_differences, resolve_pipeline_config
 from flows.data_flow import DataResult, data_flow
 from flows.eval_flow import eval_flow
-from flows.pretrain_flow import TokenizedData, tokenized
+from flows.tokens import TokenizedData, tokenized
 from infra.config import config_hash
-from infra.workspace.paths import Workspace
 from infra.lifecycle.clock import RunClock
-from infra.workspace.cache import flow_key
-from infra.stages import run
-from infra.tracking.runs import describe_overrides, describe_run, stage_run
-from infra.tracking.identity import RunIdentity
 from infra.lifecycle.signals import stop_on_cancel
+from infra.stages import run
+from infra.tracking.identity import RunIdentity
+from infra.tracking.runs import describe_overrides, describe_run, stage_run
+from infra.workspace.cache import flow_key
 from infra.workspace.lock import workspace_lock
-from tasks.eval.evaluate import EvalResult
+from infra.workspace.paths import Workspace
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs
+from tasks.eval.evaluate import EvalResult
 from tasks.reports.card import publish_pipeline_report, record_attempt
 from tasks.reports.pretrain import log_pretrain_report
 from tasks.training.grpo.stage import Grpo, GrpoResult
@@ -79,13 +79,14 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = No
             base = run(Pretrain(config.pretrain), ws, tokens=tok.tokens, tokenizer=tok.tokenizer)
             print(log_pretrain_report(base, tok.tokens, ws.run_reports(pipeline_run.info.run_id)))
         with clock.stage("sft", "supervised fine-tuning"):
-            sft = run(Sft(config.sft), ws, base=base.model_dir, tokenizer=tok.tokenizer, tokens=tok.tokens)
+            sft = run(Sft(config.sft), ws, base=base.model_dir, tokenizer=tok.tokenizer, tokens=tok.tokens,
+                      task=config.arithmetic)
         with clock.stage("grpo", "reinforcement learning with verifiable rewards"):
-            grpo = run(Grpo(config.grpo), ws, sft=sft.model_dir, tokenizer=tok.tokenizer)
+            grpo = run(Grpo(config.grpo), ws, sft=sft.model_dir, tokenizer=tok.tokenizer, task=config.arithmetic)
         with clock.stage("evaluate", "calibration of base, SFT and GRPO; report card"):
             models = {"base": str(base.model_dir), "sft": str(sft.model_dir), "grpo": str(grpo.model_dir)}
             evals = eval_flow(config.eval, models, tokens=str(tok.tokens), tokenizer=str(tok.tokenizer),
-                              workdir=root)
+                              task=config.arithmetic, workdir=root)
         report = publish_pipeline_report(ws, config, data, tok, base, sft, grpo, evals, time.time() - started, identity)
         print(report.markdown)
         return PipelineResult(

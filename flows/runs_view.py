@@ -12,8 +12,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from infra.workspace.paths import Workspace, mlflow_command
 from infra.tracking.index import NOTE_TAG, RunSummary, run_params, summaries
+from infra.workspace.paths import Workspace, mlflow_command
 
 INDENT = "    "
 VARIED_CHARS = 48

@@ -14,29 +14,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mlflow.tracking import MlflowClient
 from prefect import flow
 from pydantic import BaseModel
 
 from flows.config import PipelineConfig, resolve_pipeline_config
 from flows.data_flow import data_flow
-from flows.pretrain_flow import tokenized
-from infra.workspace.atomic import write_json_atomic
-from infra.workspace.paths import Workspace, point_latest
+from flows.tokens import tokenized
 from infra.lifecycle.signals import stop_on_cancel
-from infra.workspace.cache import flow_key
 from infra.stages import run
 from infra.tracking.runs import describe_overrides, log_metrics, stage_run, tag_active_run
+from infra.workspace.atomic import write_json_atomic
+from infra.workspace.cache import flow_key
 from infra.workspace.lock import workspace_lock
+from infra.workspace.paths import Workspace, point_latest
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs
 from tasks.reports.scaling import publish_scale_report
-from tasks.training.scaling.fit_record import SWEEPS, write_fit
-from tasks.training.scaling.prediction import Prediction, fit_problem, fit_sweep, predict_run, write_prediction
-from tasks.training.scaling.sweep import (MeasuredPoint, epoch_warnings, measured_point, plan_sweep, point_config,
-                                 sweep_members, sweep_pretrain, sweep_tokenizer)
 from tasks.tokenizer.tokenize_shards import load_token_index
 from tasks.tokenizer.train import load_tokenizer
 from tasks.training.pretrain.stage import Pretrain
+from tasks.training.scaling.fit_record import SWEEPS, write_fit
+from tasks.training.scaling.prediction import Prediction, fit_problem, fit_sweep, predict_run, write_prediction
+from tasks.training.scaling.sweep import (MeasuredPoint, epoch_warnings, measured_point, plan_sweep, point_config,
+                                          sweep_members, sweep_pretrain, sweep_tokenizer)
 
 STORE = SWEEPS  # the workspace store of the sweeps, where later runs look for a fit.json
 
@@ -55,8 +56,6 @@ def record_point(run_id: str | None, point) -> None:
     """The sweep's params on a point's own pretraining run. Each is a function of the run's own config (its key), so
     a point reused by another sweep logs the same values again, which MLflow accepts; the budget label is left out
     for that reason (two budgets can round to the same steps)."""
-    from mlflow.tracking import MlflowClient
-
     if run_id is None:
         return
     client = MlflowClient()

@@ -5,6 +5,9 @@ import os
 import platform
 from pathlib import Path
 
+# torch is imported inside the functions that need it: the CLI and the data flow import this module and never
+# load torch (tests/unit/flows/test_data_flow_imports.py).
+
 
 def cpu_model() -> str:
     """The CPU's model name ("AMD EPYC 7B13"), from /proc/cpuinfo where there is one."""

@@ -37,14 +37,17 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, TypeAdapter
 
-from infra.workspace.atomic import write_json_atomic
 from infra.config import StrictModel, flatten_params
 from infra.launch.launcher import launch
 from infra.lifecycle.memory import release_freed_memory
-from infra.workspace.paths import Workspace, point_latest
-from infra.workspace.cache import content_key, from_workspace, to_workspace
-from infra.workspace.record import read_record, verify_record, write_record
 from infra.tracking.runs import stage_run, tag_active_run
+from infra.workspace.atomic import write_json_atomic
+from infra.workspace.cache import content_key, from_workspace, to_workspace
+from infra.workspace.paths import Workspace, point_latest
+from infra.workspace.record import read_record, verify_record, write_record
+
+# prefect is imported inside the functions that use it: about 1.5 s that a rank, `llmforge --help` and the CLI's
+# quick errors do not pay.
 
 JOB_FILE = "job.json"  # what a launched stage's ranks read
 RESULT_FILE = "result.json"  # the stage's result, its paths relative to the workspace; written before the record
@@ -80,7 +83,7 @@ class Stage:
         """In-process stages: do the work into out_dir; the result."""
         raise NotImplementedError
 
-    def after(self, result: BaseModel, inputs: dict[str, Path | None]) -> BaseModel:
+    def after(self, result: BaseModel, inputs: dict[str, Any]) -> BaseModel:
         """Launched stages, stage side, after a fresh run inside its MLflow run: measure and log what the ranks
         could not (pretraining's baseline); the result to record."""
         return result
@@ -91,7 +94,8 @@ class Job(StrictModel):
 
     stage: str  # Stage.path()
     config: dict[str, Any]
-    inputs: dict[str, Path | None]
+    inputs: dict[str, Path | None]  # the inputs that are paths (absolute)
+    values: dict[str, Any] = {}  # the other inputs, as JSON (a config section several stages read, as a dict)
     extra: dict[str, Any] = {}  # what the stage side resolved for the ranks (e.g. the model architecture)
     out_dir: Path
     ws_root: Path
@@ -141,7 +145,7 @@ class LaunchedStage(Stage):
         if "name" in cls.__dict__:
             cls.config_file = f"{cls.name}_config.json"
 
-    def prepare(self, inputs: dict[str, Path | None], out_dir: Path) -> Launch:
+    def prepare(self, inputs: dict[str, Any], out_dir: Path) -> Launch:
         raise NotImplementedError
 
 
@@ -277,7 +281,7 @@ class Pending:
         return self.done if self.future is None else self.placed.finish(self.future.result())
 
 
-def write_launch(stage: LaunchedStage, spec: Launch, inputs: dict[str, Path | None], out_dir: Path, ws: Workspace,
+def write_launch(stage: LaunchedStage, spec: Launch, inputs: dict[str, Any], out_dir: Path, ws: Workspace,
                  mlflow_run_id: str | None) -> Path:
     """Check a resume, then write the config file, ds_config.json and job.json; the job's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -286,8 +290,10 @@ def write_launch(stage: LaunchedStage, spec: Launch, inputs: dict[str, Path | No
     write_json_atomic(out_dir / stage.config_file, resolved)
     write_json_atomic(out_dir / DS_CONFIG_FILE, spec.ds_config)
     (out_dir / RESULT_FILE).unlink(missing_ok=True)  # a stale result must never pass for this run's
+    paths = {k: v for k, v in inputs.items() if v is None or isinstance(v, (str, Path))}
+    values = {k: TypeAdapter(Any).dump_python(v, mode="json") for k, v in inputs.items() if k not in paths}
     job = Job(stage=stage.path(), config=stage.config.model_dump(mode="json"),
-              inputs={k: Path(v).resolve() if v is not None else None for k, v in inputs.items()},
+              inputs={k: Path(v).resolve() if v is not None else None for k, v in paths.items()}, values=values,
               extra=spec.extra, out_dir=out_dir.resolve(), ws_root=ws.root, mlflow_run_id=mlflow_run_id,
               precision=spec.precision, precision_reason=spec.precision_reason)
     return write_json_atomic(out_dir / JOB_FILE, job).resolve()
@@ -337,7 +343,7 @@ def _task_log(line: str) -> None:
         print(line, flush=True)
 
 
-def in_run(stage: LaunchedStage, ws: Workspace, out_dir: Path, *, log: Any = print, **inputs: Path | None) -> Any:
+def in_run(stage: LaunchedStage, ws: Workspace, out_dir: Path, *, log: Any = print, **inputs: Any) -> Any:
     """Launch `stage` into `out_dir` with no cache or folder key (tests, resumes into a chosen folder),
     inside its own MLflow stage run; the result its rank 0 wrote."""
     out_dir = Path(out_dir)

@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 import torch
+from tokenizers import decoders
 
 from models.losses import IGNORE_INDEX
 from models.special_tokens import SPECIAL_TOKENS
@@ -40,8 +41,6 @@ def byte_level_alphabet() -> dict[str, int]:
 
 
 def _is_byte_level(tokenizer) -> bool:
-    from tokenizers import decoders
-
     return isinstance(tokenizer.decoder, decoders.ByteLevel)
 
 

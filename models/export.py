@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, processors
 from torch import nn
 
-from infra.workspace.atomic import open_file_mode
 from infra.config import ConfigError, parse_config
+from infra.workspace.atomic import open_file_mode
 from models.chat_template import JINJA_CHAT_TEMPLATE
 from models.llama import ModelConfig, Transformer
 from models.special_tokens import BOS, END_TURN, EOS, PAD, SPECIAL_TOKENS
@@ -188,8 +189,6 @@ def hf_tokenizer_json(tokenizer_json: Path) -> str:
 
     Only for transformers: our own stages add BOS/EOS by id and keep the tokenizer without one.
     """
-    from tokenizers import Tokenizer, processors
-
     tok = Tokenizer.from_file(str(tokenizer_json))
     bos = tok.token_to_id(BOS)
     if bos is None:

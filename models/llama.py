@@ -26,7 +26,6 @@ from torch import nn
 
 from infra.config import StrictModel
 
-
 # ----------------------------------------------------------------------------- config
 
 

@@ -63,6 +63,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from infra.launch.launcher import load_zero_json
+from models.presets import PRESETS
+
 GiB = 2**30  # DeepSpeed's estimators print GB as 2**30 bytes; so does the plan
 ZERO_STAGES = (0, 1, 2, 3)
 PRECISIONS = {"bf16": 2, "fp32": 4}
@@ -78,8 +83,7 @@ DEEPSPEED_PREFETCH_BUCKET = 50_000_000  # its default stage3_prefetch_bucket_siz
 
 def load_model(source: str, vocab_size: int | None = None):
     """A models.llama.ModelConfig from a preset name or a Hugging Face Llama config.json (a file or its folder)."""
-    from models.presets import PRESETS
-    from models.llama import ModelConfig
+    from models.llama import ModelConfig  # torch: imported here, as `llmforge plan` and a config check need none
 
     if source in PRESETS:
         vocab = vocab_size or PRESET_VOCAB.get(source)
@@ -108,9 +112,7 @@ HF_FIELDS = {
 
 def model_from_hf(hf: dict[str, Any], where: str = "config.json", vocab_size: int | None = None):
     """The inverse of models.export.hf_llama_config, for the fields the plan needs."""
-    from pydantic import ValidationError
-
-    from models.llama import ModelConfig
+    from models.llama import ModelConfig  # torch: imported here, as `llmforge plan` and a config check need none
 
     missing = [key for key in HF_FIELDS if key not in hf]
     if missing:
@@ -287,8 +289,6 @@ def comm_bytes(cfg, params: int, layout: Layout, seq_len: int, micro_batch: int,
 
 def deepspeed_buckets(zero: int) -> dict[str, int]:
     """Bucket sizes (elements) of infra/launch/deepspeed/zero<k>.json, DeepSpeed's defaults where it sets none."""
-    from infra.launch.launcher import load_zero_json
-
     z = load_zero_json(f"zero{zero}").get("zero_optimization", {})
     return {
         "reduce_bucket_size": int(z.get("reduce_bucket_size", DEEPSPEED_REDUCE_BUCKET)),
@@ -385,7 +385,7 @@ def speed_rank(p: LayoutPlan, devices_per_node: int) -> tuple:
 def plan(cfg, n_devices: int, seq_len: int | None = None, micro_batch: int = 1, precision: str = "bf16",
          device_mem_bytes: int = 80 * GiB, devices_per_node: int = 8) -> MemoryPlan:
     """Every runnable layout of n_devices with its per-device bytes; the fastest that fits is marked."""
-    from models.flops import num_params
+    from models.flops import num_params  # models/flops.py imports models.llama, and torch with it
 
     if device_mem_bytes <= 0 or devices_per_node < 1:
         raise ValueError(f"device memory {device_mem_bytes / GiB:g} GB, devices_per_node={devices_per_node}: give both above 0")

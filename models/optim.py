@@ -9,6 +9,9 @@ import math
 from typing import Literal, Protocol
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
 
 class ScheduleConfig(Protocol):
@@ -55,7 +58,6 @@ def adamw_kernel(params: list[torch.Tensor], kernel: OptimizerKernel = "auto") -
         return {"foreach": False}
     if kernel != "auto":
         raise ValueError(f"optimizer kernel '{kernel}' is not one of 'auto', 'fused', 'foreach', 'for_loop'")
-    from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
     devices = {p.device.type for p in params}
     fused_ok = devices <= set(_get_fused_kernels_supported_devices()) and all(p.is_floating_point() for p in params)
@@ -99,8 +101,6 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig) -> to
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-
     return isinstance(t, DTensor)
 
 
@@ -121,8 +121,6 @@ def clip_grad_norm(grads: list[torch.Tensor], max_norm: float, counted: list[tor
     norms = [n.full_tensor() if _is_dtensor(n) else n for kind in _by_kind(counted) for n in torch._foreach_norm(kind)]
     total = torch.linalg.vector_norm(torch.stack(norms)) if norms else grads[0].new_zeros(())
     if group is not None:
-        import torch.distributed as dist
-
         squares = total.double() ** 2
         dist.all_reduce(squares, group=group)
         total = squares.sqrt().to(total.dtype)

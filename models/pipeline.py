@@ -20,6 +20,9 @@ from torch import nn
 
 from models.llama import Block, ModelConfig, RMSNorm, rope_cos_sin
 
+# DeepSpeed's pipeline engine is imported only with launch.pp > 1: DeepSpeed costs seconds to import
+# (infra/launch/runner.py).
+
 TIED_KEY = "embed"
 
 

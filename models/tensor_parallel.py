@@ -18,6 +18,9 @@ whole matrices for export (every rank must call it).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 
 def check_tensor_parallel(cfg, tp: int) -> None:
@@ -31,9 +34,6 @@ def check_tensor_parallel(cfg, tp: int) -> None:
 
 def parallelize(model: torch.nn.Module, mesh) -> torch.nn.Module:
     """Split `model` (a models.llama.Transformer) over the 1-D device mesh `mesh`, in place; returns it."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
     tp = mesh.size()
     check_tensor_parallel(model.cfg, tp)
     for block in model.layers:
@@ -56,15 +56,11 @@ def parallelize(model: torch.nn.Module, mesh) -> torch.nn.Module:
 
 
 def is_parallel(model: torch.nn.Module) -> bool:
-    from torch.distributed.tensor import DTensor
-
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's state dict on every rank (a collective: every tensor-parallel rank calls it)."""
-    from torch.distributed.tensor import DTensor
-
     return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}
 
 
@@ -74,9 +70,6 @@ def reduce_data_parallel_grads(model: torch.nn.Module, group, size: int) -> None
     DeepSpeed's own all-reduce flattens the gradients into one buffer, which DTensors refuse; with
     tensor parallelism the engine's is turned off and this runs before every optimizer step.
     """
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
-
     if size == 1:
         return
     for p in model.parameters():

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -269,8 +269,8 @@ def random_tokens(n: int = 8_000):
 
 def launch_into(stage, out_dir: Path, ws_root: Path, log=lambda line: None, **inputs):
     """Launch a training stage object into `out_dir` (no cache key; a rerun resumes its checkpoints); its result."""
-    from infra.workspace.paths import Workspace
     from infra.stages import in_run
+    from infra.workspace.paths import Workspace
 
     return in_run(stage, Workspace.locate(ws_root), Path(out_dir), log=log, **inputs)
 
@@ -325,8 +325,8 @@ def eval_result_with_answers(questions: list[str], correct, confidences, answer_
     `in_range`: which questions lie in the training range (None: no range set)."""
     import math
 
-    from tasks.eval.evaluate import AnswerRecord, EvalResult, scored_answers
     from tasks.eval.config import EvalConfig
+    from tasks.eval.evaluate import AnswerRecord, EvalResult, scored_answers
     from tasks.eval.intervals import proportion
 
     cfg = EvalConfig(n_bins=10, bootstrap_resamples=200, target_accuracy=target_accuracy)

@@ -21,6 +21,9 @@ import psutil
 
 from infra.lifecycle.process_tree import SUPERVISOR_ENV, stop_processes
 
+# torch is imported inside the functions that need it: the CLI and the data flow import this module and never
+# load torch (tests/unit/flows/test_data_flow_imports.py).
+
 LOCK_NAME = "lock"
 SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's CPU communication op, built on a machine's first launch
 # What rank 0 prints before it builds SHM_OP (tasks/training/engine.py): the launch then knows a stop leaves its lock.

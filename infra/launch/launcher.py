@@ -25,8 +25,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from infra.launch.build_lock import BUILDING_SHM_OP, clear_lock_of_stopped_build, clear_stale_build_locks
-from infra.lifecycle.process_tree import STOP_GRACE_S, SUPERVISOR_ENV, TrackedTree, stop_processes, supervisor_token
+from infra.launch.precision import choose_precision
 from infra.launch.rank_watch import DEFAULT_TIMEOUT_S, RankWatch
+from infra.lifecycle.process_tree import STOP_GRACE_S, SUPERVISOR_ENV, TrackedTree, stop_processes, supervisor_token
+
+# torch is imported inside the functions that need it: the CLI and the data flow import this module and never
+# load torch (tests/unit/flows/test_data_flow_imports.py).
 
 DS_CONFIG_DIR = Path(__file__).parent / "deepspeed"
 ZERO_STAGES = ("zero0", "zero1", "zero2", "zero3", "zero2_offload")
@@ -47,8 +51,6 @@ _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "
 
 def resolve_precision(precision: str) -> Literal["fp32", "bf16"]:
     """The precision to train in: "fp32"/"bf16" as given; "auto" as measured (infra/launch/precision.py)."""
-    from infra.launch.precision import choose_precision
-
     return choose_precision(precision).precision
 
 

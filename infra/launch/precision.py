@@ -30,6 +30,9 @@ from typing import Literal
 from infra.machine import cpu_model
 from infra.workspace.atomic import write_json_atomic
 
+# torch is imported inside the functions that need it: the CLI and the data flow import this module and never
+# load torch (tests/unit/flows/test_data_flow_imports.py).
+
 BF16_MIN_SPEEDUP = 2.0
 _SIZES = (256, 512, 1024)
 _REPEATS = 3

@@ -14,7 +14,9 @@ nodes that do not see it.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from infra.lifecycle.process_tree import usable_cores
+
+# ray and prefect_ray are imported only with data.executor=ray: the optional extra `pip install -e '.[ray]'`.
+# prefect is imported inside the functions that use it: about 1.5 s that a rank, `llmforge --help` and the CLI's
+# quick errors do not pay.
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
@@ -88,8 +94,6 @@ def prefect_api_for_workers() -> Iterator[str | None]:
 
 def _sees(marker: str, token: str) -> dict[str, Any]:
     """On one node: can it read the driver's marker file, and import the project?"""
-    import socket
-
     import ray
 
     try:
@@ -105,8 +109,6 @@ def _sees(marker: str, token: str) -> dict[str, Any]:
 
 
 def _is_loopback(host: str) -> bool:
-    import ipaddress
-
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

@@ -18,9 +18,13 @@ import time
 import urllib.error
 import urllib.request
 
+from infra.config import ConfigError
 from infra.lifecycle.preflight import health_url
 from infra.lifecycle.process_tree import descendants, stop_processes
 from infra.tracking.redaction import redact
+
+# prefect is imported inside the functions that use it: about 1.5 s that a rank, `llmforge --help` and the CLI's
+# quick errors do not pay.
 
 LOST_AFTER_ENV = "LLMFORGE_PREFECT_LOST_AFTER_S"
 LOST_AFTER_S = 60.0
@@ -57,8 +61,6 @@ def lost_after_s() -> float:
     except ValueError:
         value = -1.0
     if not value > 0:
-        from infra.config import ConfigError
-
         raise ConfigError(f"{LOST_AFTER_ENV}={raw!r} is not a number of seconds > 0; unset it for {LOST_AFTER_S:.0f} s")
     return value
 

@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 
+from infra.config import ConfigError
 from infra.tracking.redaction import redact
 
 DEFAULT_TIMEOUT_S = 3.0
@@ -70,8 +71,6 @@ def check_tracking_store(env: Mapping[str, str] | None = None, timeout: float = 
     """Before a command reads MLflow's store: an `MLFLOW_TRACKING_URI` of a scheme MLflow cannot open is a
     ConfigError, an http(s) server that does not answer is ServiceUnavailable (MLflow itself would retry for
     minutes and then print a traceback)."""
-    from infra.config import ConfigError
-
     env = os.environ if env is None else env
     uri = (env.get("MLFLOW_TRACKING_URI") or "").strip()
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""

@@ -25,6 +25,9 @@ from typing import Any
 
 from infra.lifecycle.process_tree import STOP_GRACE_S, descendants, stop_processes
 
+# prefect is imported inside the functions that use it: about 1.5 s that a rank, `llmforge --help` and the CLI's
+# quick errors do not pay.
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CANCEL_POLL_S = 2.0
 

@@ -13,6 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+# mlflow is imported inside the functions that use it: about 1 s that a rank that never logs, a data worker and
+# `llmforge --help` do not pay.
+
 _MAX_REPEATS = 50  # a chain of repeats is followed this far back at most
 
 

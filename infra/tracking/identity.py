@@ -19,6 +19,9 @@ from infra.machine import machine
 from infra.tracking.provenance import git_state
 from infra.tracking.redaction import redact
 
+# mlflow is imported inside the functions that use it: about 1 s that a rank that never logs, a data worker and
+# `llmforge --help` do not pay.
+
 KEY_PACKAGES = ("torch", "deepspeed", "mlflow", "prefect", "transformers")
 
 

@@ -17,9 +17,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.tracking.store import configure, experiment_name, workspace_runs
 from infra.workspace.paths import Workspace
 
-DEFAULT_EXPERIMENT = "llmforge"  # infra/tracking/runs.py's, not imported: that module imports pydantic and MLflow's helpers
+# MLflow is imported only on the slow path, a store that is not the workspace's SQLite file (infra/tracking/store.py
+# imports it inside its functions): importing MLflow alone takes longer than reading the tables.
+
 OUT_TAG = "llmforge.out."
 PARENT_TAG = "mlflow.parentRunId"
 NOTE_TAG = "mlflow.note.content"
@@ -62,10 +65,6 @@ class RunSummary:
             if key in self.metrics:
                 return key, self.metrics[key]
         return None
-
-
-def experiment_name() -> str:
-    return os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
 
 
 def sqlite_store(ws: Workspace) -> Path | None:
@@ -161,14 +160,10 @@ def _sqlite_summaries(db: Path, experiment: str) -> list[RunSummary]:
 
 
 def _point_mlflow(ws: Workspace) -> str:
-    from infra.tracking.runs import configure
-
     return configure(ws, experiment_name())
 
 
 def _mlflow_summaries(ws: Workspace) -> list[RunSummary]:
-    from infra.tracking.runs import workspace_runs
-
     return [RunSummary(r["run_id"], r["name"] or "", r["status"], r["start_time"], r["end_time"],
                        {k: v for k, v in r["tags"].items() if k in SUMMARY_TAGS or k.startswith(OUT_TAG)},
                        {k: v for k, v in r["metrics"].items() if k in HEADLINE_METRICS})

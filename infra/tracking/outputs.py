@@ -14,8 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infra.tracking.store import configure, workspace_runs
 from infra.workspace.paths import Workspace
-from infra.tracking.runs import configure, workspace_runs
+
+# mlflow is imported inside the functions that use it: about 1 s that a rank that never logs, a data worker and
+# `llmforge --help` do not pay.
 
 OUT_TAG = "llmforge.out."
 

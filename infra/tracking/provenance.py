@@ -17,6 +17,10 @@ from typing import Any
 
 from infra.tracking.redaction import redact
 
+# mlflow is imported inside the functions that use it: about 1 s that a rank that never logs, a data worker and
+# `llmforge --help` do not pay.
+# So is prefect: imported inside the functions that use it.
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

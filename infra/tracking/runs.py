@@ -13,8 +13,10 @@ run names never carry a secret (infra/tracking/redaction.py).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import os
+import math
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,46 +24,16 @@ from typing import Any
 from pydantic import BaseModel
 
 from infra.config import flatten_params
-from infra.workspace.paths import Workspace, mlflow_command
 from infra.tracking.provenance import link_prefect_to_run, mlflow_run_url, origin_tags, prefect_flow_run
 from infra.tracking.redaction import redact
+from infra.tracking.store import configure, tracking_uri
 from infra.tracking.store_errors import store_full_error
+from infra.workspace.paths import Workspace, mlflow_command
 
-DEFAULT_EXPERIMENT = "llmforge"
+# mlflow is imported inside the functions that use it: about 1 s that a rank that never logs, a data worker and
+# `llmforge --help` do not pay.
+# So is prefect, for the same reason.
 
-
-def tracking_uri(ws: Workspace) -> str:
-    """`MLFLOW_TRACKING_URI` when set, else a SQLite store inside the workspace."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ws.mlflow_db}"
-
-
-def configure(ws: Workspace, experiment: str | None = None) -> str:
-    """Point MLflow at the workspace store and make sure the experiment exists; returns its id."""
-    import mlflow
-
-    ws.root.mkdir(parents=True, exist_ok=True)
-    user_uri = os.environ.get("MLFLOW_TRACKING_URI")
-    mlflow.set_tracking_uri(tracking_uri(ws))
-    if user_uri is None:
-        # MLflow 3 also exports the URI to os.environ; undo that, or the next workspace
-        # in this process would log to this one's store and lose its artifact location.
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-    name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
-    exp = mlflow.get_experiment_by_name(name)
-    if exp is None:
-        # With a SQLite backend MLflow would otherwise put artifacts under ./mlruns of the CWD.
-        artifact_location = None
-        if user_uri is None:
-            ws.mlflow_artifacts.mkdir(parents=True, exist_ok=True)
-            artifact_location = ws.mlflow_artifacts.as_uri()
-        try:
-            return mlflow.create_experiment(name, artifact_location=artifact_location)
-        except Exception:
-            # Another process created it between our check and create.
-            exp = mlflow.get_experiment_by_name(name)
-            if exp is None:
-                raise
-    return exp.experiment_id
 
 
 def log_config(cfg: BaseModel | dict[str, Any], prefix: str = "") -> None:
@@ -161,8 +133,6 @@ def _continue_or_link(experiment_id: str, run_key: str, tags: dict[str, str] | N
 def end_status(exc: BaseException) -> str:
     """The MLflow status of a run its code left by raising `exc`: KILLED when it was stopped
     from outside (Ctrl-C, a signal, a Prefect cancellation or termination), else FAILED."""
-    import asyncio
-
     if isinstance(exc, SystemExit):
         code = exc.code
         if code is None or code == 0:
@@ -267,8 +237,6 @@ def active_run() -> Any:
 
 def log_metrics(metrics: dict[str, float | int | None], step: int | None = None) -> None:
     """Log the finite values of `metrics` to the active run (None and NaN/inf are left out)."""
-    import math
-
     import mlflow
 
     active_run()
@@ -313,8 +281,6 @@ def log_dataset_input(
     folder: Path, name: str, digest: str, context: str = "training", tags: dict[str, str] | None = None
 ) -> None:
     """Record the dataset in `folder` (by URI and digest, not its contents) as an input of the active run."""
-    import warnings
-
     import mlflow
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
@@ -340,26 +306,6 @@ def tag_active_run(key: str, value: str) -> None:
 
     if mlflow.active_run() is not None:
         mlflow.set_tag(key, value)
-
-
-def workspace_runs(ws: Workspace) -> list[dict[str, Any]]:
-    """Every run of the workspace's experiment, newest first: id, name, status, start, end, params, tags, metrics."""
-    from mlflow.tracking import MlflowClient
-
-    experiment_id = configure(ws)
-    client = MlflowClient()
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], max_results=1000, page_token=token, order_by=["attribute.start_time DESC"])
-        runs += [
-            {"run_id": r.info.run_id, "name": r.info.run_name, "status": r.info.status, "start_time": r.info.start_time,
-             "end_time": r.info.end_time, "params": dict(r.data.params), "tags": dict(r.data.tags),
-             "metrics": dict(r.data.metrics)}
-            for r in page
-        ]
-        token = page.token
-        if not token:
-            return runs
 
 
 def where_to_see_run(ws: Workspace, run_id: str) -> str:

@@ -8,12 +8,13 @@ is full" or an error about a file it never wrote.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
-from infra.workspace.paths import Workspace
 from infra.tracking.redaction import redact
+from infra.workspace.paths import Workspace
 
 
 class StoreFullError(OSError):
@@ -76,8 +77,6 @@ _STORE_FAULTS = (
 
 def quiet_store_tracebacks() -> None:
     """Stop MLflow logging the traceback of a store error it then raises anyway: `store_fault` says it in one line."""
-    import logging
-
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 

@@ -6,6 +6,7 @@ Everything a run writes sits under one workspace folder (default `./work`, or
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,7 +91,5 @@ def point_latest(link: Path, target: Path) -> None:
 def mlflow_command() -> str:
     """The `mlflow` CLI of this environment by its absolute path (a line to copy into a terminal whose PATH may
     lack the venv), or plain `mlflow` when it has none."""
-    import sys
-
     cli = Path(sys.executable).parent / "mlflow"
     return str(cli) if cli.is_file() else "mlflow"

@@ -11,14 +11,13 @@ from __future__ import annotations
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
+from pydoc_data import topics
 
 _SKIP_PARTS = {"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__", "turtledemo"}
 
 
 def python_docs() -> Iterator[tuple[str, str, str]]:
     """Yield (path, locator, text) for each documentation topic."""
-    from pydoc_data import topics
-
     path = str(Path(topics.__file__).resolve())
     for name in sorted(topics.topics):
         yield path, f"topic:{name}", topics.topics[name]

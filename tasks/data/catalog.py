@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from infra.config import ConfigError, StrictModel, parse_config, read_yaml
 from tasks.data.input_files import file_kind
+from tasks.data.quality_rules import FilterSpec, validate_filter_spec
 
 log = logging.getLogger(__name__)
 SourceKind = Literal["jsonl", "parquet", "text_dir", "hf_dataset", "builtin"]
@@ -131,8 +132,6 @@ class Catalog(StrictModel):
         return {s.name: s.weight / total for s in self.sources}
 
     def filter_specs(self) -> dict[str, Any]:
-        from tasks.data.quality_rules import FilterSpec
-
         return {s.name: FilterSpec.model_validate(s.filters) for s in self.sources}
 
 
@@ -290,8 +289,6 @@ def load_catalog(
 
 
 def _check_filters(source: SourceConfig, origin: str) -> None:
-    from tasks.data.quality_rules import FilterSpec, validate_filter_spec
-
     try:
         spec = FilterSpec.model_validate(source.filters)
     except Exception as exc:  # pydantic ValidationError

@@ -8,26 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from pydoc_data import topics
 from typing import Any
 
 import pyarrow as pa
 
 from infra.stages import Stage
-
 from tasks.data import builtin_corpus
 from tasks.data.catalog import Catalog, SourceConfig, source_files
-from tasks.data.documents import (
-    Document,
-    Removed,
-    documents_table,
-    iter_batches,
-    make_doc_id,
-    removed_table,
-)
+from tasks.data.documents import Document, Removed, documents_table, iter_batches, make_doc_id, removed_table
 from tasks.data.hf_source import hf_input_files, read_hf_rows
 from tasks.data.parquet_reader import parquet_records
-from tasks.data.rejection import Rejection
 from tasks.data.readers import check_string, decode_utf8, jsonl_lines, parse_json_line, read_capped_file
+from tasks.data.rejection import Rejection
 from tasks.data.step import DataStep, StageResult
 
 STAGE = "collect"
@@ -138,8 +131,6 @@ def source_inputs(catalog: Catalog, source: SourceConfig) -> list[Path]:
     """The files a source reads; the cache fingerprints them so edited data is re-collected."""
     if source.kind == "builtin":
         if source.builtin == "python_docs":
-            from pydoc_data import topics
-
             return [Path(topics.__file__).resolve()]
         return builtin_corpus.stdlib_files()
     if source.kind == "hf_dataset":
@@ -245,7 +236,7 @@ class Collect(Stage):
 class MergeCollected(Stage):
     """The sources' outputs (`parts`, catalog order) as one documents and one removed file: work/data/merge/<key>/."""
 
-    name, store, Config, Result = "merge-collected", "data/merge", type(None), StageResult
+    name, store, Config, Result = "merge_collected", "data/merge", type(None), StageResult
     inputs = ("parts",)
 
     def compute(self, inputs: dict, out_dir: Path) -> StageResult:

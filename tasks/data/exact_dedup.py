@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from infra.stages import Stage
 
 from infra.config import StrictModel
+from infra.stages import Stage
 from tasks.data.documents import DOCUMENT_SCHEMA, as_documents, iter_batches, removed_from_documents
 from tasks.data.step import DataStep, StageResult
 from tasks.data.text_normalize import dedup_key, normalize_text

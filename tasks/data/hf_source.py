@@ -27,6 +27,8 @@ from tasks.data.parquet_reader import MAX_CELL_BYTES, batch_records
 from tasks.data.readers import jsonl_lines
 from tasks.data.rejection import Rejection
 
+# `datasets` (seconds to import) is imported only when a source is an hf_dataset.
+
 MAX_NESTING = 1000  # what Python's json parser handles (its recursion limit); pyarrow's crashes far deeper
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)  # a JSON string, escapes included
 _JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")

@@ -17,6 +17,8 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+import pyarrow as pa
+
 # First bytes of each format we inflate, and of those we recognise but cannot. bz2's "BZh" is plain text, so its
 # magic takes the block size digit and the first block's (or the empty stream's end) magic too: a text file that
 # begins "BZh..." is read as text.
@@ -89,8 +91,6 @@ def open_decompressed(path: Path) -> tuple[BinaryIO, str | None]:
     if fmt == "xz":
         return lzma.LZMAFile(raw, "rb"), fmt
     if fmt == "zstd":
-        import pyarrow as pa
-
         return _ClosingStream(pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), "zstd"), raw), fmt
     raw.close()
     raise UnsupportedCompression(path, fmt)

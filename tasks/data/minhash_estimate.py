@@ -1,4 +1,4 @@
-"""verify="estimate" of near dedup (tasks/data/minhash_dedup.py): the MinHash estimate, checked
+"""verify="estimate" of near dedup (tasks/data/near_dedup.py): the MinHash estimate, checked
 where it cannot be trusted.
 
 The share of equal signature values estimates the Jaccard of the documents' sets of 32-bit

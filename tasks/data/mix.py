@@ -27,10 +27,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
-from infra.stages import Stage
 from pydantic import Field
+from tokenizers import Tokenizer
 
 from infra.config import StrictModel
+from infra.stages import Stage
 from tasks.data.documents import DOCUMENT_SCHEMA, iter_batches, removed_from_documents
 from tasks.data.step import DataStep, StageResult
 
@@ -64,7 +65,6 @@ class _Sizer:
         if cfg.unit == "tokens":
             if cfg.tokenizer is None:
                 raise ValueError("mix.unit is 'tokens' but mix.tokenizer is not set; give a tokenizer.json or use unit: chars")
-            from tokenizers import Tokenizer
 
             self.tok = Tokenizer.from_file(str(cfg.tokenizer))
 

@@ -30,8 +30,9 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-
 from infra.lifecycle.process_tree import descendants, die_with_parent, idle_cores_during, stop_processes
+
+# ray and prefect_ray are imported only with data.executor=ray: the optional extra `pip install -e '.[ray]'`.
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from infra.stages import Stage
 from pydantic import Field
 
 from infra.config import StrictModel
+from infra.stages import Stage
 from tasks.data.documents import DOCUMENT_SCHEMA, iter_batches
 from tasks.data.step import DataStep, StageResult
 

@@ -15,16 +15,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from infra.stages import Stage
 
-from tasks.data.documents import (
-    DOCUMENT_SCHEMA,
-    REMOVED_SCHEMA,
-    TableWriter,
-    iter_batches,
-    removed_from_documents,
-    text_byte_slices,
-)
+from infra.stages import Stage
+from tasks.data.documents import (DOCUMENT_SCHEMA, REMOVED_SCHEMA, TableWriter, iter_batches, removed_from_documents,
+                                  text_byte_slices)
 from tasks.data.parallel import ordered_map, plan_workers
 from tasks.data.quality_rules import FilterSpec, Judgement, judge_batch, validate_filter_spec
 from tasks.data.step import DataStep, StageResult

@@ -14,9 +14,9 @@ batch sizes, so a rerun writes byte-identical shards.
 from __future__ import annotations
 
 import math
-from collections import Counter
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,14 +26,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
-from infra.workspace.atomic import open_folder_mode
-from infra.stages import Stage
 from pydantic import Field
 
 from infra.config import StrictModel
+from infra.stages import Stage
+from infra.workspace.atomic import open_folder_mode
+from infra.workspace.record import sha256_file
 from tasks.data.documents import iter_batches
 from tasks.data.manifest import Manifest, ShardInfo, write_manifest
-from infra.workspace.record import sha256_file
 
 MANIFEST = "manifest.json"
 BATCH_ROWS = 4096
@@ -240,7 +240,7 @@ class WriteShards(Stage):
     """Shuffled Parquet shards and their manifest (with the funnel, the mix and where removed rows went):
     work/data/shards/<key>/manifest.json; the manifest's path."""
 
-    name, store, Config, Result = "write-shards", "data/shards", ShardConfig, Path
+    name, store, Config, Result = "write_shards", "data/shards", ShardConfig, Path
     inputs = ("docs", "funnel", "mix_report", "removed_files", "config_hash")
 
     def compute(self, inputs: dict, out_dir: Path) -> Path:

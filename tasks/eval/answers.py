@@ -18,6 +18,11 @@ from typing import Any
 
 import torch
 
+from models.chat_template import decode_completion, encode_prompt, encode_text, special_ids
+from models.sampling import equal_length_batches, generate
+from tasks.eval.arithmetic import few_shot_prompt, format_answer
+from tasks.eval.rewards import combined_reward, get_reward, parse_answer
+
 
 @dataclass
 class GreedyAnswer:
@@ -49,9 +54,6 @@ class AnswerScore:
 
 def prompt_ids(tokenizer: Any, problem: Any, shots: Sequence[Any] | None = None) -> list[int]:
     """The prompt for one problem: the chat template, or with `shots` the few-shot completion prompt."""
-    from models.chat_template import encode_prompt, encode_text
-    from tasks.eval.arithmetic import few_shot_prompt
-
     if shots is None:
         return encode_prompt(tokenizer, problem.question)
     return encode_text(tokenizer, few_shot_prompt(problem, shots))
@@ -59,9 +61,6 @@ def prompt_ids(tokenizer: Any, problem: Any, shots: Sequence[Any] | None = None)
 
 def answer_ids(tokenizer: Any, answer: int, shots: Sequence[Any] | None = None) -> list[int]:
     """The tokens of a response stating `answer` in the format the prompt asks for, with what ends it."""
-    from models.chat_template import encode_text, special_ids
-    from tasks.eval.arithmetic import format_answer
-
     if shots is None:
         return [*encode_text(tokenizer, format_answer(answer)), special_ids(tokenizer).end_turn]
     return encode_text(tokenizer, f" {answer}\n")
@@ -87,9 +86,6 @@ def greedy_answers(model: torch.nn.Module, tokenizer: Any, problems: Sequence[An
     where the prompt leaves less room in the model's max_seq_len. The model is put in eval mode
     and restored afterwards. `progress(done, total)` after each batch.
     """
-    from models.chat_template import decode_completion, encode_text, special_ids
-    from models.sampling import equal_length_batches, generate
-
     sp = special_ids(tokenizer)
     newline = encode_text(tokenizer, "\n")
     # The chat stops at <|end|>; a completion at its newline (when that is one token, else at the budget).
@@ -134,8 +130,6 @@ def score_answers(answers: Sequence[GreedyAnswer], accuracy_reward: str = "arith
                   rewards: Mapping[str, float] | None = None) -> AnswerScore:
     """Accuracy (`accuracy_reward` >= 1), mean of the weighted `rewards` (default: the accuracy reward alone)
     and the number of distinct parsed answers."""
-    from tasks.eval.rewards import combined_reward, get_reward, parse_answer
-
     acc_fn = get_reward(accuracy_reward)
     reward_fn = combined_reward(dict(rewards or {accuracy_reward: 1.0}))
     n = len(answers)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel
 
+from models.chat_template import special_ids
 from tasks.eval.answers import answer_ids, prompt_ids
 
 N_OPTIONS = 4
@@ -108,8 +109,6 @@ def choice_records(model: torch.nn.Module, tokenizer: Any, problems: Sequence[An
                    batch_size: int = 64, n_options: int = N_OPTIONS,
                    progress: Callable[[int, int], None] | None = None) -> list[ChoiceRecord]:
     """Each problem as a multiple-choice question, asked with the chat template (or the few-shot prompt with `shots`)."""
-    from models.chat_template import special_ids
-
     options = [options_for(p, n_options) for p in problems]
     prompts = [prompt_ids(tokenizer, p, shots) for p in problems]
     pairs = [(prompts[i], answer_ids(tokenizer, o, shots)) for i, opts in enumerate(options) for o in opts]

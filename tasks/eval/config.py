@@ -10,7 +10,7 @@ from tasks.eval.rewards import check_reward_names
 
 
 class EvalConfig(StrictModel):
-    """How much to evaluate and how: bins, token budget, temperature study, arithmetic questions."""
+    """How much to evaluate and how: bins, token budget, temperature study, how many arithmetic questions."""
 
     n_bins: int = Field(default=15, ge=1)
     max_tokens: int = Field(default=16384, ge=1)  # next-token predictions evaluated, from the start of val
@@ -20,16 +20,11 @@ class EvalConfig(StrictModel):
     # scaling: memory is temperature_tokens * vocab * 2 bytes.
     temperature_tokens: int = Field(default=8192, ge=2)
     temperature_fit_fraction: float = Field(default=0.5, gt=0.0, lt=1.0)
-    n_questions: int = Field(default=100, ge=0)  # arithmetic questions, from the held-out "eval" split
-    max_answer_tokens: int = Field(default=16, ge=1)
+    # Arithmetic questions from the held-out "eval" split of the arithmetic task's outer range (the pipeline's
+    # `arithmetic:` section); answers are also scored on those within its trained range.
+    n_questions: int = Field(default=100, ge=0)
+    max_new_tokens: int = Field(default=16, ge=1)  # an answer's budget; "<answer>unknown</answer>" and <|end|> must fit
     answer_batch_size: int = Field(default=64, ge=1)  # prompts generated (or options scored) together
-    # The eval questions' range. It may be wider than what SFT/GRPO trained on: the "eval" split of
-    # a narrow range holds too few questions for a useful interval, and the split is by question
-    # hash, so no question of it is ever trained on whatever the ranges.
-    arithmetic_max_operand: int = Field(default=20, ge=0)
-    arithmetic_ops: str = "+-"
-    # The largest operand SFT/GRPO trained on: answers are also scored on the questions within it.
-    train_max_operand: int | None = Field(default=None, ge=0)
     reward: str = "arithmetic_exact"
     # Models (by their name in the eval flow) that never saw the chat template: asked with a
     # few-shot completion prompt (`few_shot` worked examples from the "sft" split) instead.

@@ -34,21 +34,28 @@ from typing import Literal
 
 import numpy as np
 import torch
-from infra.stages import Stage
 from pydantic import BaseModel, Field
 
+from infra.stages import Stage
+from infra.workspace.atomic import write_text_atomic
+from infra.workspace.record import sha256_file
+from models.bpb import token_bytes
+from models.calibration import CalibrationReport, ReliabilityBins, calibration_report, reliability_bins
+from models.export import WEIGHTS, load_model
+from models.llama import Transformer
 from tasks.eval.abstention import AbstentionReport, abstention_report
+from tasks.eval.answers import greedy_answers
+from tasks.eval.arithmetic import ArithmeticTask
 from tasks.eval.choices import ChoiceRecord, choice_records
 from tasks.eval.config import EvalConfig
 from tasks.eval.intervals import (Proportion, bootstrap_ece_interval, bootstrap_interval, bootstrap_ratio_interval,
                                   proportion)
 from tasks.eval.progress import EvalProgress, Tracker
+from tasks.eval.rewards import get_reward, is_abstention, parse_answer, parse_integer
 from tasks.eval.selective import SelectiveReport, aurc, selective_report
 from tasks.eval.tokens import token_metrics
-from models.bpb import token_bytes
-from models.calibration import CalibrationReport, ReliabilityBins, calibration_report, reliability_bins
-from models.llama import Transformer
-from infra.workspace.atomic import write_text_atomic
+from tasks.tokenizer.tokenize_shards import load_token_split
+from tasks.tokenizer.train import load_tokenizer
 
 EVAL_FILE = "eval.json"
 
@@ -67,9 +74,9 @@ class AnswerRecord(BaseModel):
     response_probability: float | None = None  # the product itself, abstention or not
     mean_token_prob: float  # geometric mean of the response's token probabilities
     n_tokens: int
-    finished: bool  # ended with <|end|> (the few-shot prompt: a newline) within max_answer_tokens
+    finished: bool  # ended with <|end|> (the few-shot prompt: a newline) within max_new_tokens
     parsed: int | None = None  # the integer the response states; None: it states none
-    in_train_range: bool | None = None  # operands within EvalConfig.train_max_operand; None: not set
+    in_train_range: bool | None = None  # operands within the task's trained range; None: no outer range asked
 
 
 class EvaluatedModel(BaseModel):
@@ -105,7 +112,7 @@ class EvalResult(BaseModel):
     answer_calibration: CalibrationReport | None = None
     answer_bins: ReliabilityBins | None = None
     answer_selective: SelectiveReport | None = None
-    answer_in_range: Proportion | None = None  # on the questions within EvalConfig.train_max_operand
+    answer_in_range: Proportion | None = None  # on the questions within the arithmetic task's trained range
     answer_abstention: AbstentionReport | None = None  # accuracy, abstention, hallucination, answered accuracy
     answers: list[AnswerRecord] = Field(default_factory=list)
     choice_calibration: CalibrationReport | None = None
@@ -153,25 +160,19 @@ class EvalResult(BaseModel):
 # ----------------------------------------------------------------------------- answer level
 
 
-def few_shot_examples(cfg: EvalConfig) -> list:
-    """The worked examples of the few-shot prompt: from the "sft" split, so never an eval question."""
-    from tasks.eval.arithmetic import make_problems
-
-    max_operand = cfg.train_max_operand if cfg.train_max_operand is not None else cfg.arithmetic_max_operand
-    return make_problems(cfg.few_shot, cfg.seed, max_operand=max_operand, ops=cfg.arithmetic_ops, split="sft")
+def few_shot_examples(cfg: EvalConfig, task: ArithmeticTask) -> list:
+    """The worked examples of the few-shot prompt: from the "sft" split of the trained range, so never an eval question."""
+    return task.problems(cfg.few_shot, cfg.seed, split="sft")
 
 
 def answer_records(model: Transformer, tokenizer, problems: Sequence, cfg: EvalConfig,
                    shots: Sequence | None = None, progress: Tracker | None = None) -> list[AnswerRecord]:
     """Greedy response to each problem via the chat template, scored by `cfg.reward`; with `shots`, via the
     few-shot completion prompt, scored by `integer_exact`."""
-    from tasks.eval.answers import greedy_answers
-    from tasks.eval.rewards import get_reward, is_abstention, parse_answer, parse_integer
-
     reward = get_reward(cfg.reward if shots is None else "integer_exact")
     parse = parse_answer if shots is None else parse_integer
     records = []
-    for a in greedy_answers(model, tokenizer, problems, cfg.max_answer_tokens, cfg.answer_batch_size, shots, progress):
+    for a in greedy_answers(model, tokenizer, problems, cfg.max_new_tokens, cfg.answer_batch_size, shots, progress):
         abstained = shots is None and is_abstention(a.text)  # the few-shot prompt has no way to abstain
         probability = float(math.exp(a.logprob))
         records.append(AnswerRecord(
@@ -213,22 +214,13 @@ def scored_answers(confidences: Sequence[float], correct: Sequence[bool],
     return report, bins, selective
 
 
-def in_train_range(question: str, max_operand: int) -> bool:
-    """Whether both operands of the question lie in [0, max_operand], the range SFT/GRPO trained on."""
-    from tasks.eval.arithmetic import parse_question
-
-    a, _, b = parse_question(question)
-    return 0 <= a <= max_operand and 0 <= b <= max_operand
-
-
-def answer_metrics(model: Transformer, tokenizer, problems: Sequence, cfg: EvalConfig, few_shot: bool = False,
-                   progress: EvalProgress | None = None) -> dict:
-    """The answer-level and multiple-choice fields of an EvalResult."""
-    shots = few_shot_examples(cfg) if few_shot else None
+def answer_metrics(model: Transformer, tokenizer, problems: Sequence, cfg: EvalConfig, task: ArithmeticTask,
+                   few_shot: bool = False, progress: EvalProgress | None = None) -> dict:
+    """The answer-level and multiple-choice fields of an EvalResult; with an outer range, the trained range's too."""
+    shots = few_shot_examples(cfg, task) if few_shot else None
     answers = answer_records(model, tokenizer, problems, cfg, shots, progress.part("answers") if progress else None)
-    if cfg.train_max_operand is not None:
-        answers = [a.model_copy(update={"in_train_range": in_train_range(a.question, cfg.train_max_operand)})
-                   for a in answers]
+    if task.has_outer_range:
+        answers = [a.model_copy(update={"in_train_range": task.in_range(a.question)}) for a in answers]
     out: dict = {"answer_format": "few_shot" if few_shot else "chat", "answers": answers}
     if any(a.parsed is not None or a.abstained for a in answers):  # else n/a: a model that gave no answer has no accuracy to calibrate
         conf, correct = [a.confidence for a in answers], [a.correct for a in answers]
@@ -256,18 +248,20 @@ def evaluate_model(
     cfg: EvalConfig | None = None,
     few_shot: bool = False,
     label: str | None = None,
+    task: ArithmeticTask | None = None,
 ) -> EvalResult:
     """Token-level metrics on `val_tokens` (bits per byte with a tokenizer), plus answer-level metrics when
     tokenizer and problems are given (asked with the few-shot completion prompt when `few_shot`, else the chat template).
-    With `label` (the model's name), progress lines with an ETA say how far it is."""
-    cfg = cfg or EvalConfig()
+    With `label` (the model's name), progress lines with an ETA say how far it is. `task`: the problems' arithmetic
+    task (its trained range and few-shot examples; default ArithmeticTask())."""
+    cfg, task = cfg or EvalConfig(), task or ArithmeticTask()
     asks = tokenizer is not None and bool(problems)
     parts = ["tokens"] + (["answers"] + (["choices"] if cfg.multiple_choice else []) if asks else [])
     progress = EvalProgress(label, parts) if label is not None else None
     fields = token_metrics(model, val_tokens, cfg, token_bytes(tokenizer) if tokenizer is not None else None,
                            progress.part("tokens") if progress else None)
     if asks:
-        fields.update(answer_metrics(model, tokenizer, problems, cfg, few_shot, progress))
+        fields.update(answer_metrics(model, tokenizer, problems, cfg, task, few_shot, progress))
     if progress is not None:
         progress.done()
     return EvalResult(**fields)
@@ -286,25 +280,20 @@ def evaluate_checkpoint(
     cfg: EvalConfig,
     out_dir: Path,
     name: str | None = None,
+    task: ArithmeticTask | None = None,
 ) -> EvalResult:
-    """Evaluate a saved model (safetensors + config.json) on the val split; write eval.json (its reliability
-    diagrams are the report's: tasks/reports/eval.write_reliability_diagrams)."""
-    from infra.workspace.record import sha256_file
-    from models.export import WEIGHTS, load_model
-    from tasks.eval.arithmetic import make_problems
-    from tasks.tokenizer.tokenize_shards import load_token_split
-    from tasks.tokenizer.train import load_tokenizer
-
+    """Evaluate a saved model (safetensors + config.json) on the val split and the arithmetic task's questions; write
+    eval.json (its reliability diagrams are the report's: tasks/reports/eval.write_reliability_diagrams)."""
+    task = task or ArithmeticTask()
     model = load_model(Path(model_dir), map_location=_pick_device(cfg.device))
     val = load_token_split(Path(tokens_dir), "val")
     tokenizer = load_tokenizer(Path(tokenizer_path)) if tokenizer_path is not None else None
     problems = None
     if tokenizer is not None and cfg.n_questions > 0:
-        problems = make_problems(
-            cfg.n_questions, cfg.seed, max_operand=cfg.arithmetic_max_operand, ops=cfg.arithmetic_ops, split="eval"
-        )
+        problems = task.questions(cfg.n_questions, cfg.seed)
     label = name or Path(model_dir).name
-    result = evaluate_model(model, val, tokenizer, problems, cfg, few_shot=label in cfg.few_shot_models, label=label)
+    result = evaluate_model(model, val, tokenizer, problems, cfg, few_shot=label in cfg.few_shot_models, label=label,
+                            task=task)
     result.model = EvaluatedModel(stage=label, model_dir=str(model_dir),
                                   weights_sha256=sha256_file(Path(model_dir) / WEIGHTS))
     write_text_atomic(Path(out_dir) / EVAL_FILE, result.model_dump_json(indent=2))
@@ -320,13 +309,13 @@ def load_eval_result(out_dir: Path) -> EvalResult:
 
 
 class Evaluate(Stage):
-    """One model's calibration and answers on the validation tokens and arithmetic questions:
+    """One model's calibration and answers on the validation tokens and the arithmetic task's questions:
     work/eval/<key>/eval.json. `label` names the model (base, sft, grpo): the few-shot prompt depends on it."""
 
     name, store, Config, Result = "evaluate", "eval", EvalConfig, EvalResult
-    inputs = ("model", "tokens", "tokenizer", "label")
+    inputs = ("model", "tokens", "tokenizer", "label", "task")
     run_name = "evaluate-{inputs[label]}"
 
     def compute(self, inputs: dict, out_dir: Path) -> EvalResult:
         return evaluate_checkpoint(inputs["model"], inputs["tokens"], inputs["tokenizer"], self.config, out_dir,
-                                   inputs["label"])
+                                   inputs["label"], inputs["task"])

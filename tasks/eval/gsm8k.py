@@ -17,6 +17,8 @@ from typing import Any
 from infra.config import StrictModel
 from tasks.eval.rewards import GSM8K_MARK, reference_number
 
+# `datasets` (seconds to import) is imported only when GSM8K problems are loaded.
+
 
 @dataclass(frozen=True)
 class Gsm8kProblem:

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
+from pydantic_core import PydanticCustomError
+
 RewardFn = Callable[[str, Any], float]
 
 # The registry is the one piece of module state here, on purpose: registering a reward
@@ -56,8 +58,6 @@ def get_reward(name: str) -> RewardFn:
 
 def check_reward_names(key: str, names: list[str]) -> None:
     """Refuse names no reward is registered under, as a config's error naming `key` and the registered ones."""
-    from pydantic_core import PydanticCustomError
-
     unknown = [n[:80] for n in names if n not in REWARDS][:5]
     if unknown:
         raise PydanticCustomError("unknown_reward", "{detail}", {"detail": (

@@ -20,30 +20,25 @@ from typing import TYPE_CHECKING
 import markdown as markdown_lib
 from pydantic import BaseModel
 
-from infra.workspace.atomic import write_json_atomic, write_text_atomic
 from infra.config import ConfigError, config_hash, read_json
-from infra.workspace.paths import Workspace, point_latest
-from infra.tracking.provenance import mlflow_ui_url
-from infra.tracking.runs import active_run, describe_stage_runs, log_artifact, log_metrics, metric_history, set_tag
 from infra.tracking.history import StageTime, child_run, stage_times
 from infra.tracking.identity import RunIdentity, stage_precision
+from infra.tracking.provenance import mlflow_ui_url
+from infra.tracking.runs import active_run, describe_stage_runs, log_artifact, log_metrics, metric_history, set_tag
+from infra.workspace.atomic import write_json_atomic, write_text_atomic
+from infra.workspace.paths import Workspace, point_latest
 from tasks.data.funnel import funnel_markdown, funnel_totals
 from tasks.data.manifest import load_manifest
 from tasks.eval.differences import stage_differences
 from tasks.eval.evaluate import EvalResult
 from tasks.eval.intervals import proportion, proportion_of
 from tasks.reports.data import publish_prefect_artifact
-from tasks.reports.eval import (
-    comparison_table,
-    differences_table,
-    selective_table,
-    write_accuracy_coverage,
-    write_comparison,
-)
-from tasks.training.loss_curve import loss_curve_png
+from tasks.reports.eval import (comparison_table, differences_table, selective_table, write_accuracy_coverage,
+                                write_comparison)
 from tasks.reports.headline import headline_metrics
 from tasks.reports.register import lineage_tags, register_final_model
 from tasks.reports.run_header import identity_lines, stage_lines, wall_row
+from tasks.training.loss_curve import loss_curve_png
 
 if TYPE_CHECKING:  # only for annotations: the report reads results, it never runs a training stage
     from tasks.training.grpo.stage import GrpoResult

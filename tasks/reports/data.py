@@ -5,12 +5,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from infra.workspace.atomic import write_text_atomic
+from infra.tracking.provenance import artifact_key
 from infra.tracking.runs import active_run, log_artifact, log_dataset_input, log_metrics, set_tag
+from infra.workspace.atomic import write_text_atomic
+from infra.workspace.record import sha256_file
 from tasks.data.funnel import funnel_markdown, funnel_totals
 from tasks.data.manifest import load_manifest
-from infra.workspace.record import sha256_file
 from tasks.reports.plots import funnel_png
+
+# prefect is imported inside the functions that use it: about 1.5 s that a rank, `llmforge --help` and the CLI's
+# quick errors do not pay.
 
 
 def data_report_markdown(manifest_path: Path) -> str:
@@ -32,7 +36,6 @@ def publish_prefect_artifact(markdown: str, key: str = "funnel") -> str | None:
     from prefect.artifacts import create_markdown_artifact
     from prefect.context import FlowRunContext
 
-    from infra.tracking.provenance import artifact_key
 
     ctx = FlowRunContext.get()
     if ctx is None or ctx.flow_run is None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from infra.workspace.atomic import write_text_atomic
 from infra.tracking.runs import active_run, log_artifact, log_metrics
+from infra.workspace.atomic import write_text_atomic
 from models.calibration import CalibrationReport, ReliabilityBins
 from tasks.eval.differences import PAIRED_LEVELS, difference_metrics, stage_differences
 from tasks.eval.evaluate import EVAL_FILE, EvalResult

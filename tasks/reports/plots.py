@@ -5,7 +5,7 @@ display needed) and written atomically, so a reader never sees half a PNG.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +34,8 @@ def _bin_arrays(bins: ReliabilityBins) -> tuple[np.ndarray, ...]:
 
 def _bin_wilson(acc: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distances from each non-empty bin's accuracy down and up to its Wilson 95% bounds (error bars)."""
+    # Imported here: tasks/eval/intervals.py imports torch (models/calibration.py), and the data flow's process draws
+    # its funnel with this module without loading torch.
     from tasks.eval.intervals import wilson_interval
 
     bounds = np.array([wilson_interval(int(round(a * c)), int(c)) for a, c in zip(acc, counts)]).reshape(-1, 2)

@@ -16,11 +16,15 @@ Anyone can then load the champion with MLflow or transformers alone:
 from __future__ import annotations
 
 import hashlib
+from importlib.metadata import version
 from pathlib import Path
 
 from infra.tracking.runs import active_run
-from models.chat_template import PROMPT_TEMPLATE
 from infra.workspace.record import sha256_file
+from models.chat_template import PROMPT_TEMPLATE
+
+# mlflow and its transformers flavor (transformers, huggingface_hub: seconds to import) load only when a model
+# is registered, at the end of a pipeline run.
 
 DESCRIPTION = "Final model of the llmforge pipeline (transformers LlamaForCausalLM, chat template, text-generation)"
 INPUT_EXAMPLE = "What is 3 + 4?"
@@ -62,8 +66,6 @@ def register_model(
     without the caller knowing the template. The registered model is created on first use;
     returns the new version number.
     """
-    from importlib.metadata import version
-
     import mlflow
     import transformers
     from huggingface_hub import ModelCard

@@ -2,13 +2,14 @@
 what was measured, as Markdown with figures in the sweep's folder, an MLflow artifact and a Prefect artifact."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from infra.workspace.atomic import write_text_atomic
 from infra.tracking.runs import log_artifacts, log_metrics
+from infra.workspace.atomic import write_text_atomic
 from models.scaling_bootstrap import ScalingBootstrap, ScalingIntervals
 from tasks.reports.data import publish_prefect_artifact
 from tasks.reports.scaling_plots import contours_png, frontier_png, isoflop_png
@@ -66,8 +67,6 @@ def scale_report_markdown(points: Sequence[MeasuredPoint], train_tokens: int, sb
 
 
 def _exp(log_k: float) -> str:
-    import math
-
     return f"{math.exp(log_k):.3g}"
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from models.scaling_bootstrap import ScalingBootstrap
 from infra.workspace.atomic import write_figure_atomic
+from models.scaling_bootstrap import ScalingBootstrap
 from tasks.training.scaling.prediction import Prediction
 from tasks.training.scaling.sweep import MeasuredPoint
 

@@ -19,15 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from infra.stages import Stage
 from pydantic import BaseModel, Field
 
 from infra.config import StrictModel
-from models.special_tokens import EOS
+from infra.stages import Stage
 from infra.workspace.atomic import atomic_path, commit_atomic, write_text_atomic
+from infra.workspace.record import sha256_file
+from models.special_tokens import EOS
 from tasks.data.documents import iter_batches
 from tasks.data.manifest import ChecksumError, shard_paths
-from infra.workspace.record import sha256_file
 from tasks.tokenizer.train import TOKENIZER_FILE, load_tokenizer, special_token_ids
 
 INDEX_FILE = "index.json"
@@ -255,7 +255,7 @@ def unigram_perplexity(out_dir: Path) -> float:
 class TokenizeShards(Stage):
     """The manifest's shards as token files with train/val splits: work/tokens/<key>/."""
 
-    name, store, Config, Result = "tokenize-shards", "tokens", TokenizeConfig, TokenShards
+    name, store, Config, Result = "tokenize_shards", "tokens", TokenizeConfig, TokenShards
     inputs = ("manifest", "tokenizer")
 
     def compute(self, inputs: dict, out_dir: Path) -> TokenShards:

@@ -12,13 +12,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
-from infra.stages import Stage
 from pydantic import Field
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from infra.config import StrictModel
-from models.special_tokens import SPECIAL_TOKENS
+from infra.stages import Stage
 from infra.workspace.atomic import atomic_write
+from models.special_tokens import SPECIAL_TOKENS
 from tasks.data.documents import iter_batches
 from tasks.data.manifest import load_manifest, shard_paths
 
@@ -136,7 +136,7 @@ def special_token_ids(tokenizer: Tokenizer, origin: str = "tokenizer") -> dict[s
 class TrainTokenizer(Stage):
     """A byte-level BPE tokenizer trained on the manifest's shards: work/tokenizer/<key>/; its path."""
 
-    name, store, Config, Result = "train-tokenizer", "tokenizer", TokenizerConfig, Path
+    name, store, Config, Result = "train_tokenizer", "tokenizer", TokenizerConfig, Path
     inputs = ("manifest",)
 
     def compute(self, inputs: dict, out_dir: Path) -> Path:

@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from infra.workspace.atomic import write_text_atomic
-from tasks.data.manifest import ChecksumError
 from infra.workspace.record import sha256_file
+from tasks.data.manifest import ChecksumError
 from tasks.training.distributed import all_gather
 
 CKPT_TAG_PREFIX = "step"

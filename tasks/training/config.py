@@ -17,16 +17,17 @@ Torch-free: `flows/config.py` composes these without importing torch into the da
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from infra.config import StrictModel
-from infra.launch.hostfile import HostfilePath
+from infra.launch.hostfile import HostfilePath, hostfile_nodes
+from models.presets import PRESETS
+from tasks.eval.arithmetic import ArithmeticTask, problem_capacity
 from tasks.eval.gsm8k import Gsm8kSource
 from tasks.eval.rewards import check_reward_names
-from tasks.eval.arithmetic import problem_capacity
 
 Zero = Literal["zero0", "zero1", "zero2", "zero3", "zero2_offload"]
 Precision = Literal["fp32", "bf16", "auto"]
@@ -74,8 +75,6 @@ class LaunchConfig(StrictModel):
     @property
     def world_size(self) -> int:
         """Ranks in all: num_procs on each node of the hostfile (one node without one)."""
-        from infra.launch.hostfile import hostfile_nodes
-
         return self.num_procs * (len(hostfile_nodes(self.hostfile)) if self.hostfile is not None else 1)
 
     @property
@@ -124,17 +123,19 @@ class BatchConfig(StrictModel):
         return self.micro_batch_size * self.seq_len * self.grad_accum * world
 
 
-class TrainingConfig(Protocol):
-    """What the training loop (tasks/training/loop.py) reads: PretrainConfig and SftConfig have it."""
+class TrainingConfig(StrictModel):
+    """What every training stage has, and what the one loop (tasks/training/loop.py) reads: its steps and seed, the
+    non-finite policy, the export, and the shared components. A stage adds its own keys and, where its defaults
+    differ, a subclass of a component (SftOptim, GrpoLaunch, ...)."""
 
-    steps: int
-    seed: int
-    max_bad_steps: int
-    batch: BatchConfig
-    optim: OptimConfig
-    launch: LaunchConfig
-    checkpoint: CheckpointConfig
-    log: LogConfig
+    steps: int = Field(default=100, gt=0)
+    seed: int = 0
+    max_bad_steps: int = Field(default=5, gt=0)  # consecutive non-finite steps before failing
+    export_hf: bool = True  # also write a transformers.LlamaForCausalLM folder
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
 
 
 # Settings that may differ between a run and its resume without changing what is trained.
@@ -143,24 +144,14 @@ RESUME_NEUTRAL = frozenset({"log", "checkpoint", "max_bad_steps", "export_hf", "
                             "launch.rank_timeout_s"})
 
 
-class PretrainConfig(StrictModel):
+class PretrainConfig(TrainingConfig):
     model: str = "demo"  # a models/presets.py name
     model_overrides: dict[str, int | float | bool] = Field(default_factory=dict)
-    steps: int = Field(default=100, gt=0)
-    seed: int = 0
-    max_bad_steps: int = Field(default=5, gt=0)  # consecutive non-finite steps before failing
-    export_hf: bool = True  # also write a transformers.LlamaForCausalLM folder
     batch: BatchConfig = Field(default_factory=BatchConfig)
-    optim: OptimConfig = Field(default_factory=OptimConfig)
-    launch: LaunchConfig = Field(default_factory=LaunchConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    log: LogConfig = Field(default_factory=LogConfig)
 
     @field_validator("model")
     @classmethod
     def _known_model(cls, name: str) -> str:
-        from models.presets import PRESETS
-
         if name not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)} (models/presets.py)")
         return name
@@ -170,58 +161,65 @@ SftBuiltin = Literal["stdlib_docstrings", "arithmetic"]  # the built-in SFT sets
 
 
 class ArithmeticSftOptions(StrictModel):
+    """The built-in arithmetic SFT set: how many sums of the task's trained range, and how many of its abstention
+    range answered "I don't know" (the ranges and ops are the pipeline's `arithmetic:` section)."""
+
     n: int = Field(default=400, gt=0)
     seed: int = 0
-    max_operand: int = Field(default=20, ge=0)
-    ops: str = "+-"
-    # Abstention: `abstain_n` more questions with an operand in (max_operand, abstain_max_operand],
-    # answered "I don't know" (tasks/eval/rewards.ABSTENTION), so the model learns the one way to abstain.
+    # Abstention: `abstain_n` more sums from the abstention range, answered "I don't know" (tasks/eval/rewards.ABSTENTION),
+    # so the model learns the one way to abstain.
     abstain_n: int = Field(default=0, ge=0)
-    abstain_max_operand: int | None = Field(default=None, ge=0)
-    # This many more such questions, held out for validation only (never trained on, whatever val_fraction says), so
-    # that the validation set checks the abstention too and grows without taking examples from training. Drawn after
-    # the abstain_n ones from the same sequence: the abstain_n trained on stay the same sums.
+    # This many more such sums, for validation only (never trained on, whatever val_fraction says): the validation set
+    # checks the abstention too without taking examples from training. Drawn after the abstain_n ones.
     val_abstain_n: int = Field(default=0, ge=0)
-    # The abstained questions have an operand above this (default max_operand). Above max_operand, it leaves a band
-    # of sums SFT neither answers nor abstains on: where the model's knowledge ends there is GRPO's to find.
+    # The abstained sums have an operand above this (default arithmetic.max_operand). Above it, it leaves a band of
+    # sums SFT neither answers nor abstains on: where the model's knowledge ends is GRPO's to find.
     abstain_above: int | None = Field(default=None, ge=0)
-    # This many of the n questions inside the range answered "I don't know" instead (drawn by seed), so that "I don't
-    # know" has a prior inside the range for GRPO to move: up where the policy is wrong, down where it is right.
-    # Off by default (BENCHMARKS.md "An abstention prior inside the range": GRPO turned those abstentions into answers).
+    # This many of the n sums inside the range answered "I don't know" instead (drawn by seed): a prior inside the
+    # range for GRPO to move (docs/experiments/2026-12-07-abstention-prior-inside-the-range.md).
     abstain_in_range: int = Field(default=0, ge=0)
 
-    @property
-    def abstained_above(self) -> int:
-        """The abstained questions have an operand above this: abstain_above, else max_operand."""
-        return self.max_operand if self.abstain_above is None else self.abstain_above
+    @model_validator(mode="before")
+    @classmethod
+    def _range_is_the_tasks(cls, data: Any) -> Any:
+        moved = {"max_operand": "max_operand", "ops": "ops", "abstain_max_operand": "abstain_max_operand"}
+        for key in moved if isinstance(data, dict) else ():
+            if key in data:
+                raise ValueError(f"key '{key}' of the arithmetic SFT options is now the pipeline's "
+                                 f"'arithmetic.{moved[key]}' (one section that SFT, GRPO and the evaluation read)")
+        return data
 
     @model_validator(mode="after")
-    def _abstain_range(self) -> "ArithmeticSftOptions":
-        unsure = self.abstain_n + self.val_abstain_n
-        if unsure and (self.abstain_max_operand is None or self.abstain_max_operand <= self.max_operand):
-            name = "abstain_n" if self.abstain_n else "val_abstain_n"
-            raise ValueError(f"{name}={getattr(self, name)} needs abstain_max_operand above max_operand="
-                             f"{self.max_operand} (got {self.abstain_max_operand}): the abstained questions lie outside "
-                             "the trained range")
+    def _abstain_in_range_at_most_n(self) -> "ArithmeticSftOptions":
         if self.abstain_in_range > self.n:
             raise ValueError(f"abstain_in_range={self.abstain_in_range} must be at most n={self.n}: it picks which of "
                              "the n questions inside the range are answered \"I don't know\"")
-        above = self.abstain_above
-        if above is not None and not (self.max_operand <= above < (self.abstain_max_operand or 0)):
-            raise ValueError(f"abstain_above={above} must lie in [max_operand={self.max_operand}, abstain_max_operand="
-                             f"{self.abstain_max_operand}): the abstained questions have an operand above it")
-        # Counted here, not in a rank after its launch, where make_problems would refuse too many.
-        if self.n > (inside := problem_capacity(self.max_operand, self.ops, "sft")):
-            raise ValueError(f"n={self.n}, but only {inside} questions of the sft split have operands up to "
-                             f"max_operand={self.max_operand} with ops={self.ops!r}: lower n or raise max_operand")
-        if unsure:
-            above = self.abstained_above
-            room = problem_capacity(self.abstain_max_operand or 0, self.ops, "sft", above)
-            if unsure > room:
-                raise ValueError(f"abstain_n + val_abstain_n = {self.abstain_n} + {self.val_abstain_n} = {unsure}, "
-                                 f"but only {room} questions of the sft split have an operand in ({above}, "
-                                 f"{self.abstain_max_operand}]: lower them or raise abstain_max_operand")
         return self
+
+    def abstained_above(self, task: ArithmeticTask) -> int:
+        """The abstained sums have an operand above this: abstain_above, else the task's trained range."""
+        return task.max_operand if self.abstain_above is None else self.abstain_above
+
+    def check(self, task: ArithmeticTask, where: str = "sft.data.arithmetic") -> None:
+        """A ValueError naming `where` when the task's ranges cannot give these sums: counted here, on the stage side
+        or when the config is read, not in a rank after its launch."""
+        if self.n > (inside := problem_capacity(task.max_operand, task.ops, "sft")):
+            raise ValueError(f"{where}.n={self.n}, but only {inside} sums of the sft split have operands up to "
+                             f"arithmetic.max_operand={task.max_operand} with ops={task.ops!r}: lower n or raise "
+                             "arithmetic.max_operand")
+        unsure = self.abstain_n + self.val_abstain_n
+        if not unsure:
+            return
+        name = f"{where}.abstain_n" if self.abstain_n else f"{where}.val_abstain_n"
+        top = task.abstention_range(name)
+        above = self.abstained_above(task)
+        if not task.max_operand <= above < top:
+            raise ValueError(f"{where}.abstain_above={above} must lie in [arithmetic.max_operand={task.max_operand}, "
+                             f"arithmetic.abstain_max_operand={top}): the abstained sums have an operand above it")
+        if unsure > (room := problem_capacity(top, task.ops, "sft", above)):
+            raise ValueError(f"{where}.abstain_n + val_abstain_n = {self.abstain_n} + {self.val_abstain_n} = {unsure}, "
+                             f"but only {room} sums of the sft split have an operand in ({above}, {top}]: lower them "
+                             "or raise arithmetic.abstain_max_operand")
 
 
 class SftDataConfig(StrictModel):
@@ -246,11 +244,8 @@ class SftOptim(OptimConfig):
     weight_decay: float = Field(default=0.0, ge=0.0)
 
 
-class SftConfig(StrictModel):
+class SftConfig(TrainingConfig):
     steps: int = Field(default=200, gt=0)
-    seed: int = 0
-    max_bad_steps: int = Field(default=5, gt=0)
-    export_hf: bool = True
     data: SftDataConfig = Field(default_factory=SftDataConfig)
     # Share of each micro-batch's sequences that are windows of seq_len pretraining tokens (the
     # token shards the flow passes in), trained with next-token loss on every token: without it,
@@ -258,9 +253,6 @@ class SftConfig(StrictModel):
     replay_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
     batch: SftBatch = Field(default_factory=SftBatch)
     optim: SftOptim = Field(default_factory=SftOptim)
-    launch: LaunchConfig = Field(default_factory=LaunchConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    log: LogConfig = Field(default_factory=LogConfig)
 
     @model_validator(mode="after")
     def _no_pipeline(self) -> "SftConfig":
@@ -311,13 +303,10 @@ class GrpoLog(LogConfig):
     every: int = Field(default=1, gt=0)  # every step's rollout metrics
 
 
-class GrpoConfig(StrictModel):
+class GrpoConfig(TrainingConfig):
     """One GRPO run: the groups it samples, its rewards, the problems it trains and scores on."""
 
     steps: int = Field(default=50, gt=0)
-    seed: int = 0
-    max_bad_steps: int = Field(default=5, gt=0)
-    export_hf: bool = True
     group_size: int = Field(default=8, ge=2)  # completions per prompt (G)
     prompts_per_step: int = Field(default=8, gt=0)
     # DAPO's dynamic sampling (rollouts.informative_groups): draw prompts_per_step x oversample prompts a step and
@@ -335,22 +324,18 @@ class GrpoConfig(StrictModel):
     eval_prompts: int = Field(default=64, ge=0)  # held-out prompts scored greedily before and after
     samples_every: int = Field(default=10, gt=0)  # keep sample completions every this many steps
     samples_per_step: int = Field(default=2, ge=0)
-    # arithmetic: the "grpo" split of tasks/eval/arithmetic.py to train on, its "eval" split to score on;
-    # gsm8k: word problems from `gsm8k` (train_split to train on, eval_split to score on; tasks/eval/gsm8k.py).
+    # arithmetic: the "grpo" split of the pipeline's arithmetic task (its trained range) to train on, its "eval" split
+    # to score on; gsm8k: word problems from `gsm8k` (train_split to train on, eval_split to score on; tasks/eval/gsm8k.py).
     task: Literal["arithmetic", "gsm8k"] = "arithmetic"
     gsm8k: Gsm8kSource = Field(default_factory=Gsm8kSource)
     n_train_problems: int = Field(default=200, gt=0)  # drawn from the task's training split
-    max_operand: int = Field(default=20, ge=0)  # keep equal to the SFT arithmetic options
-    ops: str = "+-"
-    # Abstention, as in the SFT arithmetic options: `abstain_n` more training problems with an operand in
-    # (max_operand, abstain_max_operand], where the policy is rarely right and the `abstain` reward teaches it
-    # to say "I don't know" instead of guessing.
+    # Abstention: `abstain_n` more training problems from the arithmetic task's abstention range, where the policy is
+    # rarely right and the `abstain` reward teaches it to say "I don't know" instead of guessing.
     abstain_n: int = Field(default=0, ge=0)
-    abstain_max_operand: int | None = Field(default=None, ge=0)
     # Completions per group replaced by the abstention (rollouts.guide_abstentions): inside the trained range the
     # SFT policy gives "I don't know" a probability near 1e-4, so without this it never samples, and never learns,
     # abstaining where it is likely wrong. Needs the `abstain` reward. A step's logged reward_mean and accuracy count
-    # the guided completions too (BENCHMARKS.md "SFT's batch, and GRPO on three bases" measured it).
+    # the guided completions too.
     abstain_guidance: int = Field(default=0, ge=0)
     # Guide only the groups where at most this share of the samples the guidance leaves are right
     # (rollouts.unsure_groups); 1 guides every group. Under the abstain reward's share of a right answer's (0.3 in
@@ -386,9 +371,6 @@ class GrpoConfig(StrictModel):
 
     @model_validator(mode="after")
     def _abstain_between(self) -> "GrpoConfig":
-        if self.abstain_n and (self.abstain_max_operand is None or self.abstain_max_operand <= self.max_operand):
-            raise ValueError(f"grpo.abstain_n={self.abstain_n} needs grpo.abstain_max_operand above grpo.max_operand="
-                             f"{self.max_operand} (got {self.abstain_max_operand})")
         if self.abstain_guidance and "abstain" not in self.rewards:
             raise ValueError(f"grpo.abstain_guidance={self.abstain_guidance} needs the abstain reward in grpo.rewards "
                              "to score the guided abstentions, e.g. abstain: 0.3")

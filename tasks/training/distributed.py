@@ -18,6 +18,7 @@ from infra.launch.build_lock import BUILDING_SHM_OP
 from infra.launch.launcher import free_port, remove_shm_buffers
 from infra.launch.runner import import_deepspeed  # DeepSpeed without its unused MLflow import: ~3 s a rank
 
+
 def _shm_op_built() -> bool:
     """Whether torch's extension cache already holds DeepSpeed's compiled CPU communication op."""
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")

@@ -35,7 +35,7 @@ from tasks.training.metrics import MetricsSink, StepClock, perplexity
 from tasks.training.parallel import RankLayout, memory_record
 from tasks.training.progress import Progress, count_bad_step, log_window, on_schedule, throughput, validate
 from tasks.training.stop import StopRequest, TrainingStopped
-from tasks.training.types import Batch, BatchFn, BpbFn, Echo, LossFn, LossParts, StepStats, Steps, TrainResult
+from tasks.training.types import Batch, BatchFn, BpbFn, Echo, LossFn, LossParts, Steps, StepStats, TrainResult
 
 
 def _to_device(batch: Batch, device: torch.device) -> Batch:

@@ -27,7 +27,7 @@ from models.tensor_parallel import full_state_dict
 from tasks.training.config import LaunchConfig
 from tasks.training.distributed import all_gather
 from tasks.training.metrics import perplexity
-from tasks.training.types import StepStats, Steps
+from tasks.training.types import Steps, StepStats
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from infra.launch.launcher import resolve_precision
 from infra.launch.precision import cpu_peak_flops
 from tasks.training.config import TrainingConfig
 from tasks.training.metrics import MetricsSink, StepClock, Throughput, measure_peak_flops, model_flops_per_token
-from tasks.training.types import Echo, StepStats, Steps
+from tasks.training.types import Echo, Steps, StepStats
 
 
 class NonFiniteLossError(RuntimeError):

@@ -22,6 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -50,8 +53,6 @@ class StopRequest:
         """The signal any rank received (every rank calls this after each step, so all stop at the same one)."""
         if world <= 1:
             return self.signum
-        import torch
-        import torch.distributed as dist
 
         flag = torch.tensor([float(self.signum or 0)])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)

@@ -53,13 +53,14 @@ def _wait_for_group_to_end(pgid: int, others: list[psutil.Process], timeout: flo
         time.sleep(0.05)
 
 
-def run_killed(stage: str, cfg: BaseModel, inputs: dict[str, Path | None], out: Path, ws: Path,
+def run_killed(stage: str, cfg: BaseModel, inputs: dict[str, Any], out: Path, ws: Path,
                total_steps: int, timeout: float = 300) -> int:
     """Launch stage `stage` ("module:Class") into `out` in a driver subprocess and SIGKILL its process group
     once 'latest' names a checkpoint; the step of the checkpoint a rerun resumes from."""
     ckpt = out / "checkpoints"
     log_path = out.parent / f"{out.name}-killed.log"
-    paths = {k: str(v) if v is not None else None for k, v in inputs.items()}
+    paths = {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else None if v is None else str(v)
+             for k, v in inputs.items()}  # a path as a string; a config section (the arithmetic task) as a dict
     args = [stage, cfg.model_dump_json(), str(out), str(ws), json.dumps(paths)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
     with open(log_path, "w") as log:

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.data.documents import Document, documents_table, write_table_atomic
-from tasks.data.minhash_dedup import NearDedupConfig, near_dedup
+from tasks.data.near_dedup import NearDedupConfig, near_dedup
 
 
 def gram_set(text: str, n: int = 5) -> set[tuple[str, ...]]:

@@ -27,18 +27,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import (
-    ROOT,
-    grpo_config,
-    launch_into,
-    saved_tokenizer,
-    sft_config,
-    small_alphabet_bpe,
-    tiny_llama,
-    tiny_pretrain_config,
-    write_token_shards,
-    write_word_tokenizer,
-)
+from tasks.eval.arithmetic import ArithmeticTask
+from tests.conftest import (ROOT, grpo_config, launch_into, saved_tokenizer, sft_config, small_alphabet_bpe, tiny_llama,
+                            tiny_pretrain_config, write_token_shards, write_word_tokenizer)
 from tests.helpers.shared import shared_once
 
 LINES_FILE = "lines.txt"  # what the launch streamed back, one line each
@@ -101,8 +92,9 @@ def sft_reference_config(catalog: Path):
                       data=SftDataConfig(catalog=catalog, val_fraction=0.2))
 
 
-def _sft_inputs(root: Path) -> dict[str, Path | None]:
-    return {"base": root / "base", "tokenizer": root / "tokenizer.json", "tokens": root / "tokens"}
+def _sft_inputs(root: Path) -> dict[str, Any]:
+    return {"base": root / "base", "tokenizer": root / "tokenizer.json", "tokens": root / "tokens",
+            "task": ArithmeticTask()}
 
 
 def _build_sft(root: Path) -> None:
@@ -159,11 +151,12 @@ def quick_sft(model: Any, tok: Any, steps: int = 60) -> Any:
 def grpo_reference_config():
     """6 steps of 2 prompts x 4 completions, samples kept every step, a checkpoint every 2 steps."""
     return grpo_config(group_size=4, prompts_per_step=2, max_new_tokens=12, steps=6, lr=1e-3, eval_prompts=6,
-                       n_train_problems=10, max_operand=9, ops="+", samples_every=1, ckpt_every=2, torch_threads=1)
+                       n_train_problems=10, samples_every=1, ckpt_every=2, torch_threads=1)
 
 
-def _grpo_inputs(root: Path) -> dict[str, Path | None]:
-    return {"sft": root / "sft", "tokenizer": root / "tokenizer.json"}
+def _grpo_inputs(root: Path) -> dict[str, Any]:
+    """The quick SFT model, its tokenizer, and sums of operands up to 9 (what the quick SFT taught)."""
+    return {"sft": root / "sft", "tokenizer": root / "tokenizer.json", "task": ArithmeticTask(ops="+", max_operand=9)}
 
 
 def _build_grpo(root: Path) -> None:

@@ -42,7 +42,7 @@ STAGE_STORES = ("data", "tokenizer", "tokens")
 _TOKENIZE = textwrap.dedent("""
     import sys
     from flows.config import resolve_pipeline_config
-    from flows.pretrain_flow import tokenized
+    from flows.tokens import tokenized
     from infra.workspace.paths import Workspace
 
     ws, manifest, overrides = Workspace.locate(sys.argv[1]), sys.argv[2], sys.argv[3:]

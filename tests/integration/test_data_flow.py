@@ -7,7 +7,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.data.manifest import load_manifest, shard_paths
-
 from tests.conftest import CLI, ROOT
 from tests.helpers.data_flow import make_preset, run_cli
 
@@ -50,7 +49,7 @@ def test_data_flow_end_to_end_and_cached_rerun(tmp_path, prefect_env):
     # A rerun with the same inputs and config reuses every stage's verified folder (no task runs).
     second = run_cli(["data", "--preset", str(preset), "--workdir", str(work)], prefect_env)
     log = second.stdout + second.stderr
-    for stage in ("collect", "exact_dedup", "near_dedup", "quality", "mix", "write-shards"):
+    for stage in ("collect", "exact_dedup", "near_dedup", "quality", "mix", "write_shards"):
         assert any(f"stage {stage}: reused" in line for line in log.splitlines()), (stage, log[-3000:])
     assert "Completed()" not in "\n".join(l for l in log.splitlines() if "Task run" in l)
     assert load_manifest(manifest_path).funnel == f

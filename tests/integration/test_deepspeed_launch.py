@@ -5,22 +5,13 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from infra.launch.launcher import (
-    ZERO_STAGES,
-    build_ds_config,
-    launch,
-    launch_command,
-    runner_command,
-    launch_env,
-    load_zero_json,
-    resolve_precision,
-)
+from infra.launch.launcher import (ZERO_STAGES, build_ds_config, launch, launch_command, launch_env, load_zero_json,
+                                   resolve_precision, runner_command)
 from tests.conftest import ROOT, launch_into, tiny_pretrain_config
 from tests.helpers.references import zero2_two_rank  # noqa: F401 - the shared 2-rank ZeRO-2 run
 
@@ -184,8 +175,8 @@ def test_two_rank_zero2_pretraining_through_the_launcher(zero2_two_rank):  # noq
     """The shared 2-rank ZeRO-2 run (tests/helpers/references.py; test_multinode compares with it)."""
     import mlflow
 
+    from infra.tracking.store import tracking_uri
     from infra.workspace.paths import Workspace
-    from infra.tracking.runs import tracking_uri
     from models.export import load_model
 
     vocab = 120

@@ -446,7 +446,7 @@ def check_pipeline_run_and_its_rerun(deployed: dict, client, exp, parent) -> Non
     # The rerun: every stage's inputs and config are unchanged, so no training runs again.
     rerun = deployed["rerun"]
     assert rerun is not None and rerun["state_type"] == "COMPLETED", (rerun and rerun["state"], rerun_log[-3000:])
-    for name in ("train-tokenizer", "tokenize-shards", "pretrain", "sft", "grpo", "evaluate"):
+    for name in ("train_tokenizer", "tokenize_shards", "pretrain", "sft", "grpo", "evaluate"):
         assert any(f"stage {name}: reused" in line for line in rerun_log.splitlines()), (name, rerun_log[-3000:])
     assert "launching:" not in rerun_log  # no DeepSpeed launch on the rerun
     # It is a repeat of the first pipeline run and says so, with every stage output reused.
@@ -498,8 +498,8 @@ def test_prefect_ui_shows_the_deployed_runs_and_report(deployed):
 
 @pytest.mark.slow
 def test_mlflow_server_script_shows_workspace_runs_and_artifacts(tmp_path, isolated_env, services):
-    from infra.workspace.paths import Workspace
     from infra.tracking.runs import log_artifact, stage_run
+    from infra.workspace.paths import Workspace
 
     # A run logged the way the flows log it (no MLFLOW_TRACKING_URI: SQLite in the workspace).
     ws = Workspace(tmp_path / "work")

@@ -13,7 +13,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from models.export import load_model, save_model  # noqa: E402
 from models.llama import ModelConfig, Transformer  # noqa: E402
-from tasks.eval.arithmetic import make_problems  # noqa: E402
+from tasks.eval.arithmetic import ArithmeticTask, make_problems  # noqa: E402
 from tasks.training.grpo.stage import Grpo  # noqa: E402
 from tests.conftest import grpo_config, launch_into, saved_tokenizer, small_alphabet_bpe  # noqa: E402
 from tests.helpers.references import grpo_reference  # noqa: E402,F401 - the shared GRPO run
@@ -35,8 +35,8 @@ def test_stage_config_checks(tmp_path, tok):
     model_dir = save_model(Transformer(ModelConfig(vocab_size=tok.get_vocab_size(), dim=16, n_layers=1, n_heads=2,
                                                    n_kv_heads=1, ffn_hidden=32, max_seq_len=64)), tmp_path / "m")
     with pytest.raises(ValueError, match="distinct problems"):  # before anything is launched
-        launch_into(Grpo(grpo_config(n_train_problems=500, max_operand=5)), tmp_path / "out", tmp_path / "ws",
-                    sft=model_dir, tokenizer=tok_path)
+        launch_into(Grpo(grpo_config(n_train_problems=500)), tmp_path / "out", tmp_path / "ws",
+                    sft=model_dir, tokenizer=tok_path, task=ArithmeticTask(max_operand=5))
     assert not (tmp_path / "out").exists()
 
 
@@ -60,8 +60,8 @@ def test_grpo_stage_through_the_launcher(grpo_reference):  # noqa: F811
     assert result.before.mean_reward >= 0.1 * 0.5
     assert result.skipped_steps == 0
     # distinct_answers counts the different integers in the greedy answers; recount them here.
-    from tasks.training.grpo.rollouts import sample_rollouts
     from tasks.eval.rewards import parse_answer
+    from tasks.training.grpo.rollouts import sample_rollouts
 
     for side, model_dir in (("before", sft_dir), ("after", result.model_dir)):
         greedy = sample_rollouts(load_model(model_dir), tok, make_problems(6, 0, 9, "+", split="eval"), 1, 12,
@@ -75,8 +75,8 @@ def test_grpo_stage_through_the_launcher(grpo_reference):  # noqa: F811
 
     import mlflow
 
+    from infra.tracking.store import tracking_uri
     from infra.workspace.paths import Workspace
-    from infra.tracking.runs import tracking_uri
 
     client = mlflow.MlflowClient(tracking_uri(Workspace.locate(ref.ws)))
     run = client.get_run(result.mlflow_run_id)

@@ -94,8 +94,8 @@ def loopback_nodes(tmp_path_factory):
 def _loss_curve(ws: Path, run_id: str) -> list[tuple[int, float]]:
     import mlflow
 
+    from infra.tracking.store import tracking_uri
     from infra.workspace.paths import Workspace
-    from infra.tracking.runs import tracking_uri
 
     client = mlflow.tracking.MlflowClient(tracking_uri(Workspace(ws)))
     return [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")]

@@ -18,9 +18,9 @@ STEPS = 4
 def _run(name: str, work: Path, inputs: tuple[Path, Path], every: int = 0):
     import mlflow
 
-    from infra.workspace.paths import Workspace
     from infra.stages import in_run
-    from infra.tracking.runs import tracking_uri
+    from infra.tracking.store import tracking_uri
+    from infra.workspace.paths import Workspace
     from tasks.training.pretrain.stage import Pretrain
 
     parallel = _bench()

@@ -12,13 +12,13 @@ import sys
 import pytest
 import torch
 
-from infra.workspace.paths import Workspace
 from infra.tracking.runs import stage_run
+from infra.workspace.paths import Workspace
 from models.chat_template import encode_chat, encode_prompt, special_ids
 from models.export import export_hf_llama
-from models.special_tokens import END_TURN, SPECIAL_TOKENS
 from models.losses import next_token_loss
 from models.sampling import generate
+from models.special_tokens import END_TURN, SPECIAL_TOKENS
 from tasks.reports.register import CHAMPION, INPUT_EXAMPLE, lineage_tags, register_final_model
 from tests.conftest import saved_tokenizer, small_alphabet_bpe, tiny_llama
 

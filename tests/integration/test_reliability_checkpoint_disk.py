@@ -11,25 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from infra.workspace.paths import Workspace
+from infra.tracking.runs import stage_run
+from infra.tracking.store import tracking_uri
 from infra.tracking.store_errors import StoreFullError
-from infra.tracking.runs import stage_run, tracking_uri
-from tasks.training.checkpoint import (
-    CKPT_SUMS_FILE,
-    checkpoint_tags,
-    latest_checkpoint_step,
-    resume_tag,
-    save_checkpoint,
-    verify_checkpoint,
-)
+from infra.workspace.paths import Workspace
+from tasks.training.batches import token_window_batches
+from tasks.training.checkpoint import (CKPT_SUMS_FILE, checkpoint_tags, latest_checkpoint_step, resume_tag,
+                                       save_checkpoint, verify_checkpoint)
 from tasks.training.engine import build_engine
-from tests.helpers.training import train
 from tasks.training.metrics import ListSink, MlflowSink
 from tasks.training.pretrain.stage import lm_loss
-from tasks.training.batches import token_window_batches
-from tests.conftest import loop_model, random_tokens
-from tests.conftest import train_config_for as cfg_for
+from tests.conftest import loop_model, random_tokens, train_config_for as cfg_for
 from tests.helpers.mounts import mounts  # noqa: F401 - the tmpfs fixture
+from tests.helpers.training import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CKPT_BYTES = 288_000  # about what one checkpoint of loop_model takes (weights + AdamW moments)

@@ -7,14 +7,12 @@ import shutil
 import pytest
 
 from tasks.data.manifest import ChecksumError
+from tasks.training.batches import token_window_batches
 from tasks.training.checkpoint import CKPT_SUMS_FILE, checkpoint_tags, resume_tag, verify_checkpoint
-from tests.helpers.training import train
 from tasks.training.metrics import ListSink
 from tasks.training.pretrain.stage import lm_loss
-from tasks.training.batches import token_window_batches
-from tests.conftest import loop_model as tiny_model
-from tests.conftest import random_tokens
-from tests.conftest import train_config_for as cfg_for
+from tests.conftest import loop_model as tiny_model, random_tokens, train_config_for as cfg_for
+from tests.helpers.training import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -121,7 +121,7 @@ def test_ctrl_c_then_prefect_cancel_during_pretraining(prefect_env, prefect_api,
 
     # 1. Ctrl-C in the terminal: SIGINT to the whole foreground process group.
     proc, flow_run, lines = _start_until_pretraining(env)
-    assert any("stage tokenize-shards: reused" in line for line in lines), "".join(lines[-60:])  # the seed's
+    assert any("stage tokenize_shards: reused" in line for line in lines), "".join(lines[-60:])  # the seed's
     tree = _tree(proc)
     assert any("tasks.training.rank" in " ".join(p.cmdline()) for p in tree)
     os.killpg(proc.pid, signal.SIGINT)

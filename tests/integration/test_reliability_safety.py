@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 
-
 from tests.conftest import ROOT
 
 SCANNED = ["tasks", "models", "infra", "flows", "bench"]
@@ -94,8 +93,8 @@ def test_no_unsafe_loading_or_execution_in_project_code():
 def test_secrets_never_reach_mlflow_params(tmp_path, monkeypatch):
     import mlflow
 
-    from infra.workspace.paths import Workspace
     from infra.tracking.runs import stage_run
+    from infra.workspace.paths import Workspace
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     config = {

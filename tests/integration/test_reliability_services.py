@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from flows.cli import main
-from infra.launch.launcher import free_port
 from infra.config import ConfigError
+from infra.launch.launcher import free_port
 from infra.lifecycle.preflight import ServiceUnavailable, check_services
 
 

@@ -24,7 +24,7 @@ def test_two_point_sweep_tracked_and_cached(tmp_path, prefect_env, small_stage_s
     args = ["scale", "--preset", "tiny", "--workdir", str(work)] + [a for kv in TWO_POINTS for a in ("--set", kv)]
     first = run_cli(args, prefect_env, timeout=1800)
     log = first.stdout + first.stderr
-    for name in ("write-shards", "train-tokenizer", "tokenize-shards"):  # the seed's stages, reused
+    for name in ("write_shards", "train_tokenizer", "tokenize_shards"):  # the seed's stages, reused
         assert f"stage {name}: reused" in log, (name, log[-3000:])
     assert "point 1/2 at C=4e+09: depth 1" in log and "point 2/2 at C=4e+09: depth 2" in log
     assert "no fit: sizes per budget {'4e+09': 2}" in log

@@ -20,15 +20,10 @@ from models.export import load_model  # noqa: E402
 from models.llama import ModelConfig, Transformer  # noqa: E402
 from models.losses import IGNORE_INDEX  # noqa: E402
 from tasks.eval.arithmetic import make_problems  # noqa: E402
-from tasks.training.config import SftDataConfig  # noqa: E402
-from tasks.training.sft.stage import (  # noqa: E402
-    chat_batches,
-    encode_examples,
-    sft_loss,
-    sft_sources,
-)
 from tasks.training.config import ArithmeticSftOptions  # noqa: E402
+from tasks.training.config import SftDataConfig  # noqa: E402
 from tasks.training.sft.data import SftExample  # noqa: E402
+from tasks.training.sft.stage import chat_batches, encode_examples, sft_loss, sft_sources  # noqa: E402
 from tests.conftest import sft_config, small_alphabet_bpe  # noqa: E402
 from tests.helpers.references import sft_reference  # noqa: E402,F401 - the shared SFT run
 
@@ -121,10 +116,9 @@ def test_too_long_examples_are_rejected_not_truncated(tok):
 
 
 def test_source_selection():
-    data = SftDataConfig(builtin=["arithmetic"], arithmetic=ArithmeticSftOptions(n=30, max_operand=9, ops="+"),
-                         max_examples=10)
+    data = SftDataConfig(builtin=["arithmetic"], arithmetic=ArithmeticSftOptions(n=30, abstain_n=2), max_examples=10)
     (src,) = sft_sources(data)
-    assert src.arithmetic.max_operand == 9 and src.max_examples == 10
+    assert src.arithmetic.n == 30 and src.arithmetic.abstain_n == 2 and src.max_examples == 10
     with pytest.raises(ValueError, match="not defined"):
         sft_sources(SftDataConfig(builtin=["arithmetic"], sources=["nope"]))
     with pytest.raises(ValueError, match="extra"):
@@ -157,8 +151,8 @@ def test_sft_end_to_end_through_the_launcher(sft_reference):  # noqa: F811
 
     import mlflow
 
+    from infra.tracking.store import tracking_uri
     from infra.workspace.paths import Workspace
-    from infra.tracking.runs import tracking_uri
 
     client = mlflow.MlflowClient(tracking_uri(Workspace.locate(ref.ws)))
     run = client.get_run(result.mlflow_run_id)

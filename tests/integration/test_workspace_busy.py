@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from infra.workspace.paths import Workspace
 from infra.workspace.lock import workspace_lock
+from infra.workspace.paths import Workspace
 from tests.conftest import CLI, ROOT
 from tests.helpers.data_flow import make_preset
 

@@ -21,11 +21,11 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from infra.config import ConfigError, StrictModel, format_validation_error
+from tasks.data.quality_rules.batch import Batch
 from tasks.data.quality_rules.c4 import C4, C4_LINES
 from tasks.data.quality_rules.code import CODE
 from tasks.data.quality_rules.fineweb import FINEWEB
 from tasks.data.quality_rules.gopher import GOPHER_QUALITY, GOPHER_REPETITION
-from tasks.data.quality_rules.batch import Batch
 from tasks.data.quality_rules.rule import Rule
 from tasks.data.quality_rules.text import TextView
 

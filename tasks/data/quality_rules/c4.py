@@ -26,7 +26,6 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from pydantic import Field
 
 from infra.config import StrictModel

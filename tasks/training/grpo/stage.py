@@ -1,6 +1,6 @@
 """GRPO: groups of sampled answers, verifiable rewards, clipped updates, on one DeepSpeed rank.
 
-    grpo = run(Grpo(config.grpo), ws, sft=sft_model_dir, tokenizer=tokenizer_json)
+    grpo = run(Grpo(config.grpo), ws, sft=sft_model_dir, tokenizer=tokenizer_json, task=config.arithmetic)
       out_dir/grpo_config.json   resolved config
       out_dir/samples.txt        sample completions during training
       out_dir/checkpoints/       DeepSpeed checkpoints every checkpoint.every steps; a rerun into the same out_dir resumes
@@ -37,7 +37,7 @@ from infra.stages import Launch
 from infra.tracking.runs import set_tag
 from models.export import load_model
 from tasks.eval.answers import AnswerScore
-from tasks.eval.arithmetic import make_problems
+from tasks.eval.arithmetic import ArithmeticTask
 from tasks.eval.gsm8k import load_problems
 from tasks.tokenizer.train import load_tokenizer
 from tasks.training.config import GrpoConfig
@@ -77,17 +77,18 @@ class GrpoResult(ExportedModel):
     resumed_from: int | None = None  # the checkpoint step the last launch resumed from
 
 
-def grpo_problems(cfg: GrpoConfig) -> tuple[list[Any], list[Any]]:
-    """(problems to train on, held-out problems to score on) of cfg.task; an error when a split holds too few."""
+def grpo_problems(cfg: GrpoConfig, task: ArithmeticTask) -> tuple[list[Any], list[Any]]:
+    """(problems to train on, held-out problems to score on) of cfg.task (`task`'s sums for arithmetic); an error when
+    a split holds too few."""
     if cfg.task == "gsm8k":
         src = cfg.gsm8k
         return (load_problems(src, src.train_split, cfg.n_train_problems, cfg.problem_seed),
                 load_problems(src, src.eval_split, cfg.eval_prompts, cfg.problem_seed))
-    train = make_problems(cfg.n_train_problems, cfg.problem_seed, cfg.max_operand, cfg.ops, split="grpo")
-    if cfg.abstain_n:  # beyond the trained range: where abstaining pays
-        train += make_problems(cfg.abstain_n, cfg.problem_seed, cfg.abstain_max_operand, cfg.ops, split="grpo",
-                               outside=cfg.max_operand)
-    return train, make_problems(cfg.eval_prompts, cfg.problem_seed, cfg.max_operand, cfg.ops, split="eval")
+    train = task.problems(cfg.n_train_problems, cfg.problem_seed, split="grpo")
+    if cfg.abstain_n:  # the abstention range: where abstaining pays
+        train += task.abstained(cfg.abstain_n, cfg.problem_seed, split="grpo")
+    # The "eval" split of the trained range: the in-range questions the evaluation asks too.
+    return train, task.problems(cfg.eval_prompts, cfg.problem_seed, split="eval")
 
 
 def _moved(values: list[float]) -> bool:
@@ -133,21 +134,22 @@ def heldout_metrics(out: GrpoResult) -> dict[str, float]:
 
 class Grpo(TrainingStage):
     name, store, Config, Result = "grpo", "checkpoints/grpo", GrpoConfig, GrpoResult
-    inputs = ("sft", "tokenizer")
+    inputs = ("sft", "tokenizer", "task")  # task: the arithmetic task's sums (the pipeline's `arithmetic:` section)
     # Its checkpoints also carry the reference model's sha256, which GrpoSteps checks on a resume.
     config: GrpoConfig
 
     # ------------------------------------------------------------------------- stage side
 
-    def prepare(self, inputs: dict[str, Path | None], out_dir: Path) -> Launch:
-        cfg, sft = self.config, Path(inputs["sft"])
+    def prepare(self, inputs: dict[str, Any], out_dir: Path) -> Launch:
+        cfg, sft, task = self.config, Path(inputs["sft"]), ArithmeticTask.model_validate(inputs["task"])
         saved_model_config(sft, Path(inputs["tokenizer"]), "use the model fine-tuned with this tokenizer")
         # Asking for more problems than a split holds (or a hub dataset out of reach) fails here, before the launch.
-        grpo_problems(cfg)
+        grpo_problems(cfg, task)
         if cfg.eval_prompts < 1:
             raise ValueError("eval_prompts must be >= 1: the stage reports held-out accuracy before and after GRPO")
         shape = grpo_shape(cfg)
-        return launch_of(cfg, shape["micro_batch_size"], shape["grad_accum"], identity={"sft_model": str(sft.resolve())})
+        return launch_of(cfg, shape["micro_batch_size"], shape["grad_accum"],
+                         identity={"sft_model": str(sft.resolve()), "arithmetic": task.model_dump(mode="json")})
 
     # ------------------------------------------------------------------------- rank side
 
@@ -161,7 +163,8 @@ class Grpo(TrainingStage):
     def steps(self, rank: int, world: int) -> GrpoSteps:
         self.tokenizer = load_tokenizer(self.job.inputs["tokenizer"])
         self.reference = copy.deepcopy(self.policy)  # the SFT model, frozen, before any update
-        self.train_problems, self.eval_problems = grpo_problems(self.config)
+        task = ArithmeticTask.model_validate(self.job.values["task"])
+        self.train_problems, self.eval_problems = grpo_problems(self.config, task)
         self.grpo = GrpoSteps(self.reference, self.tokenizer, self.train_problems, self.config, self.eval_problems)
         return self.grpo
 

@@ -41,7 +41,6 @@ from tasks.training.config import GrpoConfig
 from tasks.training.grpo.rollouts import MAX_BATCH_ROWS, Problem, Rollout, Scorer, grpo_step
 from tasks.training.types import StepStats
 
-
 # ----------------------------------------------------------------------------- held-out score
 
 

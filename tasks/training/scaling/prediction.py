@@ -25,8 +25,8 @@ from infra.workspace.atomic import write_json_atomic
 from models.family import FamilyMember, flops_per_token_of
 from models.scaling_bootstrap import ScalingBootstrap, bootstrap
 from tasks.training.config import PretrainConfig
-from tasks.training.scaling.sweep import MeasuredPoint, SweepPoint, point_for
 from tasks.training.scaling.config import ScaleConfig
+from tasks.training.scaling.sweep import MeasuredPoint, SweepPoint, point_for
 
 PREDICTION_FILE = "prediction.json"
 

@@ -20,9 +20,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from infra.launch.hostfile import node_count
-from models.family import FamilyMember, family_members
-from tasks.training.scaling.config import ScaleConfig
+from models.family import FamilyMember, family_config, family_members
 from tasks.training.config import PretrainConfig
+from tasks.training.scaling.config import ScaleConfig
 
 EPOCHS_WARN_ABOVE = 4.0  # Muennighoff et al. 2023: up to ~4 epochs of repeated data cost little; past it, more
 
@@ -130,8 +130,6 @@ def point_config(pretrain: PretrainConfig, point: SweepPoint, scale: ScaleConfig
     few eval batches are a sample whose noise (about 2% of the loss on 16 windows, BENCHMARKS.md)
     would be most of the points' scatter about the law.
     """
-    from models.family import family_config
-
     shape = family_config(point.depth, 1, pretrain.batch.seq_len, scale.aspect_ratio, scale.head_dim)
     overrides: dict[str, Any] = shape.model_dump(exclude={"vocab_size"})
     data = pretrain.model_dump()

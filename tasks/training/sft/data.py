@@ -12,9 +12,9 @@ The built-in sets need no network and are honestly derived from local material:
 * `stdlib_docstrings`: "What does `json.dumps` do?" -> the first sentence of that
   function's docstring, over a fixed list of standard-library modules that have no
   import side effects.
-* `arithmetic`: problems from the `sft` split of tasks/eval/arithmetic.py with
-  `<answer>n</answer>` responses (never the GRPO or eval questions), and with `abstain_n`
-  questions beyond the trained range answered `<answer>unknown</answer>` (abstention).
+* `arithmetic`: sums from the `sft` split of the arithmetic task's trained range
+  (tasks/eval/arithmetic.py) with `<answer>n</answer>` responses (never the GRPO or eval
+  questions), and `abstain_n` sums of its abstention range answered `<answer>unknown</answer>`.
 
 SFT source definitions are YAML files with an `sft_*` kind; `load_sft_catalog` reads them
 from a folder (e.g. `data_catalog/sft/`) and skips any pretraining definitions there.
@@ -35,14 +35,14 @@ from pydantic import Field, model_validator
 
 from infra.config import ConfigError, StrictModel, parse_config, read_yaml
 from models.special_tokens import SPECIAL_TOKENS
-from tasks.eval.arithmetic import make_problems
-from tasks.eval.rewards import ABSTENTION
 from tasks.data.catalog import SourceBase, check_hf_paths, folder_glob, is_within, match_files
 from tasks.data.documents import make_doc_id
-from tasks.data.parquet_reader import parquet_records
-from tasks.data.rejection import Rejection
 from tasks.data.hf_source import load_hf
+from tasks.data.parquet_reader import parquet_records
 from tasks.data.readers import check_string, jsonl_records
+from tasks.data.rejection import Rejection
+from tasks.eval.arithmetic import ArithmeticTask
+from tasks.eval.rewards import ABSTENTION
 from tasks.training.config import ArithmeticSftOptions, SftBuiltin
 
 SftKind = Literal["sft_jsonl", "sft_parquet", "sft_hf_dataset", "sft_builtin"]
@@ -281,28 +281,29 @@ def stdlib_docstring_examples() -> Iterator[tuple[str, str, Any]]:
             yield path, f"{modname}.{name}", {"instruction": question, "response": sentence}
 
 
-def _arithmetic_examples(opts: ArithmeticSftOptions) -> Iterator[tuple[str, str, Any]]:
-    problems = make_problems(opts.n, opts.seed, opts.max_operand, opts.ops, split="sft")
+def _arithmetic_examples(opts: ArithmeticSftOptions, task: ArithmeticTask) -> Iterator[tuple[str, str, Any]]:
+    problems = task.problems(opts.n, opts.seed, split="sft")
     unsure = set(random.Random(opts.seed).sample(range(len(problems)), opts.abstain_in_range))
     for i, p in enumerate(problems):
         response = ABSTENTION if i in unsure else p.response
         yield ARITHMETIC_ID_PATH, f"problem:{i}", {"instruction": p.question, "response": response}
     if opts.abstain_n or opts.val_abstain_n:
-        assert opts.abstain_max_operand is not None  # checked by ArithmeticSftOptions
-        unknown = make_problems(opts.abstain_n + opts.val_abstain_n, opts.seed, opts.abstain_max_operand, opts.ops,
-                                split="sft", outside=opts.abstained_above)
+        unknown = task.abstained(opts.abstain_n + opts.val_abstain_n, opts.seed, split="sft",
+                                 above=opts.abstained_above(task))
         for i, p in enumerate(unknown):
             locator = f"abstain:{i}" if i < opts.abstain_n else f"{HELD_OUT_LOCATOR}abstain:{i - opts.abstain_n}"
             yield ARITHMETIC_ID_PATH, locator, {"instruction": p.question, "response": ABSTENTION}
 
 
-def iter_source_records(source: SftSourceConfig, root: Path) -> Iterator[tuple[str, str, Any]]:
-    """Yield (path, locator, record | Rejection) for every record of a source, in a fixed order."""
+def iter_source_records(source: SftSourceConfig, root: Path,
+                        task: ArithmeticTask | None = None) -> Iterator[tuple[str, str, Any]]:
+    """Yield (path, locator, record | Rejection) for every record of a source, in a fixed order; `task`: the
+    arithmetic task the built-in arithmetic set draws from (default ArithmeticTask())."""
     if source.kind == "sft_builtin":
         if source.builtin == "stdlib_docstrings":
             yield from stdlib_docstring_examples()
         else:
-            yield from _arithmetic_examples(source.arithmetic)
+            yield from _arithmetic_examples(source.arithmetic, task or ArithmeticTask())
         return
     if source.kind == "sft_hf_dataset":
         assert source.hf is not None
@@ -317,9 +318,10 @@ def iter_source_records(source: SftSourceConfig, root: Path) -> Iterator[tuple[s
 
 
 def load_sft_examples(
-    sources: Sequence[SftSourceConfig] | None = None, root: Path | str = "."
+    sources: Sequence[SftSourceConfig] | None = None, root: Path | str = ".", task: ArithmeticTask | None = None
 ) -> tuple[list[SftExample], list[dict]]:
-    """(examples, rejected) from `sources` (default: the built-in ones), paths relative to `root`.
+    """(examples, rejected) from `sources` (default: the built-in ones), paths relative to `root`; the built-in
+    arithmetic set draws from `task`.
 
     Each rejected row is {source, path, locator, reason, detail}. `max_examples` caps the
     examples kept per source; reading stops there, so read == kept + rejected still holds.
@@ -329,7 +331,7 @@ def load_sft_examples(
     rejected: list[dict] = []
     for source in sources if sources is not None else default_sft_sources():
         kept = 0
-        for path, locator, rec in iter_source_records(source, root):
+        for path, locator, rec in iter_source_records(source, root, task):
             try:
                 if isinstance(rec, Rejection):
                     raise rec

@@ -1,6 +1,7 @@
 """Supervised fine-tuning: loss on the assistant tokens of chat examples, on DeepSpeed ranks.
 
-    sft = run(Sft(config.sft), ws, base=base_model_dir, tokenizer=tokenizer_json, tokens=tokens_dir)
+    sft = run(Sft(config.sft), ws, base=base_model_dir, tokenizer=tokenizer_json, tokens=tokens_dir,
+              task=config.arithmetic)
       out_dir/sft_config.json    resolved config
       out_dir/ds_config.json     the DeepSpeed config the ranks train with
       out_dir/rejected.jsonl     SFT records that did not become examples, with their reason
@@ -33,6 +34,7 @@ from infra.workspace.atomic import write_text_atomic
 from models.chat_template import ChatEncoding, collate, encode_chat, special_ids
 from models.export import load_model
 from models.losses import next_token_loss
+from tasks.eval.arithmetic import ArithmeticTask
 from tasks.tokenizer.tokenize_shards import load_token_index, load_token_split
 from tasks.tokenizer.train import load_tokenizer
 from tasks.training.batches import epoch_orders, token_window_batches
@@ -72,7 +74,6 @@ class SftResult(ExportedModel):
 
 def sft_sources(data: SftDataConfig) -> list[SftSourceConfig]:
     """The SFT sources `data` selects, with its arithmetic options and example cap applied."""
-
     if data.catalog is not None:
         sources = load_sft_catalog(data.catalog)
     else:
@@ -208,11 +209,11 @@ class SftExamples:
     rejected: list[dict]  # reading and encoding rejections, with their reason
 
 
-def load_examples(cfg: SftConfig, tokenizer: Any, seq_len: int) -> SftExamples:
-    """Read the selected sources, encode with the chat template, split train/val; fails when no train example is left."""
-
+def load_examples(cfg: SftConfig, tokenizer: Any, seq_len: int, task: ArithmeticTask | None = None) -> SftExamples:
+    """Read the selected sources (the built-in arithmetic set from `task`), encode with the chat template, split
+    train/val; fails when no train example is left."""
     root = cfg.data.catalog if cfg.data.catalog is not None else Path(".")
-    examples, rejected = load_sft_examples(sft_sources(cfg.data), root=root)
+    examples, rejected = load_sft_examples(sft_sources(cfg.data), root=root, task=task)
     encodings, kept, enc_rejected = encode_examples(tokenizer, examples, seq_len)
     rejected += enc_rejected
     is_val = [is_held_out(ex, cfg.data.val_fraction) for ex in kept]
@@ -259,7 +260,6 @@ def example_batches(data: SftExamples, cfg: SftConfig, pad: int, replay_rows: in
 
 def check_replay_tokens(cfg: SftConfig, replay_tokens: Path | None, vocab_size: int) -> Path | None:
     """The absolute token-shard folder to replay, checked against the model; None when replay is off."""
-
     if cfg.replay_fraction == 0:
         return None
     if replay_tokens is None:
@@ -275,13 +275,15 @@ def check_replay_tokens(cfg: SftConfig, replay_tokens: Path | None, vocab_size: 
 
 class Sft(TrainingStage):
     name, store, Config, Result = "sft", "checkpoints/sft", SftConfig, SftResult
-    inputs = ("base", "tokenizer", "tokens")  # tokens: the pretraining shards replay_fraction replays (may be None)
+    # tokens: the pretraining shards replay_fraction replays (may be None); task: the arithmetic task the built-in
+    # arithmetic set draws from (the pipeline's `arithmetic:` section).
+    inputs = ("base", "tokenizer", "tokens", "task")
     config: SftConfig
 
     # ------------------------------------------------------------------------- stage side
 
-    def prepare(self, inputs: dict[str, Path | None], out_dir: Path) -> Launch:
-        cfg, base = self.config, Path(inputs["base"])
+    def prepare(self, inputs: dict[str, Any], out_dir: Path) -> Launch:
+        cfg, base, task = self.config, Path(inputs["base"]), ArithmeticTask.model_validate(inputs["task"])
         mcfg = saved_model_config(base, Path(inputs["tokenizer"]), "fine-tune a model trained with this tokenizer")
         if cfg.batch.seq_len > mcfg.max_seq_len:
             raise ValueError(f"batch.seq_len={cfg.batch.seq_len} exceeds the base model's "
@@ -289,15 +291,18 @@ class Sft(TrainingStage):
         if cfg.data.catalog is not None and not Path(cfg.data.catalog).is_dir():
             raise FileNotFoundError(f"data.catalog={cfg.data.catalog} is not a folder of sft_* YAML definitions")
         replay = check_replay_tokens(cfg, inputs.get("tokens"), mcfg.vocab_size)
+        for source in sft_sources(cfg.data):  # the sums each arithmetic set asks exist in the task's ranges
+            if source.builtin == "arithmetic":
+                source.arithmetic.check(task, f"SFT source '{source.name}' arithmetic")
         catalog = str(Path(cfg.data.catalog).resolve()) if cfg.data.catalog is not None else None
         return launch_of(cfg, cfg.batch.micro_batch_size, cfg.batch.grad_accum, extra={"catalog": catalog},
-                                identity={"base_model": str(base.resolve()), "model": mcfg.model_dump(mode="json"),
-                                          "replay_tokens": str(replay) if replay else None})
+                         identity={"base_model": str(base.resolve()), "model": mcfg.model_dump(mode="json"),
+                                   "replay_tokens": str(replay) if replay else None,
+                                   "arithmetic": task.model_dump(mode="json")})
 
     # ------------------------------------------------------------------------- rank side
 
     def model(self) -> torch.nn.Module:
-
         # The optimizer keeps fp32 masters; bf16 runs cast through DeepSpeed.
         return load_model(self.job.inputs["base"]).float()
 
@@ -311,7 +316,8 @@ class Sft(TrainingStage):
         tokenizer = load_tokenizer(self.job.inputs["tokenizer"])
         catalog = self.job.extra.get("catalog")
         data_cfg = cfg.data.model_copy(update={"catalog": Path(catalog) if catalog else None})
-        self.data = load_examples(cfg.model_copy(update={"data": data_cfg}), tokenizer, cfg.batch.seq_len)
+        task = ArithmeticTask.model_validate(self.job.values["task"])
+        self.data = load_examples(cfg.model_copy(update={"data": data_cfg}), tokenizer, cfg.batch.seq_len, task)
         replay_dir = self.job.inputs.get("tokens") if cfg.replay_rows else None
         if rank == 0:
             reasons = dict(Counter(r["reason"] for r in self.data.rejected))

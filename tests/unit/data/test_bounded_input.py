@@ -19,10 +19,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import ROOT
 from tasks.data.catalog import MAX_INFLATED_BYTES, load_catalog
 from tasks.data.collect import collect_source
 from tasks.data.readers import PREFIX_BYTES, jsonl_lines
+from tests.conftest import ROOT
 
 MiB = 1 << 20
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from infra.config import ConfigError
-from tests.conftest import ROOT
 from tasks.data.catalog import load_catalog
+from tests.conftest import ROOT
 
 
 def write(p: Path, text: str) -> Path:

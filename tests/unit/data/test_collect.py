@@ -8,11 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tests.conftest import ROOT
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import collect_source
+from tests.conftest import ROOT
 from tests.helpers.collect import collect_one, write
-
 
 BAD_JSONL = b"\n".join(
     [

@@ -7,17 +7,15 @@ import tempfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import collect_source, merge_results
 from tasks.data.exact_dedup import ExactDedupConfig, exact_dedup
 from tasks.data.funnel import build_funnel
-from tasks.data.minhash_dedup import NearDedupConfig, near_dedup
 from tasks.data.mix import MixConfig, rebalance_mix
+from tasks.data.near_dedup import NearDedupConfig, near_dedup
 from tasks.data.quality_filter import quality_filter
-
 from tests.conftest import words
 
 BAD = [

@@ -5,13 +5,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from infra.config import ConfigError, parse_config
 from tasks.data.documents import REMOVED_SCHEMA, Document, documents_table, write_table_atomic
 from tasks.data.exact_dedup import ExactDedupConfig, exact_dedup
-from tasks.data.minhash_dedup import NearDedupConfig, near_dedup
+from tasks.data.near_dedup import NearDedupConfig, near_dedup
 from tasks.data.text_normalize import dedup_key, normalize_text
 
 

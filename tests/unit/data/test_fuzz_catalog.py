@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from infra.config import ConfigError
 from tasks.data.catalog import load_catalog

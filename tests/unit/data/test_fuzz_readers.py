@@ -12,8 +12,7 @@ import unicodedata
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import collect_source

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from tasks.data import lsh_buckets
-from tasks.data.minhash_dedup import NearDedupConfig
 from tasks.data.minhash_signatures import _xxh3_shingle_hashes, permutations, signature_job, unique_shingle_sets
+from tasks.data.near_dedup import NearDedupConfig
 from tests.helpers.near_dedup import SURE_CANDIDATES, gram_set, jaccard, pair_with_shingles, run
 
 

@@ -11,9 +11,8 @@ import pyarrow.compute as pc
 import pytest
 import xxhash
 
-from tasks.data.minhash_dedup import NearDedupConfig, compute_signatures
-from tasks.data.minhash_signatures import shingles
-from tasks.data.minhash_signatures import _xxh3_shingle_hashes, dedup_keys
+from tasks.data.minhash_signatures import _xxh3_shingle_hashes, dedup_keys, shingles
+from tasks.data.near_dedup import NearDedupConfig, compute_signatures
 from tasks.data.text_normalize import dedup_key
 
 M64 = 1 << 64

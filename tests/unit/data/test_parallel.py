@@ -1,7 +1,6 @@
 """The data stages' worker pool: results in input order, and a worker count chosen from measured cost."""
 from __future__ import annotations
 
-
 import pytest
 
 from tasks.data.parallel import choose_workers, ordered_map, plan_workers

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tasks.data.quality_rules import FilterSpec, RULES, build_rules, judge_texts
-from tasks.data.quality_rules.gopher import STOP_WORDS
+from tasks.data.quality_rules import RULES, FilterSpec, build_rules, judge_texts
 from tasks.data.quality_rules.batch import Batch
+from tasks.data.quality_rules.gopher import STOP_WORDS
 from tasks.data.quality_rules.text import TextView
 
 _PUNCT = set(string.punctuation + "«»„“”‘’…–—•·¡¿")

@@ -7,18 +7,10 @@ from collections import Counter
 import pytest
 
 from infra.config import ConfigError
-from tasks.data.quality_rules import (
-    FAMILIES,
-    FILTER_SETS,
-    RULES,
-    FilterSpec,
-    build_rules,
-    first_failure,
-    rule_names,
-    validate_filter_spec,
-)
-from tasks.data.quality_rules.text import TextView
+from tasks.data.quality_rules import (FAMILIES, FILTER_SETS, RULES, FilterSpec, build_rules, first_failure, rule_names,
+                                      validate_filter_spec)
 from tasks.data.quality_rules.rule import duplicated_ngram_chars, top_ngram_chars
+from tasks.data.quality_rules.text import TextView
 from tests.helpers.quality_texts import CLEAN_CODE, CLEAN_PROSE, FAILING
 
 CODE_RULES = {cls.name for cls in FAMILIES["code"]}

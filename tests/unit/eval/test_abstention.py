@@ -8,16 +8,18 @@ import pytest
 
 from models.chat_template import encode_text, special_ids
 from tasks.eval.abstention import abstention_report
-from tasks.eval.arithmetic import make_problems, parse_question
+from tasks.eval.arithmetic import ArithmeticTask, make_problems, parse_question
 from tasks.eval.config import EvalConfig
 from tasks.eval.evaluate import answer_metrics, answer_records
 from tasks.eval.rewards import ABSTENTION, combined_reward, format_reward, get_reward, is_abstention, parse_answer
-from tasks.training.config import GrpoConfig
-from tasks.training.config import ArithmeticSftOptions
+from tasks.training.config import ArithmeticSftOptions, GrpoConfig
 from tasks.training.sft.data import SftSourceConfig, load_sft_examples
 from tests.helpers.arithmetic_answers import Parrot, tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# A small arithmetic task: sums of operands up to 10, abstentions up to 20.
+TASK = ArithmeticTask(ops="+", max_operand=10, abstain_max_operand=20)
 
 
 def test_abstention_is_one_answer_block_and_pays_between_wrong_and_right() -> None:
@@ -51,37 +53,38 @@ def test_out_of_range_problems_and_sft_examples_that_abstain() -> None:
     with pytest.raises(ValueError, match="only"):
         make_problems(10_000, 0, max_operand=20, ops="+", split="sft", outside=10)
 
-    opts = ArithmeticSftOptions(n=30, max_operand=10, ops="+", abstain_n=12, abstain_max_operand=20)
+    opts = ArithmeticSftOptions(n=30, abstain_n=12)
     source = SftSourceConfig(name="arithmetic", kind="sft_builtin", builtin="arithmetic", licence="CC0-1.0", arithmetic=opts)
-    examples, rejected = load_sft_examples([source])
+    examples, rejected = load_sft_examples([source], task=TASK)
     assert not rejected and len(examples) == 42
     abstained = [e for e in examples if e.response == ABSTENTION]
     assert len(abstained) == 12 and {e.locator for e in abstained} == {f"abstain:{i}" for i in range(12)}
     assert all(max(int(t) for t in e.instruction[8:-1].split(" + ")) > 10 for e in abstained)
-    with pytest.raises(ValueError, match="abstain_max_operand above max_operand=10"):
-        ArithmeticSftOptions(max_operand=10, abstain_n=3, abstain_max_operand=10)
+    with pytest.raises(ValueError, match="abstain_max_operand=10 must lie above arithmetic.max_operand=10"):
+        ArithmeticTask(max_operand=10, abstain_max_operand=10)
+    with pytest.raises(ValueError, match="abstain_n asks for sums answered .* arithmetic.abstain_max_operand is not set"):
+        ArithmeticSftOptions(n=30, abstain_n=3).check(ArithmeticTask(ops="+", max_operand=10))
 
 
 def test_sft_abstains_only_above_its_band_when_asked() -> None:
     """abstain_above leaves the sums between max_operand and it unanswered and unabstained: GRPO's to find."""
-    opts = ArithmeticSftOptions(n=30, max_operand=10, ops="+", abstain_n=12, abstain_max_operand=20, abstain_above=15)
+    opts = ArithmeticSftOptions(n=30, abstain_n=12, abstain_above=15)
     source = SftSourceConfig(name="arithmetic", kind="sft_builtin", builtin="arithmetic", licence="CC0-1.0", arithmetic=opts)
-    examples, _ = load_sft_examples([source])
+    examples, _ = load_sft_examples([source], task=TASK)
     abstained = [e for e in examples if e.response == ABSTENTION]
     assert len(abstained) == 12 and all(max(int(t) for t in e.instruction[8:-1].split(" + ")) > 15 for e in abstained)
-    assert ArithmeticSftOptions(n=30, abstain_n=3, max_operand=10, abstain_max_operand=20, abstain_above=10).abstain_above == 10
+    ArithmeticSftOptions(n=30, abstain_n=3, abstain_above=10).check(TASK)
     for above in (9, 20, 25):
         with pytest.raises(ValueError, match=f"abstain_above={above} must lie in"):
-            ArithmeticSftOptions(max_operand=10, abstain_n=3, abstain_max_operand=20, abstain_above=above)
+            ArithmeticSftOptions(n=30, abstain_n=3, abstain_above=above).check(TASK)
 
 
 def _arithmetic_sft(**options) -> list:
     """The examples of a small built-in arithmetic source (30 sums up to 10, 5 abstentions up to 20) and `options`."""
-    opts = ArithmeticSftOptions(**{"n": 30, "max_operand": 10, "ops": "+", "abstain_n": 5, "abstain_max_operand": 20,
-                                   **options})
+    opts = ArithmeticSftOptions(**{"n": 30, "abstain_n": 5, **options})
     source = SftSourceConfig(name="arithmetic", kind="sft_builtin", builtin="arithmetic", licence="CC0-1.0",
                              arithmetic=opts)
-    examples, rejected = load_sft_examples([source])
+    examples, rejected = load_sft_examples([source], task=TASK)
     assert not rejected
     return examples
 
@@ -123,14 +126,14 @@ def test_an_abstaining_model_states_no_answer_with_confidence_zero_and_hallucina
     vocab = tok.get_vocab_size()
     problems = make_problems(6, 3, max_operand=20, ops="+", split="eval")
     script = [*encode_text(tok, ABSTENTION), special_ids(tok).end_turn]
-    cfg = EvalConfig(max_answer_tokens=len(script) + 2, answer_batch_size=4, n_bins=5, bootstrap_resamples=50,
-                     multiple_choice=False, train_max_operand=10)
+    cfg = EvalConfig(max_new_tokens=len(script) + 2, answer_batch_size=4, n_bins=5, bootstrap_resamples=50,
+                     multiple_choice=False)
     records = answer_records(Parrot(vocab, script), tok, problems, cfg)
     p = math.exp(3.0) / (math.exp(3.0) + vocab - 1)
     for r in records:
         assert r.abstained and not r.correct and r.parsed is None and r.confidence == 0.0
         assert r.response_probability == pytest.approx(p ** len(script), rel=1e-5)
-    out = answer_metrics(Parrot(vocab, script), tok, problems, cfg)
+    out = answer_metrics(Parrot(vocab, script), tok, problems, cfg, TASK)
     a = out["answer_abstention"]
     assert (a.abstention.accuracy, a.hallucination.accuracy, a.accuracy.accuracy) == (1.0, 0.0, 0.0)
     assert a.answered_accuracy is None
@@ -161,16 +164,23 @@ def test_held_out_abstentions_validate_and_leave_the_training_set_as_it_was() ->
     assert all(max(parse_question(e.instruction)[::2]) > 10 for e in extra)  # beyond the range, as abstain_n's
     assert not {e.instruction for e in extra} & {e.instruction for e in plain}  # new sums, not copies of trained ones
     assert not any(e.held_out for e in plain)
-    with pytest.raises(ValueError, match="val_abstain_n=3 needs abstain_max_operand above"):
-        ArithmeticSftOptions(max_operand=10, val_abstain_n=3)
+    with pytest.raises(ValueError, match="val_abstain_n asks for sums answered"):
+        ArithmeticSftOptions(n=30, val_abstain_n=3).check(ArithmeticTask(ops="+", max_operand=10))
 
 
 def test_more_sums_than_the_split_holds_are_refused_by_the_config_not_after_the_launch() -> None:
-    ArithmeticSftOptions(n=612, max_operand=31, ops="+", abstain_n=10, val_abstain_n=12, abstain_max_operand=49)
-    with pytest.raises(ValueError, match="n=613, but only 612 questions of the sft split"):
-        ArithmeticSftOptions(n=613, max_operand=31, ops="+")
-    with pytest.raises(ValueError, match=r"abstain_n \+ val_abstain_n = 5 \+ 500 = 505, but only \d+ questions"):
-        ArithmeticSftOptions(n=10, max_operand=10, ops="+", abstain_n=5, val_abstain_n=500, abstain_max_operand=20)
+    tiny = ArithmeticTask(ops="+", max_operand=31, abstain_max_operand=49)
+    ArithmeticSftOptions(n=612, abstain_n=10, val_abstain_n=12).check(tiny)
+    with pytest.raises(ValueError, match="n=613, but only 612 sums of the sft split"):
+        ArithmeticSftOptions(n=613).check(tiny)
+    with pytest.raises(ValueError, match=r"abstain_n \+ val_abstain_n = 5 \+ 500 = 505, but only \d+ sums"):
+        ArithmeticSftOptions(n=10, abstain_n=5, val_abstain_n=500).check(TASK)
+    # Through the pipeline config: refused when it is read, before any stage runs.
+    from flows.config import PipelineConfig
+
+    with pytest.raises(ValueError, match="n=613, but only 612 sums"):
+        PipelineConfig.model_validate({"arithmetic": {"ops": "+", "max_operand": 31},
+                                       "sft": {"data": {"arithmetic": {"n": 613}}}})
 
 
 def test_the_sft_stage_validates_on_the_held_out_abstentions_and_trains_on_what_it_did_before() -> None:
@@ -182,10 +192,9 @@ def test_the_sft_stage_validates_on_the_held_out_abstentions_and_trains_on_what_
     tok = bpe_tokenizer_on([f"What is {a} + {b}? {ABSTENTION}" for a in range(21) for b in range(21)], 300)
 
     def split(val_abstain_n: int, val_fraction: float):
-        opts = ArithmeticSftOptions(n=30, max_operand=10, ops="+", abstain_n=5, abstain_max_operand=20,
-                                    val_abstain_n=val_abstain_n)
+        opts = ArithmeticSftOptions(n=30, abstain_n=5, val_abstain_n=val_abstain_n)
         cfg = SftConfig(data=SftDataConfig(builtin=["arithmetic"], arithmetic=opts, val_fraction=val_fraction))
-        data = load_examples(cfg, tok, seq_len=64)
+        data = load_examples(cfg, tok, seq_len=64, task=TASK)
         return [e.ids for e in data.train], [e.ids for e in data.val]
 
     train, val = split(7, 0.0)

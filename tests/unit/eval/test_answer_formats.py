@@ -12,8 +12,8 @@ from tasks.eval.answers import greedy_answers
 from tasks.eval.arithmetic import ArithmeticProblem, few_shot_prompt, make_problems, parse_question
 from tasks.eval.choices import choice_records, options_for, sequence_logprobs
 from tasks.eval.differences import difference_metrics, stage_differences
-from tasks.reports.eval import comparison_table, differences_table, selective_table
 from tasks.eval.rewards import integer_exact, parse_integer
+from tasks.reports.eval import comparison_table, differences_table, selective_table
 from tests.conftest import eval_result_with_answers, tiny_llama
 from tests.helpers.arithmetic_answers import Parrot, tokenizer
 

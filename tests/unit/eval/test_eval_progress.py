@@ -1,8 +1,8 @@
 """Evaluation progress: a line per part at most every `every_s`, with batches done and an ETA."""
 from __future__ import annotations
 
-from tasks.eval.progress import EvalProgress
 from infra.lifecycle.clock import clock_text
+from tasks.eval.progress import EvalProgress
 
 
 def test_progress_lines_carry_counts_and_an_eta_and_are_rate_limited():

@@ -14,16 +14,11 @@ from models.chat_template import encode_prompt, special_ids
 from models.export import save_model
 from models.llama import Transformer
 from models.losses import next_token_loss
-from tasks.eval.arithmetic import make_problems
-from tasks.eval.evaluate import EVAL_FILE, evaluate_checkpoint, evaluate_model, in_train_range, load_eval_result
+from tasks.eval.arithmetic import ArithmeticTask, make_problems
 from tasks.eval.config import EvalConfig
-from tasks.reports.eval import (
-    _ROWS,
-    TOKEN_RELIABILITY_PNG,
-    comparison_table,
-    write_comparison,
-    write_reliability_diagrams,
-)
+from tasks.eval.evaluate import EVAL_FILE, evaluate_checkpoint, evaluate_model, load_eval_result
+from tasks.reports.eval import (_ROWS, TOKEN_RELIABILITY_PNG, comparison_table, write_comparison,
+                                write_reliability_diagrams)
 from tasks.tokenizer.tokenize_shards import TokenFile, TokenShards
 from tests.conftest import bpe_tokenizer_on, tiny_llama
 
@@ -131,12 +126,13 @@ def test_answer_level_confidence_is_the_probability_of_the_response() -> None:
     model = tiny_llama(vocab=vocab, seed=3)
     problems = make_problems(8, seed=5, split="eval")
     tokens = np.random.default_rng(0).integers(0, vocab, 200).astype(np.uint16)
-    cfg = EvalConfig(max_tokens=100, seq_len=32, batch_size=4, temperature_tokens=50, max_answer_tokens=6,
-                     train_max_operand=10)
-    r = evaluate_model(model, tokens, tok, problems, cfg)
+    cfg = EvalConfig(max_tokens=100, seq_len=32, batch_size=4, temperature_tokens=50, max_new_tokens=6)
+    task = ArithmeticTask(max_operand=10)  # asked up to 20 (make_problems' default), trained up to 10
+    r = evaluate_model(model, tokens, tok, problems, cfg, task=task.model_copy(update={"outer_max_operand": 20}))
     assert len(r.answers) == 8
     assert [a.question for a in r.answers] == [p.question for p in problems]
-    assert [a.in_train_range for a in r.answers] == [in_train_range(p.question, 10) for p in problems]
+    assert [a.in_train_range for a in r.answers] == [task.in_range(p.question) for p in problems]
+    assert {a.in_train_range for a in r.answers} == {True, False}
     # A random model states no answer: its answer metrics are n/a, never a 0.000 that reads as calibrated.
     assert not any(a.correct for a in r.answers) and r.n_stated == 0
     assert r.answer_calibration is None and r.answer_bins is None and r.answer_selective is None
@@ -225,7 +221,7 @@ def test_evaluate_checkpoint_writes_json_and_the_report_draws_its_figures(tmp_pa
     model_dir = save_model(tiny_llama(vocab=vocab), tmp_path / "models" / "base")
     tokens = np.random.default_rng(1).integers(0, vocab, 400).astype(np.uint16)
     _write_val_split(tmp_path / "tokens", tokens, vocab)
-    cfg = EvalConfig(max_tokens=200, seq_len=32, temperature_tokens=100, n_questions=5, max_answer_tokens=4)
+    cfg = EvalConfig(max_tokens=200, seq_len=32, temperature_tokens=100, n_questions=5, max_new_tokens=4)
     out = tmp_path / "eval" / "base"
     result = evaluate_checkpoint(model_dir, tmp_path / "tokens", tok_path.parent, cfg, out, name="base")
     saved = json.loads((out / EVAL_FILE).read_text())

@@ -5,13 +5,8 @@ import numpy as np
 import pytest
 
 from models.calibration import ece, ece_rows
-from tasks.eval.intervals import (
-    bootstrap_ece_interval,
-    bootstrap_ratio_interval,
-    paired_difference,
-    proportion,
-    wilson_interval,
-)
+from tasks.eval.intervals import (bootstrap_ece_interval, bootstrap_ratio_interval, paired_difference, proportion,
+                                  wilson_interval)
 
 
 def test_wilson_matches_the_textbook_values() -> None:

@@ -4,26 +4,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from tasks.eval.arithmetic import (
-    SPLIT_FRACTIONS,
-    ArithmeticProblem,
-    assign_split,
-    make_problems,
-    split_problems,
-)
-from tasks.eval.rewards import (
-    REWARDS,
-    arithmetic_exact,
-    combined_reward,
-    format_reward,
-    gsm8k_exact,
-    get_reward,
-    parse_answer,
-    register_reward,
-)
+from tasks.eval.arithmetic import SPLIT_FRACTIONS, ArithmeticProblem, assign_split, make_problems, split_problems
+from tasks.eval.rewards import (REWARDS, arithmetic_exact, combined_reward, format_reward, get_reward, gsm8k_exact,
+                                parse_answer, register_reward)
 
 P = ArithmeticProblem("What is 7 - 12?", -5)
 

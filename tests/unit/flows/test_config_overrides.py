@@ -6,9 +6,7 @@ import re
 import pytest
 
 from flows.cli import main
-from flows.config import (
-    load_pipeline_config, parse_overrides, resolve_data_config, resolve_pipeline_config,
-)
+from flows.config import load_pipeline_config, parse_overrides, resolve_data_config, resolve_pipeline_config
 from infra.config import ConfigError
 
 

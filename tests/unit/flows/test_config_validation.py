@@ -7,7 +7,8 @@ import re
 import pytest
 
 from flows.cli import main
-from flows.config import CHECKOUT, PRESETS_DIR, load_pipeline_config, preset_path, resolve_data_config, resolve_pipeline_config
+from flows.config import (CHECKOUT, PRESETS_DIR, load_pipeline_config, preset_path, resolve_data_config,
+                          resolve_pipeline_config)
 from infra.config import ConfigError
 from tasks.data.catalog import load_catalog
 from tasks.eval.rewards import REWARDS

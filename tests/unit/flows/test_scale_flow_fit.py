@@ -12,7 +12,7 @@ import pytest
 
 import flows.scale_flow as scale_flow_module
 from flows.config import load_pipeline_config
-from flows.pretrain_flow import TokenizedData
+from flows.tokens import TokenizedData
 from models.flops import num_params
 from models.llama import ModelConfig
 from models.scaling import LossLaw

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from infra.lifecycle.api_watch import lost_after_s
 from infra.config import ConfigError
+from infra.lifecycle.api_watch import lost_after_s
 from tests.conftest import ROOT
 
 

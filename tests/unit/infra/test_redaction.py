@@ -12,7 +12,7 @@ SECRET_KEYS = [
 ]
 PLAIN_KEYS = [
     "pretrain.tokenizer.vocab_size", "pretrain.tokenizer.seed", "pretrain.tokenize.batch_size",
-    "data.mix.tokenizer", "grpo.max_new_tokens", "eval.max_tokens", "eval.max_answer_tokens",
+    "data.mix.tokenizer", "grpo.max_new_tokens", "eval.max_tokens", "eval.max_new_tokens",
     "eval.temperature_tokens", "tokenizer.bos_token", "model.pad_token_id", "train.tokens_per_step",
     "keyboard_layout", "db.port",
 ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from infra.workspace.paths import Workspace
 from infra.tracking.runs import log_metrics, stage_run
+from infra.workspace.paths import Workspace
 
 
 @pytest.fixture

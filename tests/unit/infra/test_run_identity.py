@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import time
 
-
 from flows.config import load_pipeline_config, preset_differences
-from infra.tracking.runs import NOTE_TAG, describe_run, describe_stage_runs, stage_run
 from infra.tracking.history import child_run, stage_times
 from infra.tracking.identity import RunIdentity
+from infra.tracking.runs import NOTE_TAG, describe_run, describe_stage_runs, stage_run
 from tasks.reports.run_header import identity_lines, stage_lines, wall_row
 
 

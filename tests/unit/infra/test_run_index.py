@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
-from infra.workspace.paths import Workspace
 from infra.tracking.index import RunNotFound, _mlflow_summaries, run_params, summaries
+from infra.workspace.paths import Workspace
 
 
 def test_sqlite_summaries_match_mlflows(tmp_path):

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from infra.stages import RESULT_FILE, Stage, place, run
 from infra.workspace.paths import Workspace
 from infra.workspace.record import RECORD_FILE
-from infra.stages import RESULT_FILE, Stage, place, run
 
 CALLS: list[str] = []
 

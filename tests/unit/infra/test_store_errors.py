@@ -5,8 +5,8 @@ import errno
 import sqlite3
 from types import SimpleNamespace
 
-from infra.workspace.paths import Workspace
 from infra.tracking.store_errors import StoreFullError, store_full_error
+from infra.workspace.paths import Workspace
 
 RUN = SimpleNamespace(info=SimpleNamespace(run_id="r1"))
 

@@ -12,8 +12,8 @@ import pytest
 
 from flows.cli import main
 from infra.launch.launcher import LaunchDiskFull, launch_failure
+from infra.tracking.store import configure
 from infra.workspace.paths import Workspace
-from infra.tracking.runs import configure
 from tests.helpers.shared import shared_once
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.workspace.paths import Workspace
 from infra.workspace.lock import WorkspaceBusy, workspace_lock
+from infra.workspace.paths import Workspace
 from tests.conftest import ROOT
 
 

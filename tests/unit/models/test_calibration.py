@@ -6,23 +6,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from torchmetrics.classification import BinaryCalibrationError, MulticlassCalibrationError
 
-from models.calibration import (
-    brier,
-    binary_nll,
-    calibration_report,
-    ece,
-    fit_temperature,
-    mce,
-    nll,
-    nll_from_logits,
-    reliability_bins,
-    top1_from_logits,
-)
-
+from models.calibration import (binary_nll, brier, calibration_report, ece, fit_temperature, mce, nll, nll_from_logits,
+                                reliability_bins, top1_from_logits)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -5,14 +5,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models
 
-from models.chat_template import (
-    ChatEncoding,
-    collate,
-    decode_completion,
-    encode_chat,
-    encode_prompt,
-    special_ids,
-)
+from models.chat_template import ChatEncoding, collate, decode_completion, encode_chat, encode_prompt, special_ids
 from models.losses import IGNORE_INDEX
 from tasks.tokenizer.train import train_bpe
 

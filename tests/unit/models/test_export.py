@@ -40,7 +40,8 @@ def test_save_load_round_trip_is_bit_exact(tmp_path, tie):
     model = make(cfg_for(tie))
     out = save_model(model, tmp_path / "ckpt")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
-    from infra.workspace.atomic import FILE_MODE  # safetensors' own is 0600: others could not read a shared workspace's model
+    from infra.workspace.atomic import \
+        FILE_MODE  # safetensors' own is 0600: others could not read a shared workspace's model
 
     assert {p.stat().st_mode & 0o777 for p in out.iterdir()} == {FILE_MODE}
     loaded = load_model(out)

@@ -5,8 +5,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from models.grpo import group_advantages, grpo_loss, kl_k3
 

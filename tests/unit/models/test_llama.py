@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from models.flops import chinchilla, flops_per_token, mfu, num_params
-from models.presets import PRESETS
 from models.llama import KVCache, ModelConfig, Transformer, model_config
 from models.losses import next_token_loss, token_logprobs
+from models.presets import PRESETS
 
 VOCAB = 97
 

@@ -15,10 +15,8 @@ import torch
 from flows.cli import main
 from models.flops import num_params
 from models.llama import ModelConfig, Transformer
-from models.memory_plan import (
-    GiB, Layout, activation_bytes, check_layout, layouts, load_model, model_from_hf, params_per_device, plan,
-    plan_layout,
-)
+from models.memory_plan import (GiB, Layout, activation_bytes, check_layout, layouts, load_model, model_from_hf,
+                                params_per_device, plan, plan_layout)
 from tests.conftest import ROOT
 
 LLAMA_70B = ROOT / "infra" / "presets" / "models" / "llama-2-70b.json"

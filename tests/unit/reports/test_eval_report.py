@@ -8,8 +8,8 @@ import mlflow
 import numpy as np
 import pytest
 
-from infra.workspace.paths import Workspace
 from infra.tracking.runs import stage_run
+from infra.workspace.paths import Workspace
 from tasks.data.manifest import Manifest, write_manifest
 from tasks.eval.differences import stage_differences
 from tasks.eval.evaluate import EVAL_FILE

@@ -11,8 +11,8 @@ from models.calibration import calibration_report, reliability_bins
 from tasks.eval.answers import AnswerScore
 from tasks.eval.evaluate import EvalResult
 from tasks.reports.eval import comparison_table
-from tasks.training.grpo.steps import eval_metrics
 from tasks.training.grpo.stage import heldout_metrics
+from tasks.training.grpo.steps import eval_metrics
 
 
 def _normalized(name: str) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.workspace.paths import Workspace
 from infra.tracking.runs import log_artifact, log_metrics, log_text, metric_history, set_tag, stage_run
+from infra.workspace.paths import Workspace
 from tasks.reports.card import reward_curve
 from tasks.reports.register import register_final_model
 

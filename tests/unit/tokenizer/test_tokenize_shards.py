@@ -9,21 +9,13 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from models.special_tokens import EOS
 import tasks.tokenizer.tokenize_shards
+from models.special_tokens import EOS
 from tasks.data.documents import Document
 from tasks.data.manifest import ChecksumError, load_manifest
-from tasks.tokenizer.tokenize_shards import (
-    INDEX_FILE,
-    TokenizeConfig,
-    load_token_index,
-    load_token_split,
-    token_dtype,
-    tokenize_shards,
-    unigram_perplexity,
-    unigram_perplexity_of,
-    val_mask,
-)
+from tasks.tokenizer.tokenize_shards import (INDEX_FILE, TokenizeConfig, load_token_index, load_token_split,
+                                             token_dtype, tokenize_shards, unigram_perplexity, unigram_perplexity_of,
+                                             val_mask)
 from tasks.tokenizer.train import TokenizerConfig, load_tokenizer, special_token_ids, train_tokenizer
 from tests.helpers.corpora import random_docs, write_corpus
 

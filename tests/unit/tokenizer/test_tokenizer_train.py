@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from pydantic import ValidationError
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast

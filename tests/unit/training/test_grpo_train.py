@@ -6,6 +6,7 @@ tiny byte-level BPE tokenizer trained here.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from dataclasses import replace
 
@@ -22,13 +23,10 @@ from tasks.eval.answers import greedy_answers, score_answers  # noqa: E402
 from tasks.eval.arithmetic import make_problems  # noqa: E402
 from tasks.eval.rewards import REWARDS, register_reward  # noqa: E402
 from tasks.training.config import GrpoConfig  # noqa: E402
+from tasks.training.grpo.rollouts import (Rollout, abstention_nll, guide_abstentions, informative_groups,  # noqa: E402
+                                          own_logprobs, rollout_batch, sample_rollouts, unsure_groups)
+from tests.conftest import grpo_config, small_alphabet_bpe, tiny_llama as tiny_model  # noqa: E402
 from tests.helpers.training import grpo_train  # noqa: E402
-from tasks.training.grpo.rollouts import (  # noqa: E402
-    Rollout, abstention_nll, guide_abstentions, informative_groups, own_logprobs, rollout_batch, sample_rollouts,
-    unsure_groups,
-)
-from tests.conftest import grpo_config, small_alphabet_bpe  # noqa: E402
-from tests.conftest import tiny_llama as tiny_model  # noqa: E402
 
 TARGET = "a"
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -110,8 +108,8 @@ def test_the_first_updates_ratio_is_exactly_one_at_a_sampling_temperature(tok):
 def test_guided_abstentions_replace_the_last_of_each_group_and_start_at_ratio_one(tok):
     """abstain_guidance: the last k completions of every group become the abstention, scored as one, with the
     tempered policy's own log-probs as their old ones (ratio 1 at the first update, as for a sampled completion)."""
-    from models.sampling import tempered
     from models.chat_template import decode_completion, special_ids
+    from models.sampling import tempered
     from tasks.eval.rewards import ABSTENTION
 
     model = tiny_model(tok.get_vocab_size())
@@ -416,3 +414,35 @@ def test_grpo_resume_refuses_changed_settings(tmp_path):
     other_model = {**resolved(), "sft_model": "/other"}
     with pytest.raises(ValueError, match=r"different settings \(sft_model\)"):
         check_resume_compatible(stage, tmp_path, other_model)
+
+
+def test_the_lr_schedule_counts_optimizer_steps_and_ends_with_the_run():
+    """A GRPO step makes updates_per_batch optimizer steps: warmup and cosine are sized on those, so the lr reaches
+    its floor at the run's last optimizer step, not halfway through the run."""
+    from models.optim import lr_at
+    from tasks.training.engine import Schedule
+
+    cfg = grpo_config(steps=10, updates_per_batch=3,
+                      optim={"warmup_steps": 2, "schedule": "cosine", "min_lr_ratio": 0.1})
+    schedule = Schedule.of(cfg.optim, cfg.steps, cfg.updates_per_batch)
+    assert (schedule.warmup_steps, schedule.max_steps) == (6, 30)
+    last = cfg.steps * cfg.updates_per_batch - 1  # the scheduler's step count at the last optimizer step
+    assert lr_at(last, schedule) > 0.1 and lr_at(last + 1, schedule) == pytest.approx(0.1)
+    assert lr_at(cfg.steps * cfg.updates_per_batch // 2, schedule) > 0.5  # halfway through the run: not at the floor
+    assert Schedule.of(grpo_config().optim, 10, 3) is None  # GRPO's default: a constant lr, no scheduler
+
+
+def test_grpo_lr_falls_through_the_whole_run(tok, rewards):
+    """Through the loop: the lr each step logged falls to the end of the run and no earlier."""
+    cfg = grpo_config(group_size=2, prompts_per_step=2, max_new_tokens=4, steps=6, updates_per_batch=2,
+                      optim={"lr": 1e-3, "warmup_steps": 0, "schedule": "cosine", "min_lr_ratio": 0.0},
+                      rewards={"test_frac_target": 1.0}, accuracy_reward="test_frac_target", eval_prompts=0,
+                      log_every=1, precision="fp32")
+    logged: list[tuple[int, dict]] = []
+    policy = tiny_model(tok.get_vocab_size())
+    grpo_train(policy, copy.deepcopy(policy), tok, make_problems(4, seed=0), cfg,
+               log=lambda metrics, step: logged.append((step, metrics)))
+    lrs = [m["lr"] for _, m in sorted(logged) if "lr" in m]
+    assert len(lrs) == cfg.steps and lrs == sorted(lrs, reverse=True) and lrs[0] == pytest.approx(1e-3)
+    # The last step starts at optimizer step 10 of 12: cosine there is (1 + cos(pi * 10 / 12)) / 2 of the peak.
+    assert lrs[-1] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 10 / 12)), rel=1e-6)

@@ -50,8 +50,8 @@ def test_rank_layout_cuts_data_by_replica():
 
 
 def test_tensor_parallel_refuses_heads_it_cannot_split(tmp_path):
-    from tests.conftest import launch_into, tiny_pretrain_config, write_token_shards, write_word_tokenizer
     from tasks.training.pretrain.stage import Pretrain
+    from tests.conftest import launch_into, tiny_pretrain_config, write_token_shards, write_word_tokenizer
 
     cfg = tiny_pretrain_config(num_procs=2)  # n_heads=2, n_kv_heads=1
     cfg = PretrainConfig.model_validate({**cfg.model_dump(), "launch": {**cfg.launch.model_dump(), "tp": 2}})
@@ -68,7 +68,7 @@ def test_pipeline_layers_hold_the_whole_models_weights_and_give_them_back():
 
     from models.llama import Transformer, model_config
     from models.losses import next_token_loss
-    from models.pipeline import pipeline_module, pipe_state_dict
+    from models.pipeline import pipe_state_dict, pipeline_module
     from tasks.training.distributed import init_distributed
 
     init_distributed()

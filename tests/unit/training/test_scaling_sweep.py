@@ -14,8 +14,8 @@ from tasks.reports.scaling_plots import contours_png, frontier_png, isoflop_png
 from tasks.training.config import PretrainConfig
 from tasks.training.pretrain.stage import resolve_model_config
 from tasks.training.scaling.config import ScaleConfig
-from tasks.training.scaling.prediction import (PREDICTION_FILE, fit_problem, fit_sweep, predict_run,
-                                               read_prediction, write_prediction)
+from tasks.training.scaling.prediction import (PREDICTION_FILE, fit_problem, fit_sweep, predict_run, read_prediction,
+                                               write_prediction)
 from tasks.training.scaling.sweep import (MeasuredPoint, epoch_warnings, plan_sweep, point_config, sweep_members,
                                           sweep_pretrain, sweep_tokenizer, world_size)
 

@@ -15,14 +15,8 @@ from models.chat_template import encode_chat
 from tasks.eval.arithmetic import assign_split
 from tasks.eval.rewards import arithmetic_exact
 from tasks.tokenizer.train import train_bpe
-from tasks.training.sft.data import (
-    SftSourceConfig,
-    default_sft_sources,
-    first_sentence,
-    load_sft_catalog,
-    load_sft_examples,
-    sft_counts,
-)
+from tasks.training.sft.data import (SftSourceConfig, default_sft_sources, first_sentence, load_sft_catalog,
+                                     load_sft_examples, sft_counts)
 
 GOOD = {"instruction": "Say hi", "response": "hi"}
 JSONL_LINES: list[tuple[bytes, str | None]] = [

@@ -10,12 +10,13 @@ from pydantic import ValidationError
 from models.losses import IGNORE_INDEX
 from tasks.eval.arithmetic import make_problems
 from tasks.tokenizer.tokenize_shards import load_token_split
-from tests.helpers.training import train
 from tasks.training.metrics import ListSink
 from tasks.training.sft.data import SftExample
-from tasks.training.sft.stage import check_replay_tokens, encode_examples, sft_batch_tokens, sft_loss
-from tasks.training.sft.stage import SftExamples, example_batches
-from tests.conftest import sft_config, small_alphabet_bpe, tiny_llama, train_config, train_config_for, write_token_shards
+from tasks.training.sft.stage import (SftExamples, check_replay_tokens, encode_examples, example_batches,
+                                      sft_batch_tokens, sft_loss)
+from tests.conftest import (sft_config, small_alphabet_bpe, tiny_llama, train_config, train_config_for,
+                            write_token_shards)
+from tests.helpers.training import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
+from tasks.training.batches import token_window_batches
 from tasks.training.config import RESUME_NEUTRAL
 from tasks.training.engine import build_engine
-from tests.helpers.training import train
 from tasks.training.metrics import ListSink
 from tasks.training.pretrain.stage import lm_loss
-from tasks.training.batches import token_window_batches
 from tests.conftest import TINY_SEQ, loop_model, random_tokens, train_config, train_config_for
+from tests.helpers.training import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -7,17 +7,15 @@ import numpy as np
 import pytest
 import torch
 
+from tasks.training.batches import token_window_batches
 from tasks.training.checkpoint import checkpoint_tags, latest_checkpoint_step
-from tasks.training.progress import NonFiniteLossError
-from tests.helpers.training import train
 from tasks.training.metrics import ListSink, MlflowSink
 from tasks.training.pretrain.stage import lm_loss
-from tasks.training.batches import token_window_batches
+from tasks.training.progress import NonFiniteLossError
 from tasks.training.sft.stage import sft_batch_tokens
-from tests.conftest import TINY_SEQ as SEQ
-from tests.conftest import loop_model as tiny_model
-from tests.conftest import random_tokens, train_config
-from tests.conftest import train_config_for as cfg_for
+from tests.conftest import (TINY_SEQ as SEQ, loop_model as tiny_model, random_tokens, train_config,
+                            train_config_for as cfg_for)
+from tests.helpers.training import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -194,8 +192,8 @@ def test_token_windows_are_pure_and_cover_an_epoch():
 def test_mlflow_sink_logs_to_a_real_store(tmp_path, monkeypatch):
     import mlflow
 
-    from infra.workspace.paths import Workspace
     from infra.tracking.runs import stage_run
+    from infra.workspace.paths import Workspace
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     ws = Workspace(tmp_path / "ws")

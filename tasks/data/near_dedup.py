@@ -57,16 +57,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from datasketch.lsh import _optimal_param
-from infra.stages import Stage
 from pydantic import Field, model_validator
 from tqdm.auto import tqdm
 
 from infra.config import StrictModel
+from infra.stages import Stage
 from tasks.data import parallel
 from tasks.data.documents import as_documents, iter_batches, removed_from_documents
-from tasks.data.lsh_buckets import (
-    BandSpill, PairSpill, ShingleSetFile, SignatureFile, band_hashes, candidate_pairs, read_pair_chunks, resolve_block,
-)
+from tasks.data.lsh_buckets import (BandSpill, PairSpill, ShingleSetFile, SignatureFile, band_hashes, candidate_pairs,
+                                    read_pair_chunks, resolve_block)
 from tasks.data.minhash_estimate import estimated_similarity, meta_columns, spill_limit, with_meta
 from tasks.data.minhash_signatures import DTYPE, Scheme, permutations, shingles, signature_job
 from tasks.data.step import DataStep, StageResult
