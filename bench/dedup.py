@@ -515,7 +515,9 @@ def score(removed: list[int], truth: dict[int, tuple[int, float]], n_docs: int) 
 
 
 def dedup_section(texts: list[str], truth: dict, args: argparse.Namespace, p: dict) -> dict[str, dict]:
-    from tasks.data.documents import Document, documents_table, write_table_atomic
+    import pyarrow.parquet as pq
+
+    from tasks.data.documents import Document, documents_table
 
     runs = [(m, m, p) for m in METHODS if not (m == "datatrove" and args.skip_datatrove)]
     for b, r in args.ours_banding_extra:  # our stage again with an explicit banding, for comparison
@@ -524,7 +526,8 @@ def dedup_section(texts: list[str], truth: dict, args: argparse.Namespace, p: di
     with tempfile.TemporaryDirectory(prefix="bench-dedup-") as tmp:
         tmp = Path(tmp)
         docs = [Document(doc_id=f"d{i}", source="synthetic", text=t) for i, t in enumerate(texts)]
-        path = write_table_atomic(documents_table(docs), tmp / "docs.parquet")
+        path = tmp / "docs.parquet"
+        pq.write_table(documents_table(docs), path, compression="zstd")
         del docs
         for label, method, params in runs:
             print(f"  near-dedup: {label} ...", flush=True)

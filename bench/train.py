@@ -39,7 +39,7 @@ from models.flops import flops_per_token, mfu, num_params  # noqa: E402
 from models.llama import Transformer, model_config  # noqa: E402
 from models.optim import build_adamw, build_scheduler  # noqa: E402
 from tasks.training.batches import token_window_batches  # noqa: E402
-from tasks.training.config import PretrainConfig, nested  # noqa: E402
+from tasks.training.config import PretrainConfig  # noqa: E402
 from tasks.training.distributed import init_distributed  # noqa: E402
 from tasks.training.engine import Schedule  # noqa: E402
 from tasks.training.loop import LossSteps, fit  # noqa: E402
@@ -83,11 +83,12 @@ def make_model(args: argparse.Namespace) -> Transformer:
 
 def train_config(args: argparse.Namespace, precision: str = "fp32", kernel: str = "auto", steps: int | None = None,
                  lr: float = 3e-4) -> PretrainConfig:
-    return PretrainConfig(**nested(dict(
-        seq_len=args.seq_len, micro_batch_size=args.batch, grad_accum=1, lr=lr, warmup_steps=2,
-        max_steps=steps or args.warmup + args.steps, weight_decay=0.1, grad_clip=1.0, zero="zero0",
-        precision=precision, optimizer_kernel=kernel, log_every=1, eval_batches=0, peak_flops=1.0, seed=0,
-    )))
+    return PretrainConfig(
+        steps=steps or args.warmup + args.steps, seed=0,
+        batch={"seq_len": args.seq_len, "micro_batch_size": args.batch, "grad_accum": 1},
+        optim={"lr": lr, "warmup_steps": 2, "weight_decay": 0.1, "grad_clip": 1.0, "kernel": kernel},
+        launch={"zero": "zero0", "precision": precision}, log={"every": 1, "eval_batches": 0, "peak_flops": 1.0},
+    )
 
 
 def bigram_tokens(vocab: int, n: int, seed: int = 0, stay: float = 0.8) -> np.ndarray:

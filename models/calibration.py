@@ -219,12 +219,6 @@ def nll(probs_of_true) -> float:
     return float(-np.mean(np.log(np.clip(p, _EPS, 1.0))))
 
 
-def nll_from_logits(logits, labels, temperature: float = 1.0) -> float:
-    """Mean cross-entropy of `labels` [N] under softmax(`logits` [N, C] / temperature)."""
-    z, y = _logits_labels(logits, labels)
-    return float(_nll_sum(z, y, 1.0 / temperature) / y.numel())
-
-
 def top1_from_logits(logits, labels, temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Top-1 confidence and correctness of each row of `logits` [N, C] at a temperature."""
     z, y = _logits_labels(logits, labels)

@@ -55,10 +55,6 @@ def parallelize(model: torch.nn.Module, mesh) -> torch.nn.Module:
     return model
 
 
-def is_parallel(model: torch.nn.Module) -> bool:
-    return any(isinstance(p, DTensor) for p in model.parameters())
-
-
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's state dict on every rank (a collective: every tensor-parallel rank calls it)."""
     return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.training.config import LOOP_KEYS
+
 # The shared helpers' asserts report their values as the test modules' do (before any of them is imported).
 pytest.register_assert_rewrite("tests.helpers")
 
@@ -241,7 +243,7 @@ def write_token_shards(out_dir: Path, vocab_size: int) -> Path:
 
 def tiny_pretrain_config(**overrides):
     """A PretrainConfig of a 2-layer, 32-wide model on 16-token windows, with `overrides`."""
-    from tasks.training.config import PretrainConfig, nested
+    from tasks.training.config import PretrainConfig
 
     base = dict(
         model="demo",
@@ -275,30 +277,43 @@ def launch_into(stage, out_dir: Path, ws_root: Path, log=lambda line: None, **in
     return in_run(stage, Workspace.locate(ws_root), Path(out_dir), log=log, **inputs)
 
 
+def nested(flat: dict) -> dict:
+    """A training config from flat keys (`lr=...`, as the loop's configs once were) as composed ones
+    (`{"optim": {"lr": ...}}`): the tests' shorthand."""
+    out: dict = {}
+    for key, value in flat.items():
+        node = out
+        *parents, leaf = LOOP_KEYS.get(key, key).split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
 def train_config(**flat):
     """A PretrainConfig from flat keys of the loop (lr=, zero=, max_steps=, ...), with no other defaults."""
-    from tasks.training.config import PretrainConfig, nested
+    from tasks.training.config import PretrainConfig
 
     return PretrainConfig(**nested(flat))
 
 
 def sft_config(**flat):
     """An SftConfig from flat keys (lr=, seq_len=, ckpt_every=, ...)."""
-    from tasks.training.config import SftConfig, nested
+    from tasks.training.config import SftConfig
 
     return SftConfig(**nested(flat))
 
 
 def grpo_config(**flat):
     """A GrpoConfig from flat keys (lr=, ckpt_every=, num_procs=, ...)."""
-    from tasks.training.config import GrpoConfig, nested
+    from tasks.training.config import GrpoConfig
 
     return GrpoConfig(**nested(flat))
 
 
 def train_config_for(**overrides):
     """A fast fp32 ZeRO-0 training config for TINY_SEQ windows, with `overrides` (flat keys: lr=, zero=, ...)."""
-    from tasks.training.config import PretrainConfig, nested
+    from tasks.training.config import PretrainConfig
 
     base = dict(seq_len=TINY_SEQ, micro_batch_size=4, grad_accum=1, lr=3e-3, warmup_steps=2, max_steps=8,
                 log_every=1, precision="fp32", zero="zero0", peak_flops=1e11, eval_batches=2, seed=0)

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from infra.workspace.atomic import atomic_path, atomic_write, commit_atomic
+from infra.workspace.atomic import atomic_path, commit_atomic
 
 SCHEMA_VERSION = 1
 
@@ -87,13 +87,6 @@ class Removed(Document):
     raw: bytes | None = field(default=None, repr=False)
 
 
-def write_table_atomic(table: pa.Table, final: Path, compression: str = "zstd") -> Path:
-    """Write a Parquet file under a temporary name, fsync, then rename into place."""
-    with atomic_write(final) as tmp:
-        pq.write_table(table, tmp, compression=compression)
-    return Path(final)
-
-
 def _rows_table(rows: Iterable, row_type: type, schema: pa.Schema) -> pa.Table:
     dicts = [asdict(r) if isinstance(r, row_type) else r for r in rows]
     return pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in dicts], schema=schema)
@@ -131,10 +124,6 @@ def removed_from_documents(
     cols["similarity"] = pa.array(similarity if similarity is not None else [None] * n, pa.float64())
     cols["raw"] = pa.array([None] * n, pa.binary())
     return pa.table(cols, schema=REMOVED_SCHEMA)
-
-
-def read_documents(path: Path) -> pa.Table:
-    return pq.read_table(path, schema=DOCUMENT_SCHEMA)
 
 
 def iter_batches(

@@ -75,11 +75,6 @@ class _Sizer:
         return np.asarray([len(e.ids) for e in self.tok.encode_batch(batch)] if batch else [], dtype=np.int64)
 
 
-def document_sizes(table: pa.Table, cfg: MixConfig) -> np.ndarray:
-    """Size of each document in the mix unit (tokens when a tokenizer is known)."""
-    return _Sizer(cfg)(table.column("text"))
-
-
 def plan_cuts(
     histograms: dict[str, np.ndarray],
     weights: dict[str, float],
@@ -129,26 +124,6 @@ def plan_cuts(
         "shrunk_below_half": shrunk,  # source -> share of its units kept
     }
     return plan, report
-
-
-def plan_mix(
-    sizes_by_source: dict[str, np.ndarray],
-    weights: dict[str, float],
-    max_epochs: dict[str, float],
-    seed: int,
-    total: int | None = None,
-    doc_ids: dict[str, list[str]] | None = None,
-) -> tuple[dict[str, np.ndarray], dict]:
-    """Repeat counts per document of each source (in memory), and a report of target vs achieved
-    shares; the same method as `rebalance_mix`. Documents are hashed by `doc_ids`, else by index."""
-    buckets = {
-        s: hash_buckets(seed, s, doc_ids[s] if doc_ids else [str(i) for i in range(len(v))])
-        for s, v in sizes_by_source.items()
-    }
-    hists = {s: np.bincount(buckets[s], weights=v, minlength=HASH_BUCKETS).astype(np.int64) for s, v in sizes_by_source.items()}
-    plan, report = plan_cuts(hists, weights, max_epochs, total)
-    repeats = {s: plan[s][0] + (buckets[s] < plan[s][1]).astype(np.int64) for s in sizes_by_source}
-    return repeats, report
 
 
 def _sources_of(batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:

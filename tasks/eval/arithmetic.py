@@ -167,19 +167,6 @@ def assign_split(question: str, fractions: Mapping[str, float] = SPLIT_FRACTIONS
     return names[-1]
 
 
-def split_problems(
-    problems: Sequence[ArithmeticProblem], heldout_fraction: float, salt: str = SPLIT_SALT
-) -> tuple[list[ArithmeticProblem], list[ArithmeticProblem]]:
-    """(train, heldout) by hash of the question, so a question never appears on both sides."""
-    if not 0.0 <= heldout_fraction <= 1.0:
-        raise ValueError(f"heldout_fraction must be in [0, 1], got {heldout_fraction}")
-    train: list[ArithmeticProblem] = []
-    heldout: list[ArithmeticProblem] = []
-    for p in problems:
-        (heldout if split_unit(p.question, salt) < heldout_fraction else train).append(p)
-    return train, heldout
-
-
 class ArithmeticTask(StrictModel):
     """The sums SFT trains on, GRPO improves and the evaluation asks: one `arithmetic:` section for all three.
 

@@ -300,14 +300,6 @@ def evaluate_checkpoint(
     return result
 
 
-def load_eval_result(out_dir: Path) -> EvalResult:
-    """Read the eval.json that evaluate_checkpoint wrote."""
-    path = Path(out_dir) / EVAL_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing; run evaluate_checkpoint for this model first")
-    return EvalResult.model_validate_json(path.read_text(encoding="utf-8"))
-
-
 class Evaluate(Stage):
     """One model's calibration and answers on the validation tokens and the arithmetic task's questions:
     work/eval/<key>/eval.json. `label` names the model (base, sft, grpo): the few-shot prompt depends on it."""

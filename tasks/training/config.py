@@ -389,8 +389,8 @@ class GrpoConfig(TrainingConfig):
         return self
 
 
-# Keys of the configs before they were composed (issue 25), and where each went: a preset or
-# `--set` that still uses one gets an error naming the new key instead of "extra inputs".
+# Keys of the configs before they were composed, and where each went: a preset or `--set` that still uses one gets
+# an error naming the new key instead of "extra inputs".
 LOOP_KEYS = {
     "seq_len": "batch.seq_len", "micro_batch_size": "batch.micro_batch_size", "grad_accum": "batch.grad_accum",
     "lr": "optim.lr", "betas": "optim.betas", "weight_decay": "optim.weight_decay",
@@ -401,18 +401,6 @@ LOOP_KEYS = {
     "ckpt_every": "checkpoint.every", "keep_checkpoints": "checkpoint.keep", "log_every": "log.every",
     "eval_every": "log.eval_every", "eval_batches": "log.eval_batches", "peak_flops": "log.peak_flops",
 }
-
-
-def nested(flat: dict) -> dict:
-    """Flat keys of the configs before composition (`lr=...`) as composed ones (`{"optim": {"lr": ...}}`)."""
-    out: dict = {}
-    for key, value in flat.items():
-        node = out
-        *parents, leaf = LOOP_KEYS.get(key, key).split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out
 
 
 RENAMED: dict[str, str] = {

@@ -6,8 +6,9 @@ from pathlib import Path
 import numpy as np
 
 from infra.workspace.record import sha256_file
-from tasks.data.documents import Document, documents_table, write_table_atomic
+from tasks.data.documents import Document, documents_table
 from tasks.data.manifest import Manifest, ShardInfo, write_manifest
+from tests.helpers.parquet import write_table_atomic
 
 
 def mixed_documents(path: Path, n: int, tag: str) -> Path:

@@ -7,8 +7,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.data.documents import Document, documents_table, write_table_atomic
+from tasks.data.documents import Document, documents_table
 from tasks.data.near_dedup import NearDedupConfig, near_dedup
+from tests.helpers.parquet import write_table_atomic
 
 
 def gram_set(text: str, n: int = 5) -> set[tuple[str, ...]]:

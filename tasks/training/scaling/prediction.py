@@ -124,6 +124,3 @@ def write_prediction(folder: Path, prediction: Prediction) -> Path:
     return write_json_atomic(Path(folder) / PREDICTION_FILE, prediction)
 
 
-def read_prediction(folder: Path) -> Prediction | None:
-    path = Path(folder) / PREDICTION_FILE
-    return Prediction.model_validate_json(path.read_text(encoding="utf-8")) if path.is_file() else None

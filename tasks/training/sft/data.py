@@ -25,7 +25,6 @@ import importlib
 import inspect
 import random
 import re
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -346,14 +345,3 @@ def load_sft_examples(
     return examples, rejected
 
 
-def sft_counts(examples: Sequence[SftExample], rejected: Sequence[dict]) -> dict[str, dict[str, int]]:
-    """Per source: records read ("in"), examples kept ("out") and one count per rejection reason."""
-    kept = Counter(e.source for e in examples)
-    reasons: dict[str, Counter] = {}
-    for r in rejected:
-        reasons.setdefault(r["source"], Counter())[r["reason"]] += 1
-    out: dict[str, dict[str, int]] = {}
-    for src in sorted(set(kept) | set(reasons)):
-        c = reasons.get(src, Counter())
-        out[src] = {"in": kept[src] + sum(c.values()), "out": kept[src], **dict(sorted(c.items()))}
-    return out

@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from infra.config import ConfigError, parse_config
-from tasks.data.documents import REMOVED_SCHEMA, Document, documents_table, write_table_atomic
+from tasks.data.documents import REMOVED_SCHEMA, Document, documents_table
 from tasks.data.exact_dedup import ExactDedupConfig, exact_dedup
 from tasks.data.near_dedup import NearDedupConfig, near_dedup
 from tasks.data.text_normalize import dedup_key, normalize_text
+from tests.helpers.parquet import write_table_atomic
 
 
 def write_docs(path: Path, docs: list[Document]) -> Path:

@@ -248,8 +248,9 @@ def test_a_binary_catalog_yaml_is_one_config_error_naming_the_file(tmp_path):
 
 
 def test_a_mix_that_shrinks_a_source_below_half_says_so(tmp_path, caplog):
-    from tasks.data.documents import Document, documents_table, write_table_atomic
+    from tasks.data.documents import Document, documents_table
     from tasks.data.mix import MixConfig, rebalance_mix
+    from tests.helpers.parquet import write_table_atomic
 
     docs = [Document("a0", "tiny", "only one document")] + [Document(f"b{i}", "big", f"text {i} " * 5) for i in range(200)]
     inp = write_table_atomic(documents_table(docs), tmp_path / "in.parquet")

@@ -16,13 +16,14 @@ import pytest
 
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import collect_source
-from tasks.data.documents import Document, documents_table, write_table_atomic
+from tasks.data.documents import Document, documents_table
 from tasks.data.exact_dedup import ExactDedupConfig, exact_dedup
 from tasks.data.mix import MixConfig, rebalance_mix
 from tasks.data.near_dedup import NearDedupConfig, near_dedup
 from tasks.data.quality_filter import quality_filter
 from tasks.data.text_normalize import dedup_key, has_visible_text, normalize_text
 from tests.conftest import prose
+from tests.helpers.parquet import write_table_atomic
 
 # The brief's set (U+200B-U+200F, U+202A-U+202E, U+2060-U+2064, U+FEFF) and the rest of the
 # Trojan Source family (U+061C, U+2066-U+2069), written out rather than taken from the module.

@@ -11,11 +11,12 @@ import pyarrow as pa
 import pytest
 
 from tasks.data import minhash_signatures
-from tasks.data.documents import DOCUMENT_SCHEMA, write_table_atomic
+from tasks.data.documents import DOCUMENT_SCHEMA
 from tasks.data.minhash_estimate import spill_limit
 from tasks.data.minhash_signatures import _xxh3_shingle_hashes, distinct_sets, unique_shingle_sets
 from tasks.data.near_dedup import NearDedupConfig, compute_signatures, near_dedup
 from tests.helpers.near_dedup import SURE_CANDIDATES, gram_set, jaccard, pair_with_shingles, run
+from tests.helpers.parquet import write_table_atomic
 
 COLLIDING = ("r79641", "r14149")  # one 32-bit xxh3 shingle hash (seed 1), issue 26
 

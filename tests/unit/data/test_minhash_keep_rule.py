@@ -12,12 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 from datasketch import LeanMinHash, MinHashLSH
 
-from tasks.data.documents import Document, documents_table, write_table_atomic
+from tasks.data.documents import Document, documents_table
 from tasks.data.minhash_estimate import spill_limit
 from tasks.data.minhash_signatures import shingles
 from tasks.data.near_dedup import NearDedupConfig, banding, compute_signatures, near_dedup
 from tasks.data.text_normalize import dedup_key
 from tests.helpers.near_dedup import make_variant
+from tests.helpers.parquet import write_table_atomic
 
 
 def grams(text: str, n: int) -> set[tuple[str, ...]]:

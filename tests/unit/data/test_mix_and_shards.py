@@ -7,10 +7,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.data.documents import Document, documents_table, write_table_atomic
+from tasks.data.documents import Document, documents_table
 from tasks.data.manifest import ChecksumError, load_manifest, shard_paths
-from tasks.data.mix import MixConfig, plan_mix, rebalance_mix
+from tasks.data.mix import MixConfig, rebalance_mix
 from tasks.data.shards import ShardConfig, write_shards
+from tests.helpers.mix import plan_mix
+from tests.helpers.parquet import write_table_atomic
 
 
 def test_plan_mix_downsamples_and_upsamples():

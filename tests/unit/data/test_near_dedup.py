@@ -11,10 +11,11 @@ import pytest
 from datasketch import MinHash
 
 from infra.config import ConfigError, parse_config
-from tasks.data.documents import REMOVED_SCHEMA, Document, documents_table, write_table_atomic
+from tasks.data.documents import REMOVED_SCHEMA, Document, documents_table
 from tasks.data.minhash_signatures import shingles
 from tasks.data.near_dedup import NearDedupConfig, compute_signatures, near_dedup
 from tests.helpers.near_dedup import make_variant
+from tests.helpers.parquet import write_table_atomic
 
 
 def write_docs(path: Path, docs: list[Document]) -> Path:

@@ -6,8 +6,9 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.data.documents import Document, documents_table, write_table_atomic
+from tasks.data.documents import Document, documents_table
 from tasks.data.pii_redact import PiiConfig, pii_redact, redact_text
+from tests.helpers.parquet import write_table_atomic
 
 CFG = PiiConfig()
 

@@ -7,9 +7,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from infra.config import ConfigError
-from tasks.data.documents import REMOVED_SCHEMA, Document, documents_table, write_table_atomic
+from tasks.data.documents import REMOVED_SCHEMA, Document, documents_table
 from tasks.data.quality_filter import quality_filter
 from tasks.data.quality_rules import FilterSpec
+from tests.helpers.parquet import write_table_atomic
 from tests.helpers.quality_texts import CLEAN_CODE, CLEAN_PROSE, FAILING
 
 

@@ -6,7 +6,7 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tasks.eval.arithmetic import SPLIT_FRACTIONS, ArithmeticProblem, assign_split, make_problems, split_problems
+from tasks.eval.arithmetic import SPLIT_FRACTIONS, ArithmeticProblem, assign_split, make_problems
 from tasks.eval.rewards import (REWARDS, arithmetic_exact, combined_reward, format_reward, get_reward, gsm8k_exact,
                                 parse_answer, register_reward)
 
@@ -159,17 +159,3 @@ def test_splits_never_overlap_and_are_stable():
     shares = {k: sum(assign_split(p.question) == k for p in everything) / len(everything) for k in SPLIT_FRACTIONS}
     for k, f in SPLIT_FRACTIONS.items():
         assert abs(shares[k] - f) < 0.06
-
-
-def test_split_problems_by_hash():
-    problems = make_problems(400, seed=0)
-    train, held = split_problems(problems, 0.25)
-    assert len(train) + len(held) == 400
-    assert not ({p.question for p in train} & {p.question for p in held})
-    assert 0.18 < len(held) / 400 < 0.32
-    # The side a question lands on does not depend on what else is in the list.
-    train2, held2 = split_problems(list(reversed(problems[:100])), 0.25)
-    assert {p.question for p in held2} == {p.question for p in held} & {p.question for p in problems[:100]}
-    assert split_problems(problems, 0.0)[1] == [] and split_problems(problems, 1.0)[0] == []
-    with pytest.raises(ValueError, match="heldout_fraction"):
-        split_problems(problems, 1.5)

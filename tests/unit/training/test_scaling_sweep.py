@@ -14,7 +14,7 @@ from tasks.reports.scaling_plots import contours_png, frontier_png, isoflop_png
 from tasks.training.config import PretrainConfig
 from tasks.training.pretrain.stage import resolve_model_config
 from tasks.training.scaling.config import ScaleConfig
-from tasks.training.scaling.prediction import (PREDICTION_FILE, fit_problem, fit_sweep, predict_run, read_prediction,
+from tasks.training.scaling.prediction import (PREDICTION_FILE, Prediction, fit_problem, fit_sweep, predict_run,
                                                write_prediction)
 from tasks.training.scaling.sweep import (MeasuredPoint, epoch_warnings, plan_sweep, point_config, sweep_members,
                                           sweep_pretrain, sweep_tokenizer, world_size)
@@ -156,7 +156,7 @@ def test_prediction_picks_the_true_best_member_and_covers_its_loss(fitted, tmp_p
 
     done = pred.measured(Trained())
     write_prediction(tmp_path, done)
-    again = read_prediction(tmp_path)
+    again = Prediction.model_validate_json((tmp_path / PREDICTION_FILE).read_text())  # prediction.json reads back
     assert again.measured_bpb == truth[pred.depth] and again.inside and abs(again.error) < 0.05
 
 

@@ -16,7 +16,8 @@ from tasks.eval.arithmetic import assign_split
 from tasks.eval.rewards import arithmetic_exact
 from tasks.tokenizer.train import train_bpe
 from tasks.training.sft.data import (SftSourceConfig, default_sft_sources, first_sentence, load_sft_catalog,
-                                     load_sft_examples, sft_counts)
+                                     load_sft_examples)
+from tests.helpers.sft import sft_counts
 
 GOOD = {"instruction": "Say hi", "response": "hi"}
 JSONL_LINES: list[tuple[bytes, str | None]] = [
