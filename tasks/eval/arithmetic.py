@@ -182,15 +182,6 @@ class ArithmeticTask(StrictModel):
     abstain_max_operand: int | None = Field(default=None, ge=0)
     outer_max_operand: int = Field(default=20, ge=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _outer_default(cls, data: Any) -> Any:
-        """outer_max_operand left out: the abstention range's end, else the trained range's."""
-        if isinstance(data, dict) and data.get("outer_max_operand") is None:
-            inner = data.get("max_operand", cls.model_fields["max_operand"].default)
-            data = {**data, "outer_max_operand": data.get("abstain_max_operand") or inner}
-        return data
-
     @model_validator(mode="after")
     def _ranges(self) -> "ArithmeticTask":
         if not self.ops or any(op not in OPS for op in self.ops):
@@ -202,6 +193,15 @@ class ArithmeticTask(StrictModel):
             raise ValueError(f"arithmetic.outer_max_operand={self.outer_max_operand} must be at least "
                              f"arithmetic.max_operand={self.max_operand}: the evaluation asks the trained range too")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _outer_default(cls, data: Any) -> Any:
+        """outer_max_operand left out: the abstention range's end, else the trained range's."""
+        if isinstance(data, dict) and data.get("outer_max_operand") is None:
+            inner = data.get("max_operand", cls.model_fields["max_operand"].default)
+            data = {**data, "outer_max_operand": data.get("abstain_max_operand") or inner}
+        return data
 
     @property
     def has_outer_range(self) -> bool:

@@ -317,7 +317,7 @@ def publish_pipeline_report(ws: Workspace, config, data, tokenized, base, sft, g
             set_tag(key, value)
         describe_stage_runs(run_id, identity)
     path = write_final_report(
-        Path(data.manifest), (base.final_val_ppl, base.unigram_ppl), sft, grpo, evals, images, wall_seconds, out / "report.md",
+        Path(data.manifest), (base.final_val_ppl, base.baselines.unigram_ppl if base.baselines else None), sft, grpo, evals, images, wall_seconds, out / "report.md",
         all_attempts, memory_row(base), identity, times,
     )
     page = write_report_html(path)

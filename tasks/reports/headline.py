@@ -35,7 +35,7 @@ def headline_metrics(totals: Mapping[str, int], base: Any, sft: Any, grpo: Any, 
                      times: Sequence[StageTime], wall_seconds: float, all_attempts_seconds: float) -> dict[str, float]:
     """Every stage's headline numbers as `<stage>/<metric>`, rounded; None and non-finite values left out."""
     out: dict[str, float | None] = {f"data/{k}": totals.get(k) for k in DATA_HEADLINES}
-    out |= {"pretrain/final_val_ppl": base.final_val_ppl, "pretrain/unigram_ppl": base.unigram_ppl,
+    out |= {"pretrain/final_val_ppl": base.final_val_ppl, "pretrain/unigram_ppl": base.baselines.unigram_ppl if base.baselines else None,
             "sft/final_val_loss": getattr(sft, "final_val_loss", None),
             "grpo/heldout_accuracy_before": grpo.before.accuracy, "grpo/heldout_accuracy_after": grpo.after.accuracy,
             "grpo/heldout_reward_before": grpo.before.mean_reward, "grpo/heldout_reward_after": grpo.after.mean_reward,

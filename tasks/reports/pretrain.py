@@ -24,7 +24,7 @@ def _value(value: float | None, spec: str) -> str:
 
 def pretrain_markdown(result: PretrainResult, tokens_dir: Path) -> str:
     """The pretraining run as a Markdown table, with its Chinchilla line."""
-    cfg = load_config(result.model_dir)
+    cfg, base = load_config(result.model_dir), result.baselines
     lines = [
         "# Pretraining",
         "",
@@ -36,11 +36,11 @@ def pretrain_markdown(result: PretrainResult, tokens_dir: Path) -> str:
         f"| train tokens available | {load_token_index(tokens_dir).tokens('train'):,} |",
         f"| final train loss | {_value(result.final_train_loss, '.4f')} |",
         f"| validation perplexity | {_value(result.final_val_ppl, '.2f')} |",
-        f"| unigram baseline perplexity | {_value(result.unigram_ppl, '.2f')} |",
+        f"| unigram baseline perplexity | {_value(base.unigram_ppl if base else None, '.2f')} |",
         f"| tokens/s | {_value(result.train_tokens_per_s or None, '.0f')} |",
     ]
-    if result.chinchilla:
-        lines += ["", f"Chinchilla: {result.chinchilla}"]
+    if base:
+        lines += ["", f"Chinchilla: {base.chinchilla}"]
     return "\n".join(lines)
 
 

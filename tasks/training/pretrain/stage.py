@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 
 from infra.stages import DS_CONFIG_FILE, Launch
 from infra.tracking.runs import log_artifact, log_artifacts, log_metrics, log_text, set_tag
@@ -41,6 +42,16 @@ from tasks.training.stage import ExportedModel, TrainingStage, exported, launch_
 from tasks.training.types import TrainResult
 
 
+class PretrainBaselines(BaseModel):
+    """What the run is measured against, on the stage side after it: the tokenizer's unigram baseline on the same
+    validation tokens, and the compute-optimal tokens per parameter (all parameters counted, as Chinchilla counts)."""
+
+    unigram_ppl: float
+    tokens_per_param: float
+    optimal_tokens_per_param: float  # Chinchilla's, or the one a sweep on the same data and tokenizer fitted
+    chinchilla: str  # the Chinchilla view in one line (models.flops.ChinchillaReport.summary)
+
+
 class PretrainResult(ExportedModel):
     """What pretraining ended with: the contents of out_dir/result.json."""
 
@@ -56,12 +67,7 @@ class PretrainResult(ExportedModel):
     skipped_steps: int
     world_size: int
     n_params: int
-    # After the run, on the stage side: the tokenizer's unigram baseline on the same validation tokens, and the
-    # Chinchilla view of the run (tokens per parameter, all parameters counted, against the optimal ratio).
-    unigram_ppl: float | None = None
-    tokens_per_param: float | None = None
-    optimal_tokens_per_param: float | None = None
-    chinchilla: str | None = None  # the Chinchilla view in one line (models.flops.ChinchillaReport.summary)
+    baselines: PretrainBaselines | None = None  # measured on the stage side after the run (`after`)
 
 
 def lm_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -128,8 +134,9 @@ class Pretrain(TrainingStage):
         log_artifacts(result.model_dir, artifact_path="model")  # safetensors + config.json
         if view.warning:
             set_tag("chinchilla.warning", view.warning)
-        return result.model_copy(update={"unigram_ppl": unigram, "tokens_per_param": view.tokens_per_param,
-                                         "optimal_tokens_per_param": view.optimal_ratio, "chinchilla": view.summary()})
+        baselines = PretrainBaselines(unigram_ppl=unigram, tokens_per_param=view.tokens_per_param,
+                                      optimal_tokens_per_param=view.optimal_ratio, chinchilla=view.summary())
+        return result.model_copy(update={"baselines": baselines})
 
     # ------------------------------------------------------------------------- rank side
 

@@ -84,7 +84,7 @@ def test_parent_run_metrics_are_every_stages_headline_grouped_by_stage_and_round
     evals = _evals()
     times = [StageTime(stage="pretrain", run_id="r1", minutes=6.123456, reused=True),
              StageTime(stage="sft", run_id="r2", minutes=4.9, reused=False)]
-    metrics = headline_metrics({"collected": 10, "kept": 8}, SimpleNamespace(final_val_ppl=9.0, unigram_ppl=20.0),
+    metrics = headline_metrics({"collected": 10, "kept": 8}, SimpleNamespace(final_val_ppl=9.0, baselines=SimpleNamespace(unigram_ppl=20.0)),
                                SimpleNamespace(final_val_loss=None), SimpleNamespace(before=score, after=score, flat=False), evals,
                                times, 60.0, 90.0)
     assert (metrics["evaluate/base.bpb"], metrics["evaluate/sft.bpb"], metrics["evaluate/grpo.bpb"]) == (1.25, 1.5, 1.75)
