@@ -3,17 +3,16 @@
     .venv/bin/python bench/abstain_threshold.py --sft work/eval/<sft key>/eval.json \
         --policy work/eval/<grpo key>/eval.json [--thresholds 0.3 0.4 0.5]
 
-A diagnostic for issue 28's second goal (the policy hallucinating at most half as often as SFT, without
-in-range accuracy falling), not a way the models answer: the evaluation's greedy answers, each with its
-confidence (the probability the model gave its answer's tokens), are read back, and every answer under a
-threshold tau is counted as an abstention. tau = abstain / right reward is where answering stops paying
-for a calibrated model (right 1 > abstain 0.3 > wrong 0 gives 0.3; right 1, abstain 0, wrong -1 gives
-0.5). Per tau and model it prints the hallucination rate (wrong and not abstained, of all questions) with
-its Wilson interval and the in-range accuracy with the paired difference against SFT's own answers; then
-how well confidence separates right from wrong in-range answers (AUROC), and the lowest tau at which the
-policy would halve its hallucination rate, chosen on these very questions (so an upper bound, not a result).
-If that tau costs in-range accuracy, no threshold on the model's confidence can meet the goal; if it does
-not, the signal is there and what is missing is a policy that acts on it by itself.
+A diagnostic for GRPO's abstention goal (bench/grpo_seeds.py's goal 2: the policy hallucinating at most half as often
+as SFT, without in-range accuracy falling), not a way the models answer: the evaluation's greedy answers, each with
+its confidence (the probability the model gave its answer's tokens), are read back, and every answer under a threshold
+tau is counted as an abstention. tau = abstain / right reward is where answering stops paying for a calibrated model
+(right 1 > abstain 0.3 > wrong 0 gives 0.3; right 1, abstain 0, wrong -1 gives 0.5). Per tau and model it prints the
+hallucination rate (wrong and not abstained, of all questions) with its Wilson interval and the in-range accuracy with
+the paired difference against SFT's own answers; then how well confidence separates right from wrong in-range answers
+(AUROC), and the lowest tau at which the policy would halve its hallucination rate, chosen on these very questions (so
+an upper bound, not a result). If that tau costs in-range accuracy, no threshold on the model's confidence can meet
+the goal; if it does not, the signal is there and what is missing is a policy that acts on it by itself.
 """
 from __future__ import annotations
 

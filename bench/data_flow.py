@@ -302,7 +302,7 @@ def bench_flow(catalog: Path, root: Path, collected: int) -> dict:
     """The real Prefect data flow (flows/data_flow.py) through the CLI, on an ephemeral Prefect API.
 
     Prefect's database is created (migrated) before the measured run, unmeasured: a user's
-    PREFECT_HOME has it after the first run, and creating it costs ~7 CPU-s once.
+    PREFECT_HOME has it after the first run, and creating it costs CPU seconds once.
     """
     preset = root / "preset.yaml"
     preset.write_text(f"data:\n  catalog: {catalog}\n")

@@ -9,7 +9,7 @@ own MLflow runs, never the pipeline's), then asks the SFT model and every policy
 evaluation questions (`eval` section: held out, never trained on) and prints, per seed, the
 accuracy with its Wilson 95% interval and the paired GRPO - SFT difference, then the mean ± sd
 over seeds. One seed's gain means little when seeds spread as far as the gain. Per seed it also gives
-the hallucination rate (wrong and not abstained, of all questions) beside SFT's, and issue 28's goals as
+the hallucination rate (wrong and not abstained, of all questions) beside SFT's, and GRPO's two goals as
 PASS/FAIL: the in-range gain significant above 0 on >= 200 questions; the hallucination rate at most half
 SFT's without in-range accuracy falling (paired interval).
 """
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                      "diff": diff.difference, "diff_lo": diff.lo, "diff_hi": diff.hi,
                      "hallucination": halluc.accuracy, "hallucination_lo": halluc.accuracy_lo,
                      "hallucination_hi": halluc.accuracy_hi, "abstained": sum(a for _, a in after_answers.values()),
-                     # Issue 28's goals on this seed: (1) in range, GRPO - SFT significant above 0 on >= 200
+                     # GRPO's two goals on this seed: (1) in range, GRPO - SFT significant above 0 on >= 200
                      # questions; (2) hallucination at most half SFT's, in-range accuracy not lower (paired).
                      "goal_gain": bool(in_range and len(in_range) >= 200 and diff_in.lo > 0),
                      "goal_hallucination": bool(halluc.accuracy <= sft_halluc.accuracy / 2 and in_range and diff_in.hi >= 0),

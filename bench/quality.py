@@ -1,4 +1,4 @@
-"""Quality filter speed: today's rules against the implementation before the batch rewrite, in one run.
+"""Quality filter speed: the current rules against the implementation before the batch rewrite, in one run.
 
     python bench/quality.py                 # ~10k documents, 3 rounds, prints docs per CPU-second
     python bench/quality.py --prose 4000 --rounds 5
@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 from tasks.data.quality_filter import BATCH_ROWS  # noqa: E402
 
-# The last commit before the batch rewrite of tasks/data/quality_rules.
+# The baseline: a commit whose tasks/data/quality_rules judges documents one at a time (before the batch rewrite).
 BASELINE_COMMIT = "afaffc92a7a2b1364d1eb3c3730e9b702df5cb00"
 _MODULES = ["__init__", "rule", "gopher", "c4", "fineweb", "code"]
 STOP_WORDS = ["the", "be", "to", "of", "and", "that", "have", "with", "a", "in", "is", "it", "for", "on", "as", "was"]

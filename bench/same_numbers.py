@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 STAGES = ("pretrain", "sft", "grpo")
-ALIAS = {"reward": "reward_mean", "acc": "accuracy", "len": "completion_len"}  # GRPO's names before issue 25
+ALIAS = {"reward": "reward_mean", "acc": "accuracy", "len": "completion_len"}  # GRPO's names in older logs
 SKIP = {"lr", "elapsed", "mfu"}
 STEP = re.compile(r"Task run '(pretrain|sft|grpo)[^']*' - step (\d+)(/\d+)?:? (.*)")
 VALUE = re.compile(r"([a-z_]+) (-?\d+\.\d+(?:e-?\d+)?)")

@@ -6,7 +6,7 @@ For each member the `scale:` section of the preset can choose, a few optimizer s
 model, cross-entropy and torch's AdamW on random tokens of the preset's batch shape, one thread,
 fp32, timed by CPU time (which holds better than wall time on a shared machine); then the demo
 model the same way. The ratio to the demo carries over to a machine where the demo's speed is
-known (BENCHMARKS.md), which is how the sweep's time was estimated there.
+known (BENCHMARKS.md "Training step"), to estimate a sweep's time there.
 """
 from __future__ import annotations
 

@@ -2,13 +2,13 @@
 
     .venv/bin/python bench/scaling_coverage.py --points work/scale/latest/points.json --replicates 30
 
-Takes a finished sweep's points (`points.json`), fits its law once and uses it as the truth: each replicate
-draws every point's bits per byte as that law times exp(noise), with noise of the sd of the sweep's own log
-residuals, fits the replicate as the flow does (models/scaling_bootstrap.py, residual bootstrap) and predicts
-the run at `--factor` x the largest budget (the law's best member there, as the flow chooses it), then checks
-whether one more noisy run of it lies in the new-run interval. The baseline, measured on the same replicates,
-resamples runs within each budget instead (what the flow did before 2026-12-06). Prints, for both: coverage
-(with its Wilson interval), the median half-width and the median error of the prediction against the truth.
+Takes a finished sweep's points (`points.json`), fits its law once and uses it as the truth: each replicate draws
+every point's bits per byte as that law times exp(noise), with noise of the sd of the sweep's own log residuals, fits
+the replicate as the flow does (models/scaling_bootstrap.py, residual bootstrap) and predicts the run at `--factor` x
+the largest budget (the law's best member there, as the flow chooses it), then checks whether one more noisy run of it
+lies in the new-run interval. The baseline, measured on the same replicates, resamples runs within each budget instead
+(docs/experiments/2026-12-05-scaling-sweep-trials.md). Prints, for both: coverage (with its Wilson interval), the
+median half-width and the median error of the prediction against the truth.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Training-step benchmark: today's CPU settings vs the tuned ones, our loop vs a plain PyTorch loop, MFU.
+"""Training-step benchmark: the untuned CPU settings vs the tuned ones, our loop vs a plain PyTorch loop, MFU.
 
 Same model (same init), same batches, same AdamW groups, same clipping, one process:
 
@@ -7,9 +7,9 @@ Same model (same init), same batches, same AdamW groups, same clipping, one proc
 Measures, in alternating rounds (the best round of each counts, because a shared machine's
 background load only ever slows a measurement down):
 - `before`: the one loop, tasks/training/loop.py `fit` (DeepSpeed ZeRO-0) in fp32 with torch's default AdamW
-  on the CPU (the for-loop kernel): the settings before issue 16;
-- `after`: the same loop with `precision: auto` (bf16 where infra/launch/precision.py measured it
-  faster) and `optimizer_kernel: auto` (fused AdamW): the speed-up is after / before (goal >= 1.5);
+  on the CPU (the for-loop kernel): the untuned settings;
+- `after`: the same loop with `launch.precision: auto` (bf16 where infra/launch/precision.py measured it
+  faster) and `optim.kernel: auto` (fused AdamW): the speed-up is after / before (goal >= 1.5);
 - `plain` vs `loop-fp32`: a hand-written loop and ours, both fp32 with fused AdamW: the
   loop's overhead (goal >= 0.9);
 then MFU of `after` against the measured torch.mm peak of the precision it used (and fp32's).
@@ -51,8 +51,8 @@ PEAK_MATMUL_S = 0.5  # the longest one timed matmul may take: the peak's sizes s
 
 def peak_sizes(device: str, dtype: torch.dtype, n: int) -> list[int]:
     """The sizes n/2, n, 3n/2 of the peak measurement, less those whose one matmul would take over PEAK_MATMUL_S
-    at this precision's speed here (probed on a 256 matmul): an emulated bf16 runs at ~1/40 of fp32, and its
-    3,072 matmul took over a minute, so the bench spent 28 minutes before its first step on such a CPU."""
+    at this precision's speed here (probed on a 256 matmul): where bf16 is emulated it runs far slower than
+    fp32, and the largest sizes would keep the bench for many minutes before its first step."""
     rate = measure_peak_flops(device, dtype, n=256, min_seconds=0.2)
     largest = (rate * PEAK_MATMUL_S / 2) ** (1 / 3)
     fitting = [size for size in (n // 2, n, n * 3 // 2) if size <= largest]

@@ -74,9 +74,10 @@ class RegistryConfig(StrictModel):
         return metric
 
 
-# The stages of `llmforge run` in order, and their minutes on an idle 2-core AVX2 machine training in fp32
-# (README "What the first command produced here"); SFT's is 2.4 x 1.7 x 400 / 600: 600 steps of 18 rows took 2.4 min
-# there, and 36 rows took 1.7x 18 rows' time in fp32 on an AVX-512 machine (BENCHMARKS.md "Dynamic sampling").
+# The stages of `llmforge run` in order, and their expected minutes on the preset's reference machine, an idle 2-core
+# AVX2 machine training in fp32 (BENCHMARKS.md "The first run's time"). SFT's is that machine's time for 600 steps of
+# 18 rows scaled to the preset's 400 steps of 36 rows
+# (docs/experiments/2026-12-06-dynamic-sampling-and-sft-length.md).
 EXPECTED_MINUTES = {"data": 0.2, "pretrain": 4.2, "sft": 2.7, "grpo": 1.5, "evaluate": 0.8}
 
 
@@ -197,8 +198,8 @@ def check_paths(cfg: PipelineConfig) -> None:
     load_catalog(catalog, only=cfg.data.sources)  # its YAML files valid, data.sources among them
 
 
-# Keys of the arithmetic task before it was one section that SFT, GRPO and the evaluation read, and the
-# evaluation's answer budget, named as GRPO's.
+# Older keys of the arithmetic task (one section now, which SFT, GRPO and the evaluation read) and of the
+# evaluation's answer budget (named as GRPO's), each with the key that replaces it: refused, naming it.
 MOVED_TO_ARITHMETIC = {
     "sft.data.arithmetic.max_operand": "arithmetic.max_operand", "sft.data.arithmetic.ops": "arithmetic.ops",
     "sft.data.arithmetic.abstain_max_operand": "arithmetic.abstain_max_operand",

@@ -18,7 +18,7 @@
 
 The key of a stage's folder is a sha256 of its name, its code (its module and every project
 module it reaches, infra/workspace/code_version.py), its config and the content of each declared input
-(a stage output by its record's digest, infra/stage_cache.fingerprint): nothing else, so a
+(a stage output by its record's digest, infra/workspace/cache.py `fingerprint`): nothing else, so a
 renamed parameter changes no key. A folder is reused only when it matches its record
 (infra/workspace/record.py) and holds the stage's result.json, read back as JSON with its paths
 relative to the workspace: no pickle is ever loaded, and a copied or moved workspace reruns
@@ -46,8 +46,8 @@ from infra.workspace.cache import content_key, from_workspace, to_workspace
 from infra.workspace.paths import Workspace, point_latest
 from infra.workspace.record import read_record, verify_record, write_record
 
-# prefect is imported inside the functions that use it: about 1.5 s that a rank, `llmforge --help` and the CLI's
-# quick errors do not pay.
+# prefect is imported inside the functions that use it: a rank, `llmforge --help` and the CLI's quick errors do not
+# pay for its import.
 
 JOB_FILE = "job.json"  # what a launched stage's ranks read
 RESULT_FILE = "result.json"  # the stage's result, its paths relative to the workspace; written before the record

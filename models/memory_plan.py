@@ -45,8 +45,9 @@ Full activation checkpointing keeps each layer's input (e sbh); backward runs th
 one layer at a time, so the stage holds its kept inputs plus the larger of the head and one layer.
 1F1B pipelining: stage i holds pp - i micro-batches in flight (the first stage pp of them, assuming
 gradient accumulation >= pp); the last stage holds one, plus the head.
-Within 10% of the CPU allocator's peak over a training step for one process, tp 2 and both pp 2 stages
-(bench/activation_memory.py, BENCHMARKS.md). Not counted: one layer's gradient temporaries in backward
+bench/activation_memory.py checks the figure against the CPU allocator's peak over a training step for one
+process, tp 2 and both pp 2 stages (BENCHMARKS.md "Activation memory against the plan"). Not counted: one
+layer's gradient temporaries in backward
 (1/L of a stage's activations, seen where the head does not dominate: a first pipeline stage).
 
 Communication buffers: DeepSpeed's gradient buckets, sized by infra/launch/deepspeed/zero<k>.json (what
@@ -71,7 +72,7 @@ from models.presets import PRESETS
 GiB = 2**30  # DeepSpeed's estimators print GB as 2**30 bytes; so does the plan
 ZERO_STAGES = (0, 1, 2, 3)
 PRECISIONS = {"bf16": 2, "fp32": 4}
-# The vocabulary each preset's size is quoted at in models/llama.py (a preset has no tokenizer).
+# The vocabulary each preset's size is quoted at in models/presets.py (a preset has no tokenizer).
 PRESET_VOCAB = {"demo": 4096, "small25m": 4096, "gpt124m": 50304, "gpt350m": 50304, "llama1b": 128256}
 DEEPSPEED_ALLREDUCE_BUCKET = 500_000_000  # DeepSpeed's default allreduce_bucket_size (elements)
 DEEPSPEED_REDUCE_BUCKET = 500_000_000  # its default reduce_bucket_size, where our JSON sets none

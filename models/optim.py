@@ -43,8 +43,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 # How AdamW steps: "fused" (one kernel over all tensors), "foreach" (torch's multi-tensor ops),
 # "for_loop" (one tensor at a time); "auto" is fused where torch has it for the parameters'
-# device, else foreach. On the CPU torch picks the for-loop by default: fused stepped 7.6x
-# faster in fp32 and 9.3x in bf16 on a 25M-parameter model (issue 16).
+# device, else foreach. On the CPU torch picks the for-loop by default, which steps far slower
+# than fused: hence "auto" (BENCHMARKS.md "Training step").
 OptimizerKernel = Literal["auto", "fused", "foreach", "for_loop"]
 
 

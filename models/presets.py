@@ -1,5 +1,7 @@
-"""The named model shapes of models/llama.py, in a module without torch: configs check a name against them
-without importing it."""
+"""The named model shapes of models/llama.py, in a module without torch.
+
+Configs check a name against them without importing torch.
+"""
 from __future__ import annotations
 
 # Sizes are quoted at the vocabulary named in each comment; embeddings scale with vocab_size.

@@ -142,11 +142,11 @@ def bootstrap(compute, n_params, tokens, loss, *, flops_per_token: FlopsPerToken
     Approach 3: the all-runs law times exp() of its log residuals drawn with replacement. Resampling
     a budget's 4 runs instead keeps all 4 sizes in about one resample in ten and loses its largest
     or smallest in about half; a parabola through repeated points says nothing, and a law fitted
-    without the largest sizes is extrapolated further than the sweep was (BENCHMARKS.md, "The scaling
-    sweep": the 95% interval of the default sweep's prediction was 1.7 times as wide, the interval
-    of alpha ran to 13). Refits start from the all-runs law, whose grid search already found the
-    basin. A resample whose parabola at some budget has no bracketed minimum is left out of a and b;
-    if more than half are, the sweep is too noisy for those intervals and this raises.
+    without the largest sizes is extrapolated further than the sweep was, which widens the intervals
+    (docs/experiments/2026-12-05-scaling-sweep-trials.md). Refits start from the all-runs law, whose
+    grid search already found the basin. A resample whose parabola at some budget has no bracketed
+    minimum is left out of a and b; if more than half are, the sweep is too noisy for those intervals
+    and this raises.
     """
     if resamples < 10:
         raise ValueError(f"resamples={resamples} is too few for a {level:.0%} interval; use 200 or more")

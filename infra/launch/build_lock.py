@@ -98,7 +98,7 @@ def clear_stale_build_locks(env: Mapping[str, str] | None = None, log: Callable[
 
 def _builders_gone(folder: Path, wait_s: float) -> bool:
     """Whether the processes building in `folder` have exited within `wait_s` (a Ctrl-C reaches ninja and the
-    compiler with the launch, and they take a moment to die: seen leaving the lock behind in CI)."""
+    compiler with the launch, and they take a moment to die: until then the lock may still be theirs)."""
     deadline = time.monotonic() + wait_s
     while _builders(folder):
         if time.monotonic() >= deadline:

@@ -1,8 +1,8 @@
 """What `precision: auto` means on the machine at hand, decided by measuring it.
 
 On CUDA, auto is bf16 where the GPU supports it. On the CPU it depends on the chip: a bf16
-matmul ran 7.3x an fp32 one on a Xeon with AMX, about 4x on an AMD EPYC with AVX512-BF16,
-and slower than fp32 where bf16 is emulated. So auto times both once, on square matmuls of
+matmul runs several times as fast as an fp32 one with AMX or AVX512-BF16, and slower than
+fp32 where bf16 is emulated. So auto times both once, on square matmuls of
 the sizes a small model multiplies, and picks bf16 (weights and activations in bf16,
 DeepSpeed keeping fp32 master weights) when bf16 is at least BF16_MIN_SPEEDUP times faster:
 below that, the casts and the fp32 master copy eat the gain.
@@ -13,8 +13,8 @@ makes the same choice, and a resumed run does not flip precision halfway.
 
 The CPU's practical peak FLOP/s, which MFU divides by, is kept the same way (`peak_flops.json`, per
 machine key and dtype): measured once, the best of a few matmuls (noise only slows), instead of at
-every launch (a second or more of each launch, and a low figure whenever another process shared the
-CPU at that moment, which printed MFU above 100%). A figure kept from a busy moment shows itself when
+every launch, which would cost each launch a second or more and give a low figure (and MFU above
+100%) whenever another process shared the CPU at that moment. A figure kept from a busy moment shows itself when
 training runs faster than it: the rank then measures again and keeps the higher (`remeasure_cpu_peak`).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from infra.workspace.atomic import write_json_atomic
 BF16_MIN_SPEEDUP = 2.0
 _SIZES = (256, 512, 1024)
 _REPEATS = 3
-_PEAK_N = 1024  # ~0.05 s per fp32 matmul on a 2-core AVX2 EPYC; large enough to reach the BLAS peak
+_PEAK_N = 1024  # a fraction of a second per fp32 matmul on a small CPU; large enough to reach the BLAS peak
 _PEAK_REPEATS = 5
 
 

@@ -26,8 +26,8 @@ from urllib.parse import urlparse
 from infra.lifecycle.process_tree import usable_cores
 
 # ray and prefect_ray are imported only with data.executor=ray: the optional extra `pip install -e '.[ray]'`.
-# prefect is imported inside the functions that use it: about 1.5 s that a rank, `llmforge --help` and the CLI's
-# quick errors do not pay.
+# prefect is imported inside the functions that use it: a rank, `llmforge --help` and the CLI's quick errors do not
+# pay for its import.
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")

@@ -4,12 +4,13 @@
 
 The same runner with the same flags as `deepspeed ...`: it reads the hostfile, starts DeepSpeed's per-node launcher
 and waits for the ranks. Importing DeepSpeed imports its autotuner, which imports MLflow, and the runner never uses
-either: about 2.5 of the runner's 6 s of start-up on a 2-core CPU, paid by every launch. `import_deepspeed` does the
-same for a rank. The per-node launcher the runner starts on each node (`python -u -m deepspeed.launcher.launch ...`,
-locally or through pdsh) is started as `python -u -m infra.launch.runner --node-launcher ...`: DeepSpeed's
-`deepspeed.launcher.launch.main` with the same flags, MLflow kept out (4.1 s of start-up to 2.1 s, measured warm).
-That launcher looks at its ranks every 0.2 s instead of every 1 s, and both processes end without the interpreter's
-teardown of torch and DeepSpeed (0.5 s each, measured): a launch's caller waits for both after its ranks are done.
+either: a large part of the runner's start-up, paid by every launch. `import_deepspeed` does the same for a rank.
+The per-node launcher the runner starts on each node (`python -u -m deepspeed.launcher.launch ...`, locally or
+through pdsh) is started as `python -u -m infra.launch.runner --node-launcher ...`: DeepSpeed's
+`deepspeed.launcher.launch.main` with the same flags, MLflow kept out. That launcher looks at its ranks every
+0.2 s instead of every 1 s, and both processes end without the interpreter's teardown of torch and DeepSpeed: a
+launch's caller waits for both after its ranks are done. What each of these saves:
+docs/experiments/2026-12-06-launch-cost-where-ours-saves.md; a launch's cost now: BENCHMARKS.md "A launch's own cost".
 """
 from __future__ import annotations
 

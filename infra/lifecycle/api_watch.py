@@ -2,12 +2,12 @@
 
 Every state change of a flow or task run is a request to Prefect's API, and Prefect's client
 retries each one that cannot connect (5 times, 2 to 32 s apart), at exit too: with the
-server killed mid-run, the data work finished but the CLI never exited, and a Ctrl-C landed
-in one of those retries. The CLI watches the API's health instead: once it has not answered
+server killed mid-run, the CLI would never exit after the work finished, and a Ctrl-C would
+land in one of those retries. The CLI watches the API's health instead: once it has not answered
 for `lost_after_s` ($LLMFORGE_PREFECT_LOST_AFTER_S, default 60 s), the run's child processes
 are stopped and the process exits with the services code (3). Finished stages are on disk,
 content-addressed, so the same command resumes once a server answers; an MLflow run left
-RUNNING is continued by that rerun (infra/tracking.stage_run).
+RUNNING is continued by that rerun (infra/tracking/runs.py `stage_run`).
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from infra.lifecycle.preflight import health_url
 from infra.lifecycle.process_tree import descendants, stop_processes
 from infra.tracking.redaction import redact
 
-# prefect is imported inside the functions that use it: about 1.5 s that a rank, `llmforge --help` and the CLI's
-# quick errors do not pay.
+# prefect is imported inside the functions that use it: a rank, `llmforge --help` and the CLI's quick errors do not
+# pay for its import.
 
 LOST_AFTER_ENV = "LLMFORGE_PREFECT_LOST_AFTER_S"
 LOST_AFTER_S = 60.0

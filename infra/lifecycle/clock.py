@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 RUN_AFTER_ENV = "LLMFORGE_RUN_AFTER_S"  # seconds the run is expected to take after the current stage
 CACHED_BELOW = 0.2  # a stage done in under this fraction of its reference time was reused, not run
-PACE_MIN_S = 30.0  # nor does a stage shorter than this count: a rerun's reused data stage took 5 s of its 24
+PACE_MIN_S = 30.0  # nor does a stage shorter than this count: a few seconds more or less would swing the pace
 
 
 def clock_text(seconds: float) -> str:

@@ -25,8 +25,8 @@ from typing import Any
 
 from infra.lifecycle.process_tree import STOP_GRACE_S, descendants, stop_processes
 
-# prefect is imported inside the functions that use it: about 1.5 s that a rank, `llmforge --help` and the CLI's
-# quick errors do not pay.
+# prefect is imported inside the functions that use it: a rank, `llmforge --help` and the CLI's quick errors do not
+# pay for its import.
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CANCEL_POLL_S = 2.0
@@ -103,8 +103,8 @@ def shielded_prefect_server() -> int | None:
 
 
 def prefect_server_starting() -> Callable[[], int | None]:
-    """`shielded_prefect_server()` in a thread: its ~10 s of start-up overlap the caller's imports (the flow's
-    modules, another ~5 s on a 2-core machine). Call the returned function to wait for it; it gives the
+    """`shielded_prefect_server()` in a thread: its seconds of start-up overlap the caller's imports (the flow's
+    modules, seconds more on a small machine). Call the returned function to wait for it; it gives the
     server's pid, or raises what the start raised.
 
     The thread inherits the caller's signal mask (the CLI blocks SIGINT and SIGTERM around it: a

@@ -4,7 +4,7 @@ A reused stage keeps the wall time of the run that did its work: a training stag
 was reused hands back the result its own run wrote (an MLflow run under an earlier pipeline
 run); a data or evaluation flow whose every output was reused (`llmforge.cache.*` all "hit")
 is a repeat of an earlier run (`llmforge.repeat_of`), followed back to the one that worked.
-So a fully cached rerun says "reused" with the minutes the work took, not its own 0.4.
+So a fully cached rerun says "reused" with the minutes the work took, not the seconds the rerun took.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-# mlflow is imported inside the functions that use it: about 1 s that a rank that never logs, a data worker and
-# `llmforge --help` do not pay.
+# mlflow is imported inside the functions that use it: a rank that never logs, a data worker and `llmforge --help`
+# do not pay for its import.
 
 _MAX_REPEATS = 50  # a chain of repeats is followed this far back at most
 

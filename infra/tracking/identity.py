@@ -1,6 +1,8 @@
-"""What a run was: its preset and overrides, what that changed from the preset, the git commit
-(and whether the tree was dirty), the machine, the key package versions, and the precision
-each training stage trained in and why. One record, shown three ways: rows of the report
+"""What a run was: its preset, overrides, commit, machine, packages and precision, as one record.
+
+Its preset and overrides, what that changed from the preset, the git commit (and whether the tree
+was dirty), the machine, the key package versions, and the precision each training stage trained in
+and why. One record, shown three ways: rows of the report
 card's header, params and tags of the parent MLflow run, and tags and description of the
 registered model version.
 
@@ -19,8 +21,8 @@ from infra.machine import machine
 from infra.tracking.provenance import git_state
 from infra.tracking.redaction import redact
 
-# mlflow is imported inside the functions that use it: about 1 s that a rank that never logs, a data worker and
-# `llmforge --help` do not pay.
+# mlflow is imported inside the functions that use it: a rank that never logs, a data worker and `llmforge --help`
+# do not pay for its import.
 
 KEY_PACKAGES = ("torch", "deepspeed", "mlflow", "prefect", "transformers")
 

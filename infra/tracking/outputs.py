@@ -1,5 +1,7 @@
-"""What a workspace holds: its stage output folders, the MLflow runs that refer to them, and
-garbage collection of the folders nothing refers to.
+"""What a workspace holds: its output folders, the runs that refer to them, and garbage collection.
+
+Its stage output folders, the MLflow runs that refer to them, and garbage collection of the folders
+nothing refers to.
 
 Every stage tags the MLflow run it ran under with its output folder
 (`llmforge.out.<store>.<key>` = `data/near/<key>`, infra/workspace/cache.py), so a folder is
@@ -17,8 +19,8 @@ from typing import Any
 from infra.tracking.store import configure, workspace_runs
 from infra.workspace.paths import Workspace
 
-# mlflow is imported inside the functions that use it: about 1 s that a rank that never logs, a data worker and
-# `llmforge --help` do not pay.
+# mlflow is imported inside the functions that use it: a rank that never logs, a data worker and `llmforge --help`
+# do not pay for its import.
 
 OUT_TAG = "llmforge.out."
 

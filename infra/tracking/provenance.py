@@ -1,6 +1,7 @@
-"""Where a run came from: the git commit (and whether the tree was dirty), the entry point,
-and, inside a Prefect flow run, that flow run's id and UI link, with a Prefect artifact on
-the flow run linking back to the MLflow run.
+"""Where a run came from: the git commit, the entry point, and the Prefect flow run it ran in.
+
+The git commit (and whether the tree was dirty), the entry point, and, inside a Prefect flow run, that
+flow run's id and UI link, with a Prefect artifact on the flow run linking back to the MLflow run.
 
 The Prefect link is a convenience: when Prefect cannot be read or refuses the artifact,
 the stage goes on with a warning.
@@ -17,8 +18,8 @@ from typing import Any
 
 from infra.tracking.redaction import redact
 
-# mlflow is imported inside the functions that use it: about 1 s that a rank that never logs, a data worker and
-# `llmforge --help` do not pay.
+# mlflow is imported inside the functions that use it: a rank that never logs, a data worker and `llmforge --help`
+# do not pay for its import.
 # So is prefect: imported inside the functions that use it.
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

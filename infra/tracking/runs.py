@@ -1,6 +1,7 @@
-"""The one MLflow logging helper: tracking URI, experiment, the stage run's lifecycle, safe
-params, and every kind of logging the stages and reports do (metrics, files, text, tags,
-dataset inputs).
+"""The one MLflow logging helper: the stage run's lifecycle, and every kind of logging the stages do.
+
+The stage run's lifecycle, safe params, and every kind of logging the stages and reports do (metrics,
+files, text, tags, dataset inputs); the store's URI and experiment are infra/tracking/store.py's.
 
 Everything that logs goes to the active run and calls `active_run()` first, so logging
 outside `stage_run` is a clear error instead of MLflow silently opening a stray run.
@@ -30,8 +31,8 @@ from infra.tracking.store import configure, tracking_uri
 from infra.tracking.store_errors import store_full_error
 from infra.workspace.paths import Workspace, mlflow_command
 
-# mlflow is imported inside the functions that use it: about 1 s that a rank that never logs, a data worker and
-# `llmforge --help` do not pay.
+# mlflow is imported inside the functions that use it: a rank that never logs, a data worker and `llmforge --help`
+# do not pay for its import.
 # So is prefect, for the same reason.
 
 
@@ -61,7 +62,7 @@ def stage_run(
     """One MLflow run for a stage, nested under the active (pipeline) run when there is one.
 
     A new run is named `run_name` (default: the stage) and tagged with its origin
-    (infra/provenance.origin_tags); inside a Prefect flow run, a Prefect artifact links back
+    (infra/tracking/provenance.py `origin_tags`); inside a Prefect flow run, a Prefect artifact links back
     to it. `run_id` resumes an existing run (e.g. a DeepSpeed rank-0 process continuing the
     run its Prefect task opened) and leaves its name and tags alone. The run ends FINISHED,
     FAILED on an exception, KILLED on an interrupt, signal or Prefect cancellation (`end_status`).
@@ -69,7 +70,7 @@ def stage_run(
     `config_key` is where `config` sits in the pipeline's config (`data`, `pretrain`, `eval`): its params are
     logged under it (`data.near.threshold`, as the pipeline run logs it), so every run has one key space.
 
-    `run_key` names what the run computes (infra/stage_cache.flow_key): an earlier attempt
+    `run_key` names what the run computes (infra/workspace/cache.py `flow_key`): an earlier attempt
     with that key that did not finish is continued (one loss curve per model, not one per
     attempt); when one finished, the new run is tagged as a repeat of it, with a link.
     """
@@ -172,7 +173,7 @@ CONFIG_KEY_TAG = "llmforge.config_key"  # where a stage run's config sits in the
 
 
 def describe_run(run: Any, identity: Any, config_key: str | None = None) -> None:
-    """Give `run` what `identity` (infra/tracking_identity.RunIdentity) says: its params (the ones the run lacks:
+    """Give `run` what `identity` (infra/tracking/identity.py `RunIdentity`) says: its params (the ones the run lacks:
     a continued run keeps its own) and, first in its description, the preset and what differs from it (the keys
     under `config_key` only, when given: a stage run)."""
     from mlflow.entities import Param

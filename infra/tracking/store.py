@@ -6,8 +6,8 @@ from typing import Any
 
 from infra.workspace.paths import Workspace
 
-# mlflow is imported inside the functions that use it: about 1 s that `llmforge runs` reading the store's SQLite
-# tables straight (infra/tracking/index.py) and `llmforge --help` do not pay.
+# mlflow is imported inside the functions that use it: `llmforge runs` reading the store's SQLite tables straight
+# (infra/tracking/index.py) and `llmforge --help` do not pay for its import.
 
 DEFAULT_EXPERIMENT = "llmforge"  # the experiment a workspace's runs go to, unless MLFLOW_EXPERIMENT_NAME names another
 

@@ -48,7 +48,7 @@ def store_full_error(ws: Workspace, store_uri: str, run: Any, exc: BaseException
                      after: BaseException | None = None) -> StoreFullError | None:
     """A StoreFullError when `exc` is MLflow's store running out of space, else None.
 
-    `store_uri`: the tracking URI of the store (infra.tracking.runs.tracking_uri), named in the message;
+    `store_uri`: the tracking URI of the store (infra.tracking.store.tracking_uri), named in the message;
     `status`: the status `run` could not be given; `after`: the error the run's code raised first.
     """
     if isinstance(exc, StoreFullError) or not _is_store_full(exc, ws, stop=after):

@@ -66,7 +66,7 @@ def content_key(kind: str, name: str, modules: list[str], config: Any, inputs: d
 
 def flow_key(name: str, module: str, config: Any, inputs: dict[str, Any]) -> str:
     """What a flow run computes, as a key. An MLflow run tagged with it is continued by the next attempt
-    with the same key (infra/tracking.stage_run), so a resumed flow keeps one run."""
+    with the same key (infra/tracking/runs.py `stage_run`), so a resumed flow keeps one run."""
     return content_key("flow", name, [module], config, inputs)
 
 

@@ -23,7 +23,7 @@ def _module_file(name: str) -> Path | None:
     """The source file of module `name`, found on disk without importing anything.
 
     `importlib.util.find_spec("a.b.c")` would import `a.b` (and all it imports: torch for
-    models.calibration), which cost the data flow's process 250 MB for a hash; the path
+    models.calibration), which would load torch into the data flow's process for a hash; the path
     finder looks each part up in its parent package's folders instead.
     """
     top, *parts = name.split(".")
@@ -48,8 +48,7 @@ _PARSE_TRIES = 3
 def _parse(source: str) -> ast.AST:
     """`ast.parse`, one thread at a time, tried again on CPython 3.11's spurious "AST constructor recursion depth
     mismatch": the AST builder keeps its depth in state the interpreter's threads share, so a compile in another
-    thread (an import, another task's parse) can trip the check (python/cpython#106905). It failed a deployed
-    data flow run once in the suite."""
+    thread (an import, another task's parse) can trip the check (python/cpython#106905)."""
     with _PARSE_LOCK:
         for _ in range(_PARSE_TRIES - 1):
             try:

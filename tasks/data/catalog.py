@@ -21,8 +21,8 @@ from tasks.data.quality_rules import FilterSpec, validate_filter_spec
 log = logging.getLogger(__name__)
 SourceKind = Literal["jsonl", "parquet", "text_dir", "hf_dataset", "builtin"]
 BUILTINS = ("python_docs", "python_stdlib")
-# Per compressed file. A bomb costs CPU per inflated byte (about 4 s per GiB of blank lines,
-# most of it zlib), so 1 GiB keeps one to seconds, while real shards are under it (published
+# Per compressed file. A bomb costs CPU per inflated byte (most of it zlib), so 1 GiB keeps
+# one to seconds, while real shards are under it (published
 # JSONL.gz shards are typically 0.1-1 GB inflated); a source with bigger ones raises it.
 MAX_INFLATED_BYTES = 1 << 30
 
@@ -48,7 +48,7 @@ def hf_location(opts: HfDatasetOptions, root: Path) -> tuple[str, Path | str]:
     """Where an `hf` source's data is: ("builder", name) for a packaged builder over
     `data_files`, ("local", path) for a folder or file named relative to the catalog folder
     `root` (or absolute), ("hub", name) otherwise. A relative name is never looked up in the
-    working directory: that made a typo a hub download (issue 26)."""
+    working directory: there a typo could turn into a hub download."""
     if opts.name in HF_BUILDERS:
         return "builder", opts.name
     local = (root / opts.name).resolve()  # an absolute name stays itself
@@ -146,7 +146,7 @@ def has_glob(pattern: str | None) -> bool:
 def glob_paths(root: Path, pattern: str) -> list[Path]:
     """What `pattern` (relative to `root`, or absolute) matches. pathlib's `**` does not descend
     into linked folders, so a link to a parent cannot make a file match many times over or
-    the walk never end (glob.glob's `**` did both, issue 26)."""
+    the walk never end (glob.glob's `**` does both)."""
     full = Path(os.path.expanduser(str(root / pattern)))
     parts = full.parts
     fixed = next(i for i, part in enumerate(parts) if has_glob(part))

@@ -47,7 +47,7 @@ REMOVED_SCHEMA = pa.schema(
 
 # Columns whose values repeat from row to row (a source, a licence, a file, a reason): only
 # there do dictionary pages and min/max statistics pay; on texts and ids they cost CPU
-# (25% of a stage's Parquet writing) and save nothing.
+# and save nothing (docs/experiments/2026-12-04-data-stages-memory.md).
 _REPEATING_COLUMNS = ("source", "licence", "path", "stage", "reason")
 
 
@@ -132,9 +132,9 @@ def iter_batches(
     """Stream a Parquet file in record batches, so stages run in bounded memory.
 
     One reader per row group: a single `ParquetFile.iter_batches` over the whole file keeps
-    the string columns it has decoded until it is exhausted (pyarrow 25: 120 MB held by the
-    end of a 160k-document stage file, growing with the file, apache/arrow#39808), while a
-    reader per row group holds one group at most and reads 1.1-3x faster.
+    the string columns it has decoded until it is exhausted (memory growing with the file,
+    apache/arrow#39808), while a reader per row group holds one group at most, and reads faster
+    too (docs/experiments/2026-12-04-data-stages-memory.md).
     """
     pf = source if isinstance(source, pq.ParquetFile) else pq.ParquetFile(source)
     for group in range(pf.num_row_groups):

@@ -9,8 +9,8 @@ copies of a text are removed as "exact_duplicate" with `duplicate_of` = the kept
 Streams record batches. What grows with the corpus is the index of texts seen: per unique
 text a 16-byte digest (the first half of its sha256) and the index of its kept copy in
 sorted numpy runs (24 bytes), and the kept copy's doc_id in Arrow string chunks (its
-length + 4 bytes): ~48 bytes per unique document with 20-character ids, where a dict of
-sha256 digests to doc_id strings took ~200.
+length + 4 bytes): ~48 bytes per unique document with 20-character ids, a fraction of what
+a dict of sha256 digests to doc_id strings takes.
 """
 from __future__ import annotations
 

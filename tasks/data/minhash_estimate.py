@@ -4,7 +4,7 @@ where it cannot be trusted.
 The share of equal signature values estimates the Jaccard of the documents' sets of 32-bit
 shingle hashes, and two distinct shingles share a 32-bit hash with chance 2^-32: among a
 million distinct one-word documents ~100 pairs collide, each a candidate whose signatures
-are equal, estimate 1.0 (issue 26). So, besides its signature, pass 1 keeps per document:
+are equal, estimate 1.0. So, besides its signature, pass 1 keeps per document:
 - the size of its set of distinct 64-bit shingle hashes and a 64-bit digest of that set
   (minhash_signatures.distinct_sets), in `meta_columns` extra columns of its signature row
   (read with it, no second read per row);

@@ -10,11 +10,11 @@ characters stripped, NFKC), the form exact dedup compares. Two families of schem
   whole batch, and each shingle hash (upper 32 bits after a 64-bit finaliser; the exact
   check's shingle sets keep all 64) goes through
   `a*h + b mod 2^32` permutations. Signatures are uint32. 32-bit permutations, not
-  64-bit multiply-shift: numpy has SIMD uint32 multiplies but emulates uint64 ones, and the
-  permutation stage measured 3x faster (65k vs 22k docs per CPU-second at 128 permutations).
+  64-bit multiply-shift: numpy has SIMD uint32 multiplies but emulates uint64 ones, which makes
+  the permutation stage several times faster.
   Deterministic across processes and machines: no Python `hash()`, fixed seeds.
 - "affine32", "affine64", "legacy": bit-identical to `datasketch.MinHash(num_perm, seed,
-  scheme)` updated with the shingle strings as UTF-8 (SHA-1 per shingle, ~3x slower),
+  scheme)` updated with the shingle strings as UTF-8 (SHA-1 per shingle, slower),
   for signatures that must match datasketch's.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ _FMIX = {
     "affine64": (33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33),
 }
 # Cells of the [num_perm, shingles] permutation matrix computed at once: bounds worker memory
-# (4-8 MB) and keeps it near the CPU caches; measured fastest among 2^18..2^22.
+# (4-8 MB) and keeps it near the CPU caches.
 _CHUNK_CELLS = 1 << 20
 # Text bytes a signature job works on at once (see signature_job).
 SUB_BATCH_BYTES = 1 << 20
@@ -78,7 +78,7 @@ def permutations(num_perm: int, seed: int, scheme: Scheme) -> np.ndarray:
         a = rng.integers(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
         b = rng.integers(0, 1 << 32, num_perm, dtype=np.uint32)
         return np.array([a, b])
-    # Imported here: datasketch brings scipy (0.4 CPU-s), which a worker of the xxh3 scheme never needs.
+    # Imported here: datasketch brings scipy (a costly import), which a worker of the xxh3 scheme never needs.
     from datasketch import MinHash
 
     return np.asarray(MinHash(num_perm, seed=seed, scheme=scheme).permutations, dtype=DTYPE[scheme])
@@ -176,7 +176,7 @@ def _min_over_permutations(hashes: np.ndarray, counts: np.ndarray, perms: np.nda
     num_perm = perms.shape[1]
     a, b = perms[0][:, None], perms[1][:, None]
     # Transposed [num_perm, shingles] layout: reduceat then runs along contiguous rows,
-    # about 4x faster than reducing over axis 0 of [shingles, num_perm].
+    # much faster than reducing over axis 0 of [shingles, num_perm].
     out = np.full((num_perm, len(counts)), _MAX_HASH[scheme], dtype=DTYPE[scheme])
     doc_of = np.repeat(np.arange(len(counts)), counts)
     step = max(1, _CHUNK_CELLS // num_perm)
@@ -201,7 +201,7 @@ def unique_shingle_sets(hashes: np.ndarray, counts: np.ndarray) -> tuple[np.ndar
     """Per text, its distinct 64-bit shingle hashes, sorted (flat, uint64), and how many per
     text: the sets whose Jaccard exact verification computes. 64 bits, not the signatures'
     32: among a million one-shingle texts 32-bit hashes collide about a hundred times
-    (n^2 / 2^33), and a collision of one-shingle sets reads as Jaccard 1.0 (issue 26)."""
+    (n^2 / 2^33), and a collision of one-shingle sets reads as Jaccard 1.0."""
     hashes = hashes.astype(np.uint64, copy=False)
     text = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
     order = np.lexsort((hashes, text))  # by text, then hash: each text keeps its rows
@@ -217,7 +217,7 @@ def unique_shingle_sets(hashes: np.ndarray, counts: np.ndarray) -> tuple[np.ndar
 
 def distinct_sets(hashes: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """unique_shingle_sets' (flat, counts), sorted by one uint64 key instead of a two-key lexsort
-    (6x less CPU; verify="estimate" sorts every shingle), and each text's set digest: the
+    (far less CPU; verify="estimate" sorts every shingle), and each text's set digest: the
     wrapping sum of a 64-bit mix of its distinct hashes (equal sets, equal digests; different
     sets collide with chance ~2^-64)."""
     hashes = hashes.astype(np.uint64, copy=False)

@@ -12,8 +12,8 @@ Two streaming passes, so memory does not grow with the corpus:
 2. each document is written `full` times, plus once more when its hash bucket lies below
    the cut; documents written zero times are removed as "downsampled".
 Precision: the sampled remainder overshoots its target by less than one hash bucket's
-units, about 1/65,536 of the source (the old in-memory sampler overshot by under one
-document; on small sources, where buckets hold at most one document, the two agree).
+units, about 1/65,536 of the source; on small sources, where buckets hold at most one
+document, by less than one document.
 The result does not depend on batch sizes or on the order of documents.
 """
 from __future__ import annotations

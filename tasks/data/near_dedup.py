@@ -15,17 +15,16 @@ Verification (`verify`): LSH banding only proposes candidates; each candidate pa
 is then checked against the threshold.
 - "exact" (default): |A∩B| / |A∪B| of the two documents' sets of 64-bit shingle hashes (the
   shingles the signatures are built from): distinct shingles collide with chance 2^-64 (with
-  32 bits, a million one-word texts lost ~100 as identical, issue 26). The 128-permutation estimate has standard
-  deviation sqrt(J(1-J)/128), about 0.03 near J = 0.8: a pair at J = 0.85 fails an estimated
-  check ~6% of the time and one in [0.8, 0.9) ~15% on average, while pairs below the threshold
-  pass it. Exact verification leaves LSH banding (tuned for recall, _LSH_WEIGHTS) as the only
-  source of misses and removes nothing below the threshold. Cost: each document's sorted
-  distinct shingle hashes on disk (8 bytes per shingle + 8 per document, in place of the
-  signatures' 4 * num_perm bytes) and a merge per candidate pair.
+  32 bits, ~100 pairs of a million one-word texts would collide and read as identical). The
+  128-permutation estimate has standard deviation sqrt(J(1-J)/128), about 0.03 near J = 0.8: a pair at J = 0.85 fails
+  an estimated check ~6% of the time and one in [0.8, 0.9) ~15% on average, while pairs below the threshold pass it.
+  Exact verification leaves LSH banding (tuned for recall, _LSH_WEIGHTS) as the only source of misses and removes
+  nothing below the threshold. Cost: each document's sorted distinct shingle hashes on disk (8 bytes per shingle + 8
+  per document, in place of the signatures' 4 * num_perm bytes) and a merge per candidate pair.
 - "estimate": the share of equal signature values (the MinHash estimate), as datasketch's
   MinHashLSH users compare, checked where it fails (tasks/data/minhash_estimate.py): a pair
-  with a short document is verified exactly (32-bit hash collisions made distinct one-word
-  texts identical, issue 26), and a similarity of 1.0 always means identical sets.
+  with a short document is verified exactly (32-bit hash collisions would make distinct
+  one-word texts identical), and a similarity of 1.0 always means identical sets.
 
 Memory does not grow with the corpus (besides one byte per document and the ids of the
 documents that others duplicate): everything else is spilled to a folder next to the

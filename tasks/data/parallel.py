@@ -54,7 +54,7 @@ def plan_workers(n_items: int, batch_size: int, workers: int = 0, *, parallel_fr
 
     An explicit `workers` (> 0) is used, but never more than one per batch; one batch is 1
     (this process); otherwise 0: auto, decided by `ordered_map` from measured costs.
-    `parallel_from` is accepted for older callers and ignored: the decision is measured now.
+    `parallel_from` is accepted for older callers and ignored: the decision is measured at run time.
     `max_workers` bounds an explicit count (give it to ordered_map too, to bound auto).
     """
     batches = -(-n_items // batch_size)

@@ -26,8 +26,8 @@ from tasks.data.step import DataStep, StageResult
 STAGE = "quality"
 BATCH_ROWS = 512
 # Text bytes per job at most: the rules' word and n-gram arrays cost ~65 bytes per byte of
-# text, so 512 KiB bounds a job (and a worker) at ~35 MB whatever the documents' lengths;
-# measured as cheap per document as 512-row jobs of this corpus's 1.8 KB documents.
+# text, so 512 KiB bounds a job (and a worker) at ~35 MB whatever the documents' lengths,
+# and is still enough text that a job's fixed costs stay small beside its work.
 JOB_TEXT_BYTES = 512 * 1024
 MAX_AUTO_WORKERS = 8
 REWRITTEN = "rewritten"  # reason of an original page in rewritten.parquet (not a removal)

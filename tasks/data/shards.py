@@ -52,8 +52,9 @@ class ShardConfig(StrictModel):
     compression: str = "zstd"
     # Shuffle memory: about this much uncompressed data per bucket is held at a time
     # (more on corpora over MAX_BUCKETS x bucket_mb, where the bucket count is capped). A
-    # bucket is held twice (read, then permuted), so 16 MB keeps pass 2 near 100 MB; 64 MB
-    # made the stage 1.7x larger at 200k documents than at 25k, for no faster run.
+    # bucket is held twice (read, then permuted), so 16 MB keeps pass 2 near 100 MB; larger
+    # buckets make the stage's memory grow with the corpus for no faster run
+    # (docs/experiments/2026-12-04-data-stages-memory.md).
     bucket_mb: float = Field(default=16.0, gt=0)
 
 

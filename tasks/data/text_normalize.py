@@ -67,7 +67,7 @@ def _normalize(text: str, form: str) -> str:
     # spaces into plain blanks.
     if not unicodedata.is_normalized(form, text):
         text = unicodedata.normalize(form, text)
-    # A per-line loop with str methods is ~3x faster than look-behind regexes over the text.
+    # A per-line loop with str methods is faster than look-behind regexes over the text.
     lines = text.split("\n")
     for i, line in enumerate(lines):
         body = line.strip(" \t")

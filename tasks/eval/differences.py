@@ -1,6 +1,8 @@
-"""Consecutive models (base -> SFT -> GRPO) compared on the questions both were asked: the paired
-accuracy difference with its 95% interval, on all answers, on the answers within the training range,
-and on multiple choice (the interval itself: tasks/eval/intervals.paired_difference)."""
+"""Consecutive models (base -> SFT -> GRPO) compared: the paired accuracy difference on the questions both were asked.
+
+With its 95% interval, on all answers, on the answers within the training range, and on multiple choice
+(the interval itself: tasks/eval/intervals.paired_difference).
+"""
 from __future__ import annotations
 
 from collections.abc import Mapping

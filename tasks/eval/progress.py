@@ -1,5 +1,7 @@
-"""How far one model's evaluation is: a line per part (tokens, answers, choices) at most every
-`every_s` seconds, with the part's batches done and an ETA, so minutes of evaluation are never silent.
+"""How far one model's evaluation is: a progress line per part, with an ETA.
+
+A line per part (tokens, answers, choices) at most every `every_s` seconds, with the part's batches
+done and an ETA, so minutes of evaluation are never silent.
 
     progress = EvalProgress("sft", ["tokens", "answers", "choices"])
     token_metrics(..., progress=progress.part("tokens"))      # called as (batches done, batches in all)

@@ -1,5 +1,8 @@
-"""Publish the data run: the funnel as a Prefect Markdown artifact, and MLflow metrics,
-artifacts (manifest, funnel table and chart) and the shards as a dataset input."""
+"""Publish the data run: its funnel to Prefect, and its metrics, artifacts and dataset input to MLflow.
+
+The funnel as a Prefect Markdown artifact; MLflow metrics, artifacts (manifest, funnel table and chart)
+and the shards as a dataset input.
+"""
 from __future__ import annotations
 
 import re
@@ -13,8 +16,8 @@ from tasks.data.funnel import funnel_markdown, funnel_totals
 from tasks.data.manifest import load_manifest
 from tasks.reports.plots import funnel_png
 
-# prefect is imported inside the functions that use it: about 1.5 s that a rank, `llmforge --help` and the CLI's
-# quick errors do not pay.
+# prefect is imported inside the functions that use it: a rank, `llmforge --help` and the CLI's quick errors do not
+# pay for its import.
 
 
 def data_report_markdown(manifest_path: Path) -> str:
@@ -56,9 +59,9 @@ def narrow_tables(markdown: str, max_columns: int = 6, max_chars: int = 90) -> s
     sft 1.1` for several value columns).
 
     Prefect's artifact page clips a table at its panel's width and does not wrap its cells: the funnel's
-    last columns vanished, and the report card's headline values and the calibration table's SFT and GRPO
-    columns sat to the right of their long labels, out of sight. Transposed, a wide table keeps every column
-    as a row; as a list, a label and its values wrap.
+    last columns, and the report card's headline values and the calibration table's SFT and GRPO columns to
+    the right of their long labels, would be out of sight. Transposed, a wide table keeps every column as a
+    row; as a list, a label and its values wrap.
     """
     lines, out, i = markdown.split("\n"), [], 0
     while i < len(lines):

@@ -1,5 +1,7 @@
-"""The evaluation's report: each model's reliability diagrams, the comparison tables (metrics,
-paired differences, selective prediction) and figures, logged to the active MLflow run.
+"""The evaluation's report: diagrams, comparison tables and figures, logged to the active MLflow run.
+
+Each model's reliability diagrams, and the comparison tables (metrics, paired differences, selective
+prediction) and figures.
 
 The numbers come from tasks/eval (evaluate: one model's EvalResult; differences: consecutive
 models compared); this module only renders them.

@@ -1,6 +1,7 @@
-"""The parent run's metrics: the headline numbers of every stage, named `<stage>/<metric>` so MLflow's
-charts and compare view group them by stage, rounded to four significant digits (the stage runs keep
-the full values), so the parent alone answers "which variant was better, and where".
+"""The parent run's metrics: the headline numbers of every stage, named `<stage>/<metric>`.
+
+Named so MLflow's charts and compare view group them by stage, rounded to four significant digits (the
+stage runs keep the full values), so the parent alone answers "which variant was better, and where".
 
     data/kept · pretrain/final_val_ppl · sft/final_val_loss · grpo/heldout_accuracy_after ·
     evaluate/grpo.answer.accuracy · pipeline/wall_minutes

@@ -1,5 +1,7 @@
-"""Pretraining's report: what the run trained, its validation perplexity beside the unigram baseline of the same
-tokenizer on the same tokens, and the Chinchilla view of its tokens per parameter, as Markdown.
+"""Pretraining's report, as Markdown: the run, its perplexity against a baseline, its tokens per parameter.
+
+What the run trained, its validation perplexity beside the unigram baseline of the same tokenizer on the
+same tokens, and the Chinchilla view of its tokens per parameter.
 
 The numbers are the stage's (tasks/training/pretrain/stage.py measures the baseline and the Chinchilla view
 after the run); this only renders them, and logs the page into the active MLflow run.

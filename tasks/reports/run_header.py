@@ -1,5 +1,8 @@
-"""The report card's header: what the run was (infra/tracking/identity.py) and what each stage took,
-reused stages with the wall time of the run that did their work (infra/tracking/history.py)."""
+"""The report card's header: what the run was and what each stage took.
+
+What the run was: infra/tracking/identity.py. What each stage took, reused stages with the wall time of
+the run that did their work: infra/tracking/history.py.
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,5 +1,8 @@
-"""The scaling sweep's report: its points, the fitted laws with intervals, the prediction against
-what was measured, as Markdown with figures in the sweep's folder, an MLflow artifact and a Prefect artifact."""
+"""The scaling sweep's report: its points, the fitted laws, the prediction against the trained run.
+
+The fitted laws with intervals, as Markdown with figures in the sweep's folder, an MLflow artifact and a
+Prefect artifact.
+"""
 from __future__ import annotations
 
 import math

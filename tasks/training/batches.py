@@ -1,5 +1,8 @@
-"""The order of training samples: a pure function of (seed, micro-batch index, rank, world), so a resume
-needs only the step count. Pretraining's windows of token shards (and SFT's replayed ones) are built here."""
+"""The order of training samples: a pure function of (seed, micro-batch index, rank, world).
+
+So a resume needs only the step count. Pretraining's windows of token shards (and SFT's replayed ones)
+are built here.
+"""
 from __future__ import annotations
 
 from collections.abc import Callable

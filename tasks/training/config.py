@@ -57,7 +57,7 @@ class LaunchConfig(StrictModel):
     launcher_args: list[str] = Field(default_factory=list)
     # The layout of the ranks: dp x tp x pp = world size (num_procs x the hostfile's nodes). tp splits every
     # matrix over tp ranks (models/tensor_parallel.py), pp gives each of pp ranks a run of layers (DeepSpeed's
-    # pipeline engine, tasks/training/pipeline.py), dp copies the rest; dp None: whatever tp and pp leave.
+    # pipeline engine, models/pipeline.py), dp copies the rest; dp None: whatever tp and pp leave.
     dp: int | None = Field(default=None, gt=0)
     tp: int = Field(default=1, gt=0)
     pp: int = Field(default=1, gt=0)
@@ -332,10 +332,10 @@ class GrpoConfig(TrainingConfig):
     # Abstention: `abstain_n` more training problems from the arithmetic task's abstention range, where the policy is
     # rarely right and the `abstain` reward teaches it to say "I don't know" instead of guessing.
     abstain_n: int = Field(default=0, ge=0)
-    # Completions per group replaced by the abstention (rollouts.guide_abstentions): inside the trained range the
-    # SFT policy gives "I don't know" a probability near 1e-4, so without this it never samples, and never learns,
-    # abstaining where it is likely wrong. Needs the `abstain` reward. A step's logged reward_mean and accuracy count
-    # the guided completions too.
+    # Completions per group replaced by the abstention (rollouts.guide_abstentions): inside the trained range the SFT
+    # policy gives "I don't know" too little probability to sample it, so without this it never samples, and never
+    # learns, abstaining where it is likely wrong (docs/experiments/2026-12-06-sft-batch-and-grpo-bases.md). Needs the
+    # `abstain` reward. A step's logged reward_mean and accuracy count the guided completions too.
     abstain_guidance: int = Field(default=0, ge=0)
     # Guide only the groups where at most this share of the samples the guidance leaves are right
     # (rollouts.unsure_groups); 1 guides every group. Under the abstain reward's share of a right answer's (0.3 in

@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from infra.launch.build_lock import BUILDING_SHM_OP
 from infra.launch.launcher import free_port, remove_shm_buffers
-from infra.launch.runner import import_deepspeed  # DeepSpeed without its unused MLflow import: ~3 s a rank
+from infra.launch.runner import import_deepspeed  # DeepSpeed without its unused MLflow import: seconds saved a rank
 
 
 def _shm_op_built() -> bool:
@@ -53,7 +53,7 @@ def _unlink_shm_names() -> None:
     """Unlink this rank's /dev/shm all-reduce buffer once every rank has mapped every buffer.
 
     DeepSpeed's CPU all-reduce maps the buffers at init and never unlinks them, so each launch
-    left one file per rank behind (66 MB each). Unlinked, the memory lives while the ranks have it
+    would leave one file per rank behind. Unlinked, the memory lives while the ranks have it
     mapped and goes back to the kernel however they end, a SIGKILL included.
     """
     if os.environ.get("DS_ACCELERATOR") != "cpu" or "MASTER_PORT" not in os.environ:

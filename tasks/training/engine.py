@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from infra.launch.launcher import build_ds_config, resolve_precision
-from infra.launch.runner import import_deepspeed  # DeepSpeed without its unused MLflow import: ~3 s a rank
+from infra.launch.runner import import_deepspeed  # DeepSpeed without its unused MLflow import: seconds saved a rank
 from models.optim import GuardedAdamW, build_adamw, build_scheduler
 from models.tensor_parallel import parallelize, reduce_data_parallel_grads
 from tasks.training.config import LaunchConfig, OptimConfig

@@ -203,7 +203,8 @@ def fit(
     progress.clock = StepClock(start, cfg.steps)
     if start and echo:
         echo(f"resuming from step {start} ({ckpt_dir / tag_of(start)}): training steps {start + 1}-{cfg.steps}")
-    # After the resume: measuring the peak draws random matrices, as it always has at this point.
+    # After the resume: measuring the peak draws random matrices, so its place in the RNG streams stays here
+    # (moved, it would change every random draw of the run after it).
     clock = throughput(model, cfg, seq_len, engine.device, rank, flops_per_token)
     checkpoint: Path | None = ckpt_dir / tag_of(start) if start and ckpt_dir is not None else None
 

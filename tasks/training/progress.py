@@ -1,5 +1,7 @@
-"""The one loop's bookkeeping: its counters (what a checkpoint carries), the non-finite-loss policy,
-the logged windows, validation, throughput and MFU."""
+"""The one loop's bookkeeping: counters, the non-finite-loss policy, logging, validation, throughput and MFU.
+
+Its counters are what a checkpoint carries besides the engine and the RNG states.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,5 +1,6 @@
-"""What every training stage is and shares around the one loop: the stage's base, its MLflow run on rank 0,
-the export of the trained model and the result it publishes.
+"""What every training stage shares around the one loop: its base class, its run, its export, its result.
+
+The stage's base, its MLflow run on rank 0, the export of the trained model and the result it publishes.
 
     class Pretrain(TrainingStage)          a LaunchedStage whose ranks run tasks/training/rank.py
     launch_of(cfg, ...)                    stage side: ds_config.json and the precision the ranks train in

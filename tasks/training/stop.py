@@ -1,5 +1,7 @@
-"""A stop keeps the work: SIGINT or SIGTERM on a training rank ends the loop after the current step, with a
-checkpoint of that step, so the rerun continues from it instead of from the last scheduled checkpoint.
+"""A stop keeps the work: a signal on a training rank ends the loop after the current step, checkpointed.
+
+SIGINT or SIGTERM ends the loop after the current step, with a checkpoint of that step, so the rerun
+continues from it instead of from the last scheduled checkpoint.
 
 How the signal gets here: Ctrl-C reaches every process of the terminal's group (the CLI, DeepSpeed's
 launcher, the ranks); `kill <pid>` and a Prefect cancel reach the CLI, whose stop handler SIGTERMs its

@@ -1,5 +1,5 @@
-"""README.md and ARCHITECTURE.md name only modules and folders that exist, and the
-architecture's layering holds: infra/ and models/ import nothing from tasks/ or flows/."""
+"""The documents name only modules and folders that exist (ARCHITECTURE.md's every path, in code blocks too), and
+the architecture's layering holds: infra/ and models/ import nothing from tasks/ or flows/."""
 from __future__ import annotations
 
 import ast
@@ -9,7 +9,9 @@ import pytest
 
 from tests.conftest import ROOT
 
-DOCS = ["README.md", "ARCHITECTURE.md", "RELIABILITY.md", "BENCHMARKS.md"]
+# The documents that say what is true now (docs/experiments/ are dated logs: the paths they name were true then).
+DOCS = ["README.md", "ARCHITECTURE.md", "RELIABILITY.md", "BENCHMARKS.md",
+        *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
 # `tasks/data/step.py`, `infra/launch/deepspeed/`, `tasks.training.pretrain.worker`
 _PATH = re.compile(r"`((?:tasks|flows|infra|models|bench|tests|data_catalog)/[\w./*-]*)")
 _MODULE = re.compile(r"\b((?:tasks|flows|infra|models)(?:\.\w+)+)\b")
@@ -65,3 +67,12 @@ def test_lower_layers_import_nothing_from_tasks_or_flows(layer):
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in ("tasks", "flows")]
     assert not offenders, offenders
+
+
+def test_every_path_architecture_names_exists():
+    """Its hop-by-hop path from `llmforge run` to engine.backward and its layer picture name files in code blocks."""
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"\b((?:tasks|flows|infra|models|bench|tests)/[\w/]*[\w]+(?:\.py|/))", text))
+    assert len(named) > 40  # the picture, the table and the path: the test sees them
+    missing = sorted(p for p in named if not _exists(p))
+    assert not missing, f"ARCHITECTURE.md names paths that do not exist: {missing}"

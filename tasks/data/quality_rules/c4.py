@@ -7,9 +7,9 @@
 * `judge` (family `c4`, the default): the page is never rewritten; each rule removes
   the whole document when too much of it is what C4 would delete.
 
-The default is `judge`, chosen by measurement (bench/quality_crosscheck.py, numbers in
-BENCHMARKS.md): on one-paragraph-per-line prose `lines` agrees with datatrove's
-C4QualityFilter on every document (decisions and rewritten text; sentences split as its
+The default is `judge`, chosen by measurement (bench/quality_crosscheck.py, BENCHMARKS.md
+"Quality filters"): on one-paragraph-per-line prose `lines` matches datatrove's
+C4QualityFilter (decisions and rewritten text; sentences split as its
 English default, spaCy, splits them: its regex fallback splits inside URLs and drops a
 line's last sentence without a mark), but the catalog's only prose source, python_docs, is
 hard-wrapped reference text, where `lines` deletes most lines of every page (each wrapped

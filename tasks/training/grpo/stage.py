@@ -9,20 +9,18 @@
 
 The policy is trained on the `grpo` split of tasks/eval/arithmetic.py and scored greedily on
 the `eval` split, which neither SFT nor GRPO ever sees (with `task: gsm8k`, on GSM8K's train
-and test splits, tasks/eval/gsm8k.py). GRPO runs single-rank here
-(num_procs = 1): rollouts are sampled step by step with a KV cache inside the one
-DeepSpeed engine (GrpoSteps in tasks/training/grpo/steps.py, the one loop's step), and on this project's scale there is nothing to
-gain from splitting a batch of a few hundred short sequences across ranks.
+and test splits, tasks/eval/gsm8k.py). GRPO runs single-rank here (num_procs = 1): rollouts
+are sampled step by step with a KV cache inside the one DeepSpeed engine (GrpoSteps in
+tasks/training/grpo/steps.py, the one loop's step), and on this project's scale there is nothing
+to gain from splitting a batch of a few hundred short sequences across ranks.
 
-Measured at the tiny preset's scale before issue 28 (the 2.4M-parameter demo model, sums up to
-15, 40 steps on 2 CPU cores, digits tokenised one per token): GRPO at lr 1e-5 lifts held-out
-sums a few problems at a time (27/59 -> 31/59 in the README run), and seeds differ by a few
-problems either way; such a run now ends flagged `flat` when its rollouts' reward and KL did
-not move beyond noise. At lr 5e-5 the policy drifts from the reference faster than the
-KL term holds it and held-out accuracy falls below SFT's. A policy that gives one
-answer to every problem scores the share of problems with that sum, so result.json
-also counts the distinct greedy answers (`distinct_answers`): read an accuracy gain
-together with it.
+A run whose rollouts' reward and KL did not move beyond noise ends flagged `flat`; how far GRPO
+moves held-out accuracy, against the spread between seeds: BENCHMARKS.md "GRPO across seeds".
+The lr stays low (GrpoOptim): a larger one moves the policy away from the reference faster
+than the KL term holds it, and held-out accuracy falls below SFT's
+(docs/experiments/2026-12-06-grpo-recipes-on-the-1.3m-model.md). A policy that gives one answer to
+every problem scores the share of problems with that sum, so result.json also counts the distinct
+greedy answers (`distinct_answers`): read an accuracy gain together with it.
 """
 from __future__ import annotations
 
@@ -122,7 +120,7 @@ def heldout_metrics(out: GrpoResult) -> dict[str, float]:
     return {
         "heldout_accuracy_before": out.before.accuracy, "heldout_accuracy_after": out.after.accuracy,
         "heldout_reward_before": out.before.mean_reward, "heldout_reward_after": out.after.mean_reward,
-        # The counts beside the rates, so the MLflow run reads "27/59 -> 31/59" without arithmetic.
+        # The counts beside the rates, so the MLflow run reads right answers out of problems without arithmetic.
         "heldout_correct_before": float(out.before.n_correct),
         "heldout_correct_after": float(out.after.n_correct),
         "heldout_problems": float(out.after.n),

@@ -187,7 +187,7 @@ class GrpoSteps:
         before = self.eval_before
         return {
             "reference_sha256": self.reference_sha256, "cycle": self.cycle.state(),
-            # Reseeded from (seed, step) before every step today; kept so a resume stays exact if that changes.
+            # Reseeded from (seed, step) before every step; kept anyway, so a resume stays exact if that changes.
             "generator": self.generator.get_state() if self.generator is not None else None,
             "samples": self.samples, "seconds": self.seconds(),
             "eval_before": asdict(before) if before is not None else None,

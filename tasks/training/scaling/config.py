@@ -18,11 +18,13 @@ class ScaleConfig(StrictModel):
     # from being most of a small member's parameters, so that small budgets still bracket their optimum.
     vocab_size: int | None = Field(default=None, gt=0)
     # The sweep's own micro-batch (None: the preset's pretraining one). Small budgets on a large batch give the larger
-    # members too few optimizer steps, and the smallest member then wins at every budget (BENCHMARKS.md).
+    # members too few optimizer steps, and the smallest member then wins at every budget
+    # (docs/experiments/2026-12-05-scaling-sweep-trials.md).
     micro_batch_size: int | None = Field(default=None, gt=0)
     # A point with fewer optimizer steps than this trains on a smaller micro-batch (halved, down to one sequence):
     # the same tokens in more steps. A large member's short run is otherwise a few hundred steps, most of them
-    # warm-up and decay, and lies above the law the other points follow (BENCHMARKS.md). 0: one micro-batch for all.
+    # warm-up and decay, and lies above the law the other points follow
+    # (docs/experiments/2026-12-05-scaling-sweep-trials.md). 0: one micro-batch for all.
     min_steps: int = Field(default=0, ge=0)
     tokens_per_param: float = Field(default=20.0, gt=0)  # centres each budget's sizes (a guess, not a result)
     predict_factor: float = Field(default=4.0, gt=1)  # the predicted, then trained run: this x the largest budget

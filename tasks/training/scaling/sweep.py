@@ -9,8 +9,8 @@ D = C / (its FLOPs per token) tokens, rounded to whole optimizer steps, with a c
 exactly those steps, on the same token shards, tokenizer, batch shape and learning rate. Each
 budget trains `sizes_per_budget` neighbouring depths around the one whose D/N is closest to
 `tokens_per_param` (a guess that only centres the sizes; the sweep measures the real optimum), one
-more above it than below, because small models' optimum has measured at fewer tokens per
-parameter than Chinchilla's 20 (nanochat: 8, then 4).
+more above it than below, because small models' optimum lies at fewer tokens per parameter
+than Chinchilla's 20 (nanochat reports 8, then 4).
 """
 from __future__ import annotations
 
@@ -127,8 +127,8 @@ def point_config(pretrain: PretrainConfig, point: SweepPoint, scale: ScaleConfig
 
     No Hugging Face export (a sweep point is a measurement, not a model to ship) and validation
     only at the end, where the fits read it, over the whole val split (`val_tokens`): the preset's
-    few eval batches are a sample whose noise (about 2% of the loss on 16 windows, BENCHMARKS.md)
-    would be most of the points' scatter about the law.
+    few eval batches are a sample whose noise would be most of the points' scatter about the law
+    (docs/experiments/2026-12-05-scaling-sweep-trials.md).
     """
     shape = family_config(point.depth, 1, pretrain.batch.seq_len, scale.aspect_ratio, scale.head_dim)
     overrides: dict[str, Any] = shape.model_dump(exclude={"vocab_size"})

@@ -230,8 +230,8 @@ def _read_file(path: Path, source: SftSourceConfig) -> Iterator[tuple[str, Any]]
 
 
 # The "path" of built-in arithmetic examples: it names the set in their ids (and so in the
-# hashed train/val split). It is the module's path from before tasks/ was split into
-# packages; kept so the same seeds give the same examples, split and results as before.
+# hashed train/val split). A fixed name, not the task module's path (tasks/eval/arithmetic.py):
+# moving the module must not change the examples, their split or the results of the same seeds.
 ARITHMETIC_ID_PATH = "tasks/arithmetic.py"
 HELD_OUT_LOCATOR = "held-out:"  # a built-in example's locator prefix: validation only (SftExample.held_out)
 _SIGNATURE = re.compile(r"^[\w.]+\(.*\)")
