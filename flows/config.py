@@ -198,23 +198,26 @@ def check_paths(cfg: PipelineConfig) -> None:
     load_catalog(catalog, only=cfg.data.sources)  # its YAML files valid, data.sources among them
 
 
-# Older keys of the arithmetic task (one section now, which SFT, GRPO and the evaluation read) and of the
-# evaluation's answer budget (named as GRPO's), each with the key that replaces it: refused, naming it.
+# Older keys of the arithmetic task (one section now, which SFT, GRPO and the evaluation read), each with the key
+# that replaces it: refused, naming it.
 MOVED_TO_ARITHMETIC = {
     "sft.data.arithmetic.max_operand": "arithmetic.max_operand", "sft.data.arithmetic.ops": "arithmetic.ops",
     "sft.data.arithmetic.abstain_max_operand": "arithmetic.abstain_max_operand",
     "grpo.max_operand": "arithmetic.max_operand", "grpo.ops": "arithmetic.ops",
     "grpo.abstain_max_operand": "arithmetic.abstain_max_operand",
     "eval.train_max_operand": "arithmetic.max_operand", "eval.arithmetic_max_operand": "arithmetic.outer_max_operand",
-    "eval.arithmetic_ops": "arithmetic.ops", "eval.max_answer_tokens": "eval.max_new_tokens",
+    "eval.arithmetic_ops": "arithmetic.ops",
 }
+# A setting of one concept under one name in every stage: the evaluation's answer budget is named as GRPO's.
+ONE_NAME = {"eval.max_answer_tokens": "eval.max_new_tokens"}
 
 
 def renamed_key(dotted: str) -> tuple[str, str] | None:
     """Where a key of an older layout went (`sft.lr` -> `sft.optim.lr`, `grpo.max_operand` -> `arithmetic.max_operand`),
     and why; None for a key that was never renamed."""
     for table, why in ((RENAMED, "training configs are composed of batch, optim, launch, checkpoint and log"),
-                       (MOVED_TO_ARITHMETIC, "the arithmetic task is one section, read by SFT, GRPO and the evaluation")):
+                       (MOVED_TO_ARITHMETIC, "the arithmetic task is one section, read by SFT, GRPO and the evaluation"),
+                       (ONE_NAME, "one setting has one name in every stage")):
         for old, new in table.items():
             if dotted == old or dotted.startswith(old + "."):
                 return new + dotted[len(old):], why

@@ -4,7 +4,7 @@
 # Usage: infra/scripts/start_mlflow_server.sh [extra `mlflow server` options]
 #
 # It reads the same store the flows write when MLFLOW_TRACKING_URI is unset
-# (infra/tracking/runs.py: sqlite:///<workdir>/mlflow.db, artifacts in <workdir>/mlartifacts),
+# (infra/tracking/store.py: sqlite:///<workdir>/mlflow.db, artifacts in <workdir>/mlartifacts),
 # so runs logged by the pipeline show with their artifacts, with or without the server.
 #
 # Environment (all optional):

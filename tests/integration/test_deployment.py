@@ -2,7 +2,7 @@
 
 The slow tests start a real Prefect server (on a free, non-default PORT) and a real
 `process` worker through infra/scripts/, register the deployments with deploy.sh, run the
-README's sequence (`prefect deployment run ... -p overrides=[...] --watch`: data-tiny with
+docs/deployments.md's sequence (`prefect deployment run ... -p overrides=[...] --watch`: data-tiny with
 and without an override, pipeline-tiny with its budgets cut), check the runs in Prefect
 and MLflow, and screenshot the Prefect UI with headless Chromium when it is installed.
 
@@ -184,7 +184,7 @@ small_stage_seed = seeds.small_stage_seed  # the session's data/tokenizer/tokens
 
 
 def deployment_run(name: str, env: dict[str, str], *params: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`prefect deployment run <name> -p ... --watch`, as the README writes it."""
+    """`prefect deployment run <name> -p ... --watch`, as docs/deployments.md writes it."""
     cmd = [PREFECT, "deployment", "run", name, *[a for p in params for a in ("-p", p)], "--watch", "--watch-timeout", str(int(timeout))]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout + 60)
 
@@ -250,7 +250,7 @@ def test_worker_without_server_fails_in_one_line_naming_the_url(isolated_env):
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory, request) -> Iterator[dict]:
-    """The README's sequence on a non-default PORT: server, worker, deploy.sh, then the runs it shows.
+    """docs/deployments.md's sequence on a non-default PORT: server, worker, deploy.sh, then the runs it shows.
 
     Runs: data-tiny as deployed, data-tiny with an override (plus a tiny catalog), a bad override,
     and pipeline-tiny with its budgets cut by overrides, then pipeline-tiny again with the same
@@ -286,7 +286,7 @@ def deployed(tmp_path_factory, request) -> Iterator[dict]:
         seed_workspace(request.getfixturevalue("small_stage_seed"), work)
         timings["seeded"] = time.monotonic() - started
 
-        client_env = {**env, "PREFECT_API_URL": api}  # the README's `export PREFECT_API_URL=...`
+        client_env = {**env, "PREFECT_API_URL": api}  # docs/deployments.md's `export PREFECT_API_URL=...`
         catalog = make_catalog(tmp)
         results = {
             "data": deployment_run("data/data-tiny", client_env),

@@ -1,4 +1,4 @@
-"""Every YAML example in README.md validates: a user who copies one gets a working config."""
+"""Every YAML example in README.md and docs/ validates: a user who copies one gets a working config."""
 from __future__ import annotations
 
 import re
@@ -10,14 +10,16 @@ import yaml
 from flows.config import PipelineConfig
 from infra.config import parse_config
 from tasks.data.catalog import load_catalog
+from tasks.training.sft.data import load_sft_catalog
 from tests.conftest import ROOT
 
 README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]  # docs/experiments/ are dated logs, not instructions
 _BLOCK = re.compile(r"```yaml\n(.*?)```", re.S)
 
 
 def yaml_examples() -> list[str]:
-    return _BLOCK.findall(README.read_text(encoding="utf-8"))
+    return [block for doc in DOCS for block in _BLOCK.findall(doc.read_text(encoding="utf-8"))]
 
 
 def _materialise(pattern: str, root: Path) -> None:
@@ -31,7 +33,7 @@ def _materialise(pattern: str, root: Path) -> None:
 
 
 def test_readme_has_yaml_examples():
-    assert yaml_examples(), "README.md should show at least one YAML example"
+    assert _BLOCK.findall(README.read_text(encoding="utf-8")), "README.md should show at least one YAML example"
 
 
 @pytest.mark.parametrize("index", range(len(yaml_examples())))
@@ -46,7 +48,9 @@ def test_readme_yaml_example_validates(index, tmp_path):
         if data.get("hf", {}).get("name") and not data["hf"].get("data_files"):  # a local dataset folder
             (catalog / data["hf"]["name"]).mkdir(parents=True)
         (catalog / f"{data['name']}.yaml").write_text(text, encoding="utf-8")
-        loaded = load_catalog(catalog)
-        assert [s.name for s in loaded.sources] == [data["name"]]
+        if str(data["kind"]).startswith("sft_"):  # an SFT source (sft.data.catalog)
+            assert [s.name for s in load_sft_catalog(catalog)] == [data["name"]]
+        else:
+            assert [s.name for s in load_catalog(catalog).sources] == [data["name"]]
     else:  # a preset (infra/presets/*.yaml shape)
-        parse_config(PipelineConfig, data, origin=f"README.md yaml example {index}")
+        parse_config(PipelineConfig, data, origin=f"yaml example {index}")

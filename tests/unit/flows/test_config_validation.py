@@ -157,7 +157,7 @@ def test_show_config_refuses_with_the_message(capsys, args, expected):
     assert expected in err, err
 
 
-# ----------------------------------------------------------------------------- renamed keys (issue 25)
+# ----------------------------------------------------------------------------- renamed keys
 
 
 @pytest.mark.parametrize("old, new", [
@@ -166,6 +166,12 @@ def test_show_config_refuses_with_the_message(capsys, args, expected):
     ("grpo.ckpt_every=5", "grpo.checkpoint.every"),
     ("sft.torch_threads=1", "sft.launch.torch_threads"),
     ("pretrain.tokenizer.vocab_size=512", "tokenizer.vocab_size"),
+    ("grpo.max_operand=9", "arithmetic.max_operand"),
+    ("sft.data.arithmetic.ops=+", "arithmetic.ops"),
+    ("sft.data.arithmetic.abstain_max_operand=40", "arithmetic.abstain_max_operand"),
+    ("eval.train_max_operand=9", "arithmetic.max_operand"),
+    ("eval.arithmetic_max_operand=40", "arithmetic.outer_max_operand"),
+    ("eval.max_answer_tokens=8", "eval.max_new_tokens"),
 ])
 def test_an_old_key_names_its_new_one(old, new):
     msg = refused([old])
@@ -188,3 +194,25 @@ def test_every_training_stage_has_the_same_component_keys():
     assert cfg.sft.launch.num_procs == 2 and cfg.grpo.checkpoint.every == 7
     # A stage's own defaults survive a partial component: SFT keeps no weight decay, GRPO a constant lr.
     assert cfg.sft.optim.weight_decay == 0.0 and cfg.grpo.optim.schedule == "constant"
+
+
+def test_an_old_arithmetic_key_in_an_sft_source_names_the_pipelines_section():
+    from tasks.training.sft.data import SftSourceConfig
+
+    with pytest.raises(ValueError, match="key 'max_operand' of the arithmetic SFT options is now the pipeline's "
+                                         "'arithmetic.max_operand'"):
+        SftSourceConfig(name="a", kind="sft_builtin", builtin="arithmetic", licence="CC0-1.0",
+                        arithmetic={"n": 10, "max_operand": 9})
+
+
+def test_the_arithmetic_range_is_one_section_every_stage_reads():
+    cfg = resolve_pipeline_config(None, "tiny", ["arithmetic.abstain_max_operand=40"])
+    assert (cfg.arithmetic.max_operand, cfg.arithmetic.abstain_max_operand, cfg.arithmetic.outer_max_operand) == (31, 40, 40)
+    assert "max_operand" not in cfg.grpo.model_dump() and "arithmetic_max_operand" not in cfg.eval.model_dump()
+    with pytest.raises(ConfigError, match="abstain_max_operand=31 must lie above arithmetic.max_operand=31"):
+        resolve_pipeline_config(None, "tiny", ["arithmetic.abstain_max_operand=31"])
+    with pytest.raises(ConfigError, match="n=612, but only 247 sums of the sft split"):  # the preset's SFT set: 612
+        resolve_pipeline_config(None, "tiny", ["arithmetic.max_operand=20"])
+    with pytest.raises(ConfigError, match="grpo.abstain_n=100 asks for sums answered"):
+        resolve_pipeline_config(None, "tiny", ["arithmetic.abstain_max_operand=null", "sft.data.arithmetic.abstain_n=0",
+                                               "sft.data.arithmetic.val_abstain_n=0"])
