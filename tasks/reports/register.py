@@ -16,7 +16,7 @@ Anyone can then load the champion with MLflow or transformers alone:
 from __future__ import annotations
 
 import hashlib
-from importlib.metadata import version
+from importlib.metadata import version as package_version
 from pathlib import Path
 
 from infra.tracking.runs import active_run
@@ -99,7 +99,7 @@ def register_model(
         # A card of our own: MLflow would otherwise look the local folder up on the Hugging Face Hub.
         model_card=ModelCard(f"---\nlicense: other\n---\n{description}\n"),
         # Pinned here: MLflow's own default list asks for torchvision, which we do not install.
-        pip_requirements=[f"{pkg}=={version(pkg)}" for pkg in _SERVING_PACKAGES],
+        pip_requirements=[f"{pkg}=={package_version(pkg)}" for pkg in _SERVING_PACKAGES],
     )
     client = MlflowClient()
     try:
