@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from infra.config import (ConfigError, StrictModel, YamlAliasRefused, flatten_params, format_validation_error,
                           parse_yaml, read_yaml, set_dotted, unknown_key_error)
+from infra.run_queue import RunsConfig
 from infra.workspace.paths import Workspace
 from tasks.data.catalog import load_catalog
 from tasks.data.exact_dedup import ExactDedupConfig
@@ -93,6 +94,7 @@ class PipelineConfig(StrictModel):
     grpo: GrpoConfig = Field(default_factory=GrpoConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     scale: ScaleConfig = Field(default_factory=ScaleConfig)  # `llmforge scale`: the IsoFLOP sweep (flows/scale_flow.py)
+    runs: RunsConfig = Field(default_factory=RunsConfig)  # how a flow of many runs places them (infra/run_queue.py)
     registered_model: str = "llmforge-tiny"  # MLflow model registry name of the final model
     registry: RegistryConfig = Field(default_factory=RegistryConfig)  # when `@champion` moves
     # Each stage's minutes on the machine the preset was measured on: the run's ETA scales them by this

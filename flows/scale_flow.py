@@ -7,8 +7,10 @@
 
 One MLflow parent run (`scale`) with each point's pretraining run nested under it, tagged with
 `n_params`, `tokens`, `flops` and `depth` (params) beside the `final_val_bpb` and `final_val_loss` its
-rank 0 logged: MLflow's chart view plots loss against size per budget. The points run one after another on this machine; on a
-cluster each is a DeepSpeed launch over `pretrain.launch.hostfile`.
+rank 0 logged: MLflow's chart view plots loss against size per budget. The points go through the flow's
+RunQueue (infra/run_queue.py, the `runs:` section): a few DeepSpeed launches side by side, each training its
+share of the points one after another, on this machine's cores or, with `runs.executor: ray`, on a Ray
+cluster's nodes. Where they run changes no point's key or result.
 """
 from __future__ import annotations
 
@@ -21,12 +23,11 @@ from pydantic import BaseModel
 from flows.config import PipelineConfig, resolve_pipeline_config
 from flows.data_flow import data_flow
 from flows.tokens import tokenized
-from infra.lifecycle.signals import stop_on_cancel
-from infra.stages import run
-from infra.tracking.runs import describe_overrides, log_metrics, stage_run, tag_active_run
+from infra.launch.ray_cluster import on_ray_task_runner, ray_task_runner
+from infra.run_queue import Queued, flow_of_runs
+from infra.tracking.runs import describe_overrides, log_metrics, tag_active_run
 from infra.workspace.atomic import write_json_atomic
 from infra.workspace.cache import flow_key
-from infra.workspace.lock import workspace_lock
 from infra.workspace.paths import Workspace, point_latest
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs
@@ -69,6 +70,9 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
                overrides: list[str] | None = None) -> ScaleResult:
     """The sweep of `config`'s `scale` section, else `preset`'s, plus `overrides` ("scale.budgets=[1e12,2e12]")."""
     config = resolve_pipeline_config(config, preset, overrides, workdir)
+    if config.runs.executor == "ray" and not on_ray_task_runner():
+        return scale_flow.with_options(task_runner=ray_task_runner(config.runs.ray_address))(
+            config, workdir=workdir, preset=preset, overrides=overrides)
     ws = Workspace.locate(workdir).ensure_writable()
     root = str(ws.root)
     catalog = load_catalog(config.data.catalog, only=config.data.sources)
@@ -76,10 +80,9 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
     tokenizer, pretrain = sweep_tokenizer(config.tokenizer, config.scale), sweep_pretrain(config.pretrain, config.scale)
     what = {"data": config.data.outputs_identity(), "tokenizer": tokenizer, "tokenize": config.tokenize,
             "pretrain": config.pretrain, "scale": config.scale}
-    with stop_on_cancel(), workspace_lock(ws), stage_run(
-        ws, "scale", what, run_name=f"scale {describe_overrides(overrides or [])}".strip(),
-        run_key=flow_key("scale", __name__, what, sources),
-    ) as sweep_run:
+    # How the runs are placed (config.runs) changes no run's key and no result: it is not in the sweep's key.
+    with flow_of_runs(ws, "scale", what, config.runs, run_name=f"scale {describe_overrides(overrides or [])}".strip(),
+                      run_key=flow_key("scale", __name__, what, sources)) as (sweep_run, queue):
         data = data_flow(config.data, workdir=root, overrides=[o for o in overrides or [] if o.startswith("data.")])
         tok = tokenized(ws, data.manifest, tokenizer, config.tokenize)
         vocab_size = load_tokenizer(tok.tokenizer).get_vocab_size()
@@ -95,18 +98,20 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
         for line in warnings:
             print(f"WARNING: {line}")
 
-        def train(point, label: str):
-            print(f"{label}: depth {point.depth}, N={point.n_params:,}, D={point.tokens:,} tokens "
-                  f"({point.tokens_per_param:.1f}/param, {point.tokens / train_tokens:.2f} epochs), C={point.flops:.3g}")
-            result = run(Pretrain(point_config(pretrain, point, config.scale, val_tokens)), ws, tokens=tok.tokens,
-                         tokenizer=tok.tokenizer)
-            return result, measured_point(point, result, train_tokens)
+        def train(points: list, labels: list[str]) -> list[MeasuredPoint]:
+            """The points' pretraining runs through the flow's queue, each recorded on its MLflow run."""
+            queued = []
+            for point, label in zip(points, labels):
+                print(f"{label}: depth {point.depth}, N={point.n_params:,}, D={point.tokens:,} tokens "
+                      f"({point.tokens_per_param:.1f}/param, {point.tokens / train_tokens:.2f} epochs), C={point.flops:.3g}")
+                queued.append(Queued(Pretrain(point_config(pretrain, point, config.scale, val_tokens)),
+                                     {"tokens": tok.tokens, "tokenizer": tok.tokenizer}, label, point.flops))
+            measured = [measured_point(p, r, train_tokens) for p, r in zip(points, queue.run(queued))]
+            for m in measured:
+                record_point(m.mlflow_run_id, m)
+            return measured
 
-        points = []
-        for i, point in enumerate(plan, start=1):
-            _, measured = train(point, f"point {i}/{len(plan)} at C={point.budget:.3g}")
-            record_point(measured.mlflow_run_id, measured)
-            points.append(measured)
+        points = train(plan, [f"point {i}/{len(plan)} at C={p.budget:.3g}" for i, p in enumerate(plan, start=1)])
         write_json_atomic(folder / "points.json", [p.model_dump(mode="json") for p in points])
 
         sb = intervals = prediction = None
@@ -131,9 +136,8 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
             print(f"prediction at C={budget:.3g}: depth {prediction.depth}, N={prediction.n_params:,}, "
                   f"D={prediction.tokens:,}: {prediction.predicted_bpb:.4f} bits/byte, 95% interval "
                   f"[{prediction.interval[0]:.4f}, {prediction.interval[1]:.4f}] ({folder / 'prediction.json'})")
-            result, measured = train(prediction.point(), f"predicted run at C={budget:.3g}")
-            record_point(measured.mlflow_run_id, measured)
-            prediction = prediction.measured(result)
+            (measured,) = train([prediction.point()], [f"predicted run at C={budget:.3g}"])
+            prediction = prediction.measured(measured)
             write_prediction(folder, prediction)
             log_metrics({"measured_bpb": prediction.measured_bpb, "prediction_error": prediction.error})
             print(f"predicted {prediction.predicted_bpb:.4f}, measured {prediction.measured_bpb:.4f} bits/byte "

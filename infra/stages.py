@@ -54,6 +54,7 @@ RESULT_FILE = "result.json"  # the stage's result, its paths relative to the wor
 DS_CONFIG_FILE = "ds_config.json"  # the DeepSpeed config the ranks train with, as written
 CHECKPOINTS_DIR = "checkpoints"
 LAUNCH_LOG = "launch.log"  # every line of the stage's launches, DeepSpeed's INFO lines included
+RUN_DONE = "llmforge: run finished:"  # what rank 0 prints, then out_dir, after each job of a launch
 
 
 class Stage:
@@ -239,6 +240,30 @@ class Placed:
         release_freed_memory()  # the next stage starts from what this one freed, not from its peak
         return result
 
+    def begin(self) -> Path:
+        """A launched stage's run, made ready for a launch that trains it later with others (infra/run_queue.py):
+        its MLflow run opened and left SCHEDULED (its rank 0 continues it), `prepare` checked, job.json written;
+        the job's path."""
+        stage = self.stage
+        with stage_run(self.ws, stage.name, stage.config, run_key=self.key, tags={f"llmforge.out.{self.tag}": self.rel},
+                       config_key=stage.name, status="SCHEDULED") as mlflow_run:
+            spec = stage.prepare(self.inputs, self.out_dir)  # a bad input fails here, before any launch
+            return write_launch(stage, spec, self.inputs, self.out_dir, self.ws, mlflow_run.info.run_id)
+
+    def end(self) -> Any:
+        """After its ranks wrote result.json: `after` in the run's MLflow run, then the result recorded like `run`'s."""
+        job = Job.model_validate_json((self.out_dir / JOB_FILE).read_text(encoding="utf-8"))
+        ranks_wrote = read_result(self.stage, self.out_dir, self.ws)
+        with stage_run(self.ws, self.stage.name, run_id=job.mlflow_run_id):
+            result = self.stage.after(ranks_wrote, self.inputs)
+        return self.finish(result)
+
+    def trained_unrecorded(self) -> bool:
+        """Its ranks finished (result.json, written last by rank 0) but the stage side never recorded it: a flow
+        stopped between the two. The folder is this key's, so `end` completes it without training again."""
+        return (read_record(self.out_dir) is None and (self.out_dir / RESULT_FILE).is_file()
+                and (self.out_dir / JOB_FILE).is_file())
+
     def _close(self, cache: str) -> None:
         tag_active_run(f"llmforge.cache.{self.tag}", cache)
         point_latest(self.ws.latest(self.stage.store), self.out_dir)
@@ -259,7 +284,7 @@ class Placed:
             spec = stage.prepare(self.inputs, self.out_dir)  # a bad input fails here, before the ranks exist
             job = write_launch(stage, spec, self.inputs, self.out_dir, self.ws, mlflow_run.info.run_id)
             launched = prefect_task(launch, f"{stage.name}-launch")
-            launched(stage.rank_module, ["--job", str(job)], **launch_settings(stage.config), log=_task_log,
+            launched(stage.rank_module, ["--job", str(job)], **launch_settings(stage.config), log=task_log,
                      log_file=self.out_dir / LAUNCH_LOG)
             return stage.after(read_result(stage, self.out_dir), self.inputs)
 
@@ -332,7 +357,7 @@ def prefect_task(fn: Any, name: str, **options: Any) -> Any:
     return task(fn, **{"name": name, "task_run_name": name, "cache_policy": None, **options})
 
 
-def _task_log(line: str) -> None:
+def task_log(line: str) -> None:
     """A launcher line into the Prefect task's log (stdout outside one)."""
     from prefect.exceptions import MissingContextError
     from prefect.logging import get_run_logger
@@ -353,10 +378,11 @@ def in_run(stage: LaunchedStage, ws: Workspace, out_dir: Path, *, log: Any = pri
         return read_result(stage, out_dir)
 
 
-def read_result(stage: Stage, out_dir: Path) -> Any:
-    """The result.json the ranks' rank 0 wrote last."""
+def read_result(stage: Stage, out_dir: Path, ws: Workspace | None = None) -> Any:
+    """The result.json the ranks' rank 0 wrote last (with `ws`, also one `finish` rewrote relative to it)."""
     path = out_dir / RESULT_FILE
     if not path.is_file():
         raise RuntimeError(f"the {stage.name} ranks exited cleanly but wrote no {path}; see the log above")
-    return stage.Result.model_validate_json(path.read_text(encoding="utf-8"))
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return stage.Result.model_validate(from_workspace(data, ws) if ws is not None else data)
 

@@ -58,6 +58,7 @@ def stage_run(
     run_name: str | None = None,
     run_key: str | None = None,
     config_key: str | None = None,
+    status: str = "FINISHED",
 ) -> Iterator[Any]:
     """One MLflow run for a stage, nested under the active (pipeline) run when there is one.
 
@@ -73,6 +74,9 @@ def stage_run(
     `run_key` names what the run computes (infra/workspace/cache.py `flow_key`): an earlier attempt
     with that key that did not finish is continued (one loss curve per model, not one per
     attempt); when one finished, the new run is tagged as a repeat of it, with a link.
+
+    `status` is what a clean exit ends the run with: "SCHEDULED" for a run whose work is queued for later
+    (infra/run_queue.py), continued then by whoever does it.
     """
     import mlflow
 
@@ -104,7 +108,7 @@ def stage_run(
         if full is not None:
             raise full from exc
         raise
-    _end_run(ws, run, "FINISHED")
+    _end_run(ws, run, status)
 
 
 def _continue_or_link(experiment_id: str, run_key: str, tags: dict[str, str] | None) -> tuple[str | None, dict[str, str]]:

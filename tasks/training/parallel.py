@@ -12,9 +12,11 @@ batches: the data is cut by data_rank and data_world only.
 """
 from __future__ import annotations
 
+import contextlib
 import resource
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -145,11 +147,29 @@ class PipelineSteps:
 # ----------------------------------------------------------------------------- memory, planned and measured
 
 
+_PROC_STATUS = Path("/proc/self/status")
+
+
 def peak_bytes() -> int:
-    """This rank's peak memory so far: the GPU's max_memory_allocated, or on the CPU the process' peak RSS."""
+    """This rank's peak memory since its last `reset_peak_bytes`: the GPU's max_memory_allocated, or on the CPU the
+    process' peak RSS (Linux's VmHWM, which a reset clears; elsewhere ru_maxrss, the process' whole life)."""
     if torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated())
+    if _PROC_STATUS.is_file():
+        for line in _PROC_STATUS.read_text(encoding="ascii", errors="replace").splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def reset_peak_bytes() -> None:
+    """Start `peak_bytes` over, so that each run of a rank that trains several reports its own peak (on Linux,
+    writing 5 to /proc/self/clear_refs resets VmHWM to the current RSS)."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        return
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5", encoding="ascii")
 
 
 def memory_record(layout: RankLayout, zero: str, model_cfg, seq_len: int, micro_batch: int, precision: str,

@@ -1,0 +1,351 @@
+"""Flows of many runs (`llmforge scale`; ablations and mix searches next): a queue of launched stages, trained in
+a few launches side by side, each run still an ordinary stage output.
+
+    queue = RunQueue(ws, config.runs)                              inside the flow's parent MLflow run
+    results = queue.run([Queued(Pretrain(cfg), {"tokens": ..., "tokenizer": ...}, "point 3/12 ...", cost), ...])
+
+Every run keeps its content-addressed folder, record, MLflow run (nested under the flow's) and cache:
+a finished run is reused, one whose ranks finished but whose flow stopped before recording it is
+recorded without training again, and one stopped mid-way resumes from its checkpoint. What changes is
+how the rest are launched:
+  - runs that launch alike (same ranks, hostfile, launcher flags) are split into `slots` batches of
+    about equal cost (longest first onto the lightest batch), and each batch is ONE DeepSpeed launch whose ranks
+    train its runs one after another (tasks/training/rank.py, several --job flags): the runner, the
+    launcher, the interpreters and the imports start once per batch, not once per run;
+  - the batches run side by side, each rank on `runs.threads` threads (OMP_NUM_THREADS), as Prefect tasks on the flow's task runner: threads of this process by default, Ray tasks on a
+    cluster (`runs.executor: ray`, Prefect's Ray task runner, as the data flow's), where each batch asks
+    Ray for its cores and runs on whichever node has them;
+  - rank 0 prints RUN_DONE after each run; this side records it then (`after`, result.json, record)
+    and prints "run k/n done ... ETA".
+"""
+from __future__ import annotations
+
+import contextlib
+import queue as queue_module
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from infra.config import StrictModel
+from infra.launch.launcher import launch
+from infra.lifecycle.clock import clock_text
+from infra.lifecycle.process_tree import usable_cores
+from infra.lifecycle.signals import stop_on_cancel
+from infra.stages import LAUNCH_LOG, RUN_DONE, LaunchedStage, Placed, launch_settings, place, prefect_task, task_log
+from infra.tracking.runs import stage_run
+from infra.workspace.lock import workspace_lock
+from infra.workspace.paths import Workspace
+
+_DS_INFO = re.compile(r"^\[[^\]]*\] \[INFO\] ")  # DeepSpeed's INFO lines: into launch.log only, as a single launch does
+
+
+class RunsConfig(StrictModel):
+    """The `runs:` section: how a flow of many runs places them (infra/run_queue.py)."""
+
+    # Each rank's threads (OMP_NUM_THREADS). One: on the CPU, a tiny-family run trained 10-30x faster on one thread
+    # than on two, and two runs side by side on one thread each beat one run on two (BENCHMARKS.md).
+    threads: int = Field(default=1, gt=0)
+    # Runs in flight at once. "auto": this machine's cores // (threads x ranks per run), one at a time with a GPU;
+    # on Ray, the cluster's CPUs // (threads x ranks per run).
+    slots: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    executor: Literal["local", "ray"] = "local"
+    ray_address: str | None = None  # None: a local Ray; "auto": the cluster this machine joined; "ray://head:10001"
+
+
+@dataclass
+class Queued:
+    """One run to make: a launched stage, its inputs, a label for its lines and a cost (e.g. its FLOPs) that
+    orders, splits and times the queue."""
+
+    stage: LaunchedStage
+    inputs: dict[str, Any]
+    label: str
+    cost: float = 1.0
+
+
+@dataclass
+class _Pending:
+    index: int
+    item: Queued
+    placed: Placed
+    job: Path | None = None
+
+
+@dataclass
+class Batch:
+    """Runs that one launch trains one after another, and the threads each of its ranks gets."""
+
+    runs: list[_Pending]
+    threads: int
+    cpus: int  # what it asks a Ray cluster for
+
+    @property
+    def cost(self) -> float:
+        return sum(r.item.cost for r in self.runs)
+
+
+@dataclass
+class Progress:
+    """The queue's line: run k of n done, its time, the time so far and the ETA (from the costs still to run)."""
+
+    total: int
+    total_cost: float
+    done: int = 0
+    done_cost: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    log: Callable[[str], Any] = print
+
+    def finished(self, item: Queued, note: str) -> None:
+        self.done += 1
+        self.done_cost += item.cost
+        elapsed = time.monotonic() - self.started
+        left = self.total_cost - self.done_cost
+        eta = elapsed / self.done_cost * left if self.done_cost > 0 and left > 0 else 0.0
+        self.log(f"run {self.done}/{self.total} {note}: {item.label} (elapsed {clock_text(elapsed)}, "
+                 f"ETA {clock_text(eta)})")
+
+
+def split(runs: list[_Pending], slots: int) -> list[list[_Pending]]:
+    """`runs` in at most `slots` groups of about equal cost: the costliest first, each onto the lightest group
+    (each group then in the queue's order)."""
+    groups: list[list[_Pending]] = [[] for _ in range(min(slots, len(runs)))]
+    loads = [0.0] * len(groups)
+    for run in sorted(runs, key=lambda r: -r.item.cost):
+        lightest = min(range(len(groups)), key=loads.__getitem__)
+        groups[lightest].append(run)
+        loads[lightest] += run.item.cost
+    return [sorted(g, key=lambda r: r.index) for g in groups if g]
+
+
+class RunQueue:
+    """Launched stages of one flow, trained in batches side by side (see the module docstring)."""
+
+    def __init__(self, ws: Workspace, config: RunsConfig | None = None, log: Callable[[str], Any] = print) -> None:
+        self.ws, self.config, self.log = ws, config or RunsConfig(), log
+
+    def slots_for(self, num_procs: int, on_gpu: bool) -> int:
+        """Runs in flight at once for runs of `num_procs` ranks per launch."""
+        if self.config.slots != "auto":
+            return self.config.slots
+        per_run = self.config.threads * num_procs
+        if self.on_ray():
+            import ray
+
+            return max(1, int(ray.cluster_resources().get("CPU", 1)) // per_run)
+        return 1 if on_gpu else max(1, len(usable_cores()) // per_run)
+
+    def on_ray(self) -> bool:
+        from infra.launch.ray_cluster import on_ray_task_runner
+
+        return self.config.executor == "ray" and on_ray_task_runner()
+
+    def run(self, items: list[Queued]) -> list[Any]:
+        """Each item's result, in order: reused, recorded, or trained here (several per launch, batches side by side)."""
+        results: list[Any] = [None] * len(items)
+        todo: list[_Pending] = []
+        for i, item in enumerate(items):
+            placed = place(item.stage, self.ws, **item.inputs)
+            done = placed.reused()
+            if done is None and placed.trained_unrecorded():
+                print(f"stage {item.stage.name}: {placed.rel} finished training before the flow stopped; recording it")
+                done = placed.end()
+            if done is None:
+                todo.append(_Pending(i, item, placed))
+            else:
+                results[i] = done
+        if not todo:
+            return results
+        for run in todo:
+            run.job = run.placed.begin()  # every MLflow run and job.json before the first launch: bad input fails now
+        progress = Progress(len(todo), sum(r.item.cost for r in todo), log=self.log)
+        batches = self.batches(todo)
+        self.log(f"{len(todo)} run(s) to train in {len(batches)} launch(es) side by side"
+                 + (" on Ray" if self.on_ray() else ""))
+        for batch in batches:
+            self.log(f"launch of {len(batch.runs)} run(s), {batch.threads} thread(s) per rank: "
+                     + ", ".join(r.item.label.split(":")[0] for r in batch.runs))
+        self._train(batches, results, progress)
+        return results
+
+    def batches(self, todo: list[_Pending]) -> list[Batch]:
+        """The launches: runs grouped by how they launch, each group split over its slots."""
+        import torch
+
+        groups: dict[str, list[_Pending]] = {}
+        for run in todo:
+            settings = launch_settings(run.item.stage.config)
+            groups.setdefault(repr((run.item.stage.rank_module, sorted(settings.items()))), []).append(run)
+        out = []
+        threads = self.config.threads
+        for runs in groups.values():
+            procs = runs[0].item.stage.config.launch.num_procs
+            out += [Batch(group, threads, threads * procs)
+                    for group in split(runs, self.slots_for(procs, torch.cuda.is_available()))]
+        return out
+
+    def _train(self, batches: list[Batch], results: list[Any], progress: Progress) -> None:
+        """Launch every batch at once on the task runner; record each run as its rank 0 says it finished."""
+        finished: queue_module.Queue[_Pending | None] = queue_module.Queue()
+        on_ray = self.on_ray()
+        pending = {r.index: r for b in batches for r in b.runs}
+        futures = []
+        with (ray_placement() if on_ray else contextlib.nullcontext()) as options:
+            for k, batch in enumerate(batches, start=1):
+                name = f"{batch.runs[0].item.stage.name}-launch" + (f"-{k}" if len(batches) > 1 else "")
+                task = prefect_task(train_batch, name)
+                args = (batch.runs[0].item.stage, [r.job for r in batch.runs], batch.threads)
+                # In this process a line callback reports each run as it finishes; a Ray worker cannot call back.
+                watch = None if on_ray else _Watch(batch, finished)
+                if hasattr(task, "submit"):
+                    with options(batch.cpus) if on_ray else contextlib.nullcontext():
+                        futures.append(task.submit(*args, watch=watch))
+                else:  # outside a flow run: plain threads
+                    futures.append(_ThreadFuture(train_batch, *args, watch=watch))
+            errors = self._collect(futures, pending, finished, results, progress, on_ray)
+        for run in sorted(pending.values(), key=lambda r: r.index):  # finished, but its line never came
+            if run.placed.trained_unrecorded():
+                results[run.index] = run.placed.end()
+                progress.finished(run.item, "done")
+        if errors:
+            raise errors[0]
+
+    def _collect(self, futures: list[Any], pending: dict[int, _Pending], finished: queue_module.Queue,
+                 results: list[Any], progress: Progress, on_ray: bool) -> list[BaseException]:
+        """Record runs as they finish until every launch has ended; the launches' errors."""
+        errors: list[BaseException] = []
+        open_ = list(futures)
+        while open_:
+            with contextlib.suppress(queue_module.Empty):
+                run = finished.get(timeout=0.5)
+                if run is not None and run.index in pending:
+                    results[run.index] = pending.pop(run.index).placed.end()
+                    progress.finished(run.item, "done")
+                continue
+            for future in [f for f in open_ if _future_done(f)]:
+                open_.remove(future)
+                try:
+                    where = future.result()
+                except BaseException as exc:  # noqa: BLE001 - every launch is waited for; the first error is raised
+                    errors.append(exc)
+                    continue
+                if on_ray and where:
+                    self.log(f"a launch ran on Ray node {where}")
+        while not finished.empty():
+            run = finished.get()
+            if run is not None and run.index in pending:
+                results[run.index] = pending.pop(run.index).placed.end()
+                progress.finished(run.item, "done")
+        return errors
+
+
+class _Watch:
+    """A batch's line sink: each line into its current run's launch.log (and, but DeepSpeed's INFO, to `log`);
+    RUN_DONE moves to the next run and hands the finished one to the recording side."""
+
+    def __init__(self, batch: Batch, finished: queue_module.Queue) -> None:
+        self.runs, self.finished, self.current = batch.runs, finished, 0
+
+    def __call__(self, line: str) -> None:
+        if self.current < len(self.runs):  # after the last run's RUN_DONE its folder is recorded: no more lines there
+            with open(self.runs[self.current].placed.out_dir / LAUNCH_LOG, "a", encoding="utf-8") as file:
+                file.write(line + "\n")
+        if not _DS_INFO.match(line):
+            task_log(line)
+        if line.startswith(RUN_DONE) and self.current < len(self.runs):
+            self.finished.put(self.runs[self.current])
+            self.current += 1
+
+
+def train_batch(stage: LaunchedStage, jobs: list[Path], threads: int, watch: Callable[[str], Any] | None = None) -> str | None:
+    """One launch whose ranks train `jobs` one after another on `threads` threads each (a Prefect task: a thread
+    of the flow, or a Ray task on a cluster's node); the node's address on Ray."""
+    args = [a for job in jobs for a in ("--job", str(job))]
+    log = watch if watch is not None else _node_log(jobs)
+    launch(stage.rank_module, args, **launch_settings(stage.config), env={"OMP_NUM_THREADS": str(threads)}, log=log)
+    return _ray_node()
+
+
+def _node_log(jobs: list[Path]) -> Callable[[str], Any]:
+    """On a Ray node: the launch's lines into the Prefect task's log and the first job's launch.log."""
+    path = Path(jobs[0]).parent / LAUNCH_LOG
+
+    def log(line: str) -> None:
+        with open(path, "a", encoding="utf-8") as file:
+            file.write(line + "\n")
+        if not _DS_INFO.match(line):
+            task_log(line)
+    return log
+
+
+def _ray_node() -> str | None:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address() if ray.is_initialized() else None
+    except ImportError:
+        return None
+
+
+@contextlib.contextmanager
+def ray_placement():
+    """Ray-task options per batch: its cores (`remote_options(num_cpus=...)`), spread over the nodes."""
+    from prefect_ray.context import remote_options
+
+    from infra.launch.ray_cluster import prefect_api_for_workers
+
+    with prefect_api_for_workers():
+        yield lambda cpus: remote_options(num_cpus=cpus, scheduling_strategy="SPREAD")
+
+
+def _future_done(future: Any) -> bool:
+    state = getattr(future, "state", None)
+    if state is not None:
+        return state.is_final()
+    return future.done()
+
+
+class _ThreadFuture:
+    """A call on a thread, with `done()` and `result()` as a Prefect future has (outside a flow run)."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._call, args=(fn, args, kwargs), name="run-queue-launch", daemon=True)
+        self._thread.start()
+
+    def _call(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
+        try:
+            self._value = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to result()
+            self._error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+
+@contextlib.contextmanager
+def flow_of_runs(ws: Workspace, name: str, config: Any, runs: RunsConfig, *, run_name: str,
+                 run_key: str) -> Iterator[tuple[Any, RunQueue]]:
+    """A flow of many runs' frame: the workspace locked, a Prefect cancel stopping every launch, the flow's parent
+    MLflow run (each queued run nests under it) and its RunQueue; on Ray, every node checked to see the workspace."""
+    from infra.launch.ray_cluster import check_cluster, on_ray_task_runner, prefect_api_for_workers
+
+    on_ray = runs.executor == "ray" and on_ray_task_runner()
+    with stop_on_cancel(), workspace_lock(ws), (prefect_api_for_workers() if on_ray else contextlib.nullcontext()) as api, \
+            stage_run(ws, name, config, run_name=run_name, run_key=run_key) as parent:
+        if on_ray:
+            print(f"runs on Ray: {len(check_cluster(ws.root, api))} node(s) see the workspace {ws.root}")
+        yield parent, RunQueue(ws, runs)

@@ -1,0 +1,68 @@
+"""A flow of many runs (infra/run_queue.py) on real DeepSpeed launches: several runs in one launch train exactly as
+each alone does, a rerun reuses them, and a run trained but never recorded is recorded without training again."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infra.run_queue import Queued, RunQueue, RunsConfig
+from infra.stages import LAUNCH_LOG, place, run
+from infra.workspace.paths import Workspace
+from infra.workspace.record import RECORD_FILE
+from tasks.training.pretrain.stage import Pretrain
+from tests.conftest import tiny_pretrain_config
+
+
+def pretrain(seed: int, steps: int = 6) -> Pretrain:
+    # One thread per rank everywhere: a run's losses then depend on nothing but its config.
+    return Pretrain(tiny_pretrain_config(seed=seed, max_steps=steps, log_every=1, **{"launch.torch_threads": 1}))
+
+
+@pytest.mark.slow
+def test_queued_runs_train_as_alone_and_are_reused(tmp_path, pretrain_inputs, capsys):
+    tokenizer, tokens = pretrain_inputs
+    inputs = {"tokens": tokens, "tokenizer": tokenizer}
+    ws = Workspace.locate(tmp_path / "queue")
+    queue = RunQueue(ws, RunsConfig(slots=2))
+    stages = [pretrain(0), pretrain(1), pretrain(2, steps=9)]
+    items = [Queued(s, inputs, f"run {i}", cost=s.config.steps) for i, s in enumerate(stages)]
+
+    results = queue.run(items)
+    out = capsys.readouterr().out
+    # Three runs, two launches side by side: the 9-step run alone, the two 6-step runs in one launch.
+    assert out.count("launching: ") == 2, out[-3000:]
+    assert "launch of 2 run(s), 1 thread(s) per rank: run 0, run 1" in out
+    assert "launch of 1 run(s), 1 thread(s) per rank: run 2" in out
+    assert "run 3/3 done" in out and "ETA" in out
+    assert [r.steps for r in results] == [6, 6, 9]
+    for r in results:  # each its own folder, record, result and launch log
+        assert (r.out_dir / RECORD_FILE).is_file() and (r.out_dir / LAUNCH_LOG).is_file()
+    # The second run of a launch trains exactly as a launch of its own does.
+    alone = run(pretrain(1), Workspace.locate(tmp_path / "alone"), **inputs)
+    assert results[1].final_train_loss == pytest.approx(alone.final_train_loss, rel=1e-6)
+    assert results[1].final_val_loss == pytest.approx(alone.final_val_loss, rel=1e-6)
+    assert results[0].final_train_loss != pytest.approx(results[1].final_train_loss, rel=1e-6)  # seeds differ
+    capsys.readouterr()
+
+    # Trained, but the flow stopped before recording it: recorded now, not trained again.
+    (results[0].out_dir / RECORD_FILE).unlink()
+    again = queue.run(items)
+    out = capsys.readouterr().out
+    assert "launching: " not in out, out[-3000:]
+    assert "finished training before the flow stopped; recording it" in out
+    assert out.count("stage pretrain: reused") == 2
+    assert [r.final_train_loss for r in again] == [r.final_train_loss for r in results]
+    assert json.loads((results[0].out_dir / RECORD_FILE).read_text())["stage"] == "pretrain"
+
+
+def test_a_bad_run_fails_before_any_launch(tmp_path, pretrain_inputs, capsys):
+    tokenizer, tokens = pretrain_inputs
+    ws = Workspace.locate(tmp_path / "ws")
+    good = pretrain(0)
+    bad = Pretrain(tiny_pretrain_config(seq_len=64))  # longer than the model's 16 positions
+    with pytest.raises(ValueError, match="exceeds the model's max_seq_len"):
+        RunQueue(ws, RunsConfig(slots=2)).run([Queued(s, {"tokens": tokens, "tokenizer": tokenizer}, f"run {i}")
+                                               for i, s in enumerate((good, bad))])
+    assert "launching: " not in capsys.readouterr().out
+    assert not (place(good, ws, tokens=tokens, tokenizer=tokenizer).out_dir / RECORD_FILE).exists()
