@@ -125,8 +125,8 @@ def point_config(pretrain: PretrainConfig, point: SweepPoint, scale: ScaleConfig
     """The preset's pretraining config for one point: its member's shape, its steps (on its own micro-batch where it
     has one), a warmup in proportion.
 
-    No Hugging Face export (a sweep point is a measurement, not a model to ship) and validation
-    only at the end, where the fits read it, over the whole val split (`val_tokens`): the preset's
+    No Hugging Face export (a sweep point is a measurement, not a model to ship), no checkpoint before
+    the last step, and validation only at the end, where the fits read it, over the whole val split (`val_tokens`): the preset's
     few eval batches are a sample whose noise would be most of the points' scatter about the law
     (docs/experiments/2026-12-05-scaling-sweep-trials.md).
     """
@@ -136,6 +136,7 @@ def point_config(pretrain: PretrainConfig, point: SweepPoint, scale: ScaleConfig
     data.update(model_overrides=overrides, steps=point.steps, export_hf=False)
     data["optim"]["warmup_steps"] = round(scale.warmup_fraction * point.steps)
     data["log"]["eval_every"] = 0
+    data["checkpoint"]["every"] = 0  # the last step's only: a stop still saves where it stopped, and resumes there
     if point.micro_batch_size is not None:
         data["batch"]["micro_batch_size"] = point.micro_batch_size
     rows = data["batch"]["micro_batch_size"] * world_size(pretrain)

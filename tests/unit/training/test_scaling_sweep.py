@@ -105,6 +105,7 @@ def test_point_config_is_the_presets_pretraining_with_the_members_shape():
     assert cfg.steps == point.steps and cfg.optim.warmup_steps == round(0.05 * point.steps)
     assert cfg.optim.lr == PRETRAIN.optim.lr and cfg.batch == PRETRAIN.batch and cfg.export_hf is False
     assert cfg.log.eval_every == 0  # validated once, at the end, where the fits read it
+    assert cfg.checkpoint.every == 0  # saved once, at the end (or where a stop lands)
     # over the whole val split: 245 windows of 128 tokens, in batches of the micro-batch's rows (no window twice)
     rows = PRETRAIN.batch.micro_batch_size
     assert cfg.log.eval_batches == 245 // rows and cfg.log.eval_batches * rows <= 245 < (cfg.log.eval_batches + 1) * rows
