@@ -83,7 +83,8 @@ def measure(tree: Path, sets: list[str], label: str, keep: Path) -> dict:
     try:
         cli(tree, home, ["scale", "--preset", "tiny", *WARM_UP], log)
         wall = cli(tree, home, ["scale", "--preset", "tiny", *[a for s in sets for a in ("--set", s)]], log)
-        runs = sweep_runs(home)
+        runs = [{**r, "train_tokens_per_s": r.get("train_tokens_per_s", r.get("tokens_per_s")),  # 69cebfb's names
+                 "final_val_bpb": r.get("final_val_bpb", r.get("val_bpb"))} for r in sweep_runs(home)]
         train = sum(r["tokens_seen"] / r["train_tokens_per_s"] for r in runs if r.get("train_tokens_per_s"))
         prediction = json.loads((home / "scale" / "latest" / "prediction.json").read_text()) \
             if (home / "scale" / "latest" / "prediction.json").is_file() else {}

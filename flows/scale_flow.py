@@ -99,13 +99,14 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
             print(f"WARNING: {line}")
 
         def train(points: list, labels: list[str]) -> list[MeasuredPoint]:
-            """The points' pretraining runs through the flow's queue, each recorded on its MLflow run."""
+            """The points' pretraining runs through the flow's queue (longest first: a point's time follows its steps
+            more than its FLOPs at these sizes), each recorded on its MLflow run."""
             queued = []
             for point, label in zip(points, labels):
                 print(f"{label}: depth {point.depth}, N={point.n_params:,}, D={point.tokens:,} tokens "
                       f"({point.tokens_per_param:.1f}/param, {point.tokens / train_tokens:.2f} epochs), C={point.flops:.3g}")
                 queued.append(Queued(Pretrain(point_config(pretrain, point, config.scale, val_tokens)),
-                                     {"tokens": tok.tokens, "tokenizer": tok.tokenizer}, label, point.flops))
+                                     {"tokens": tok.tokens, "tokenizer": tok.tokenizer}, label, point.steps))
             measured = [measured_point(p, r, train_tokens) for p, r in zip(points, queue.run(queued))]
             for m in measured:
                 record_point(m.mlflow_run_id, m)

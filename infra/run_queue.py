@@ -8,23 +8,27 @@ Every run keeps its content-addressed folder, record, MLflow run (nested under t
 a finished run is reused, one whose ranks finished but whose flow stopped before recording it is
 recorded without training again, and one stopped mid-way resumes from its checkpoint. What changes is
 how the rest are launched:
-  - runs that launch alike (same ranks, hostfile, launcher flags) are split into `slots` batches of
-    about equal cost (longest first onto the lightest batch), and each batch is ONE DeepSpeed launch whose ranks
-    train its runs one after another (tasks/training/rank.py, several --job flags): the runner, the
-    launcher, the interpreters and the imports start once per batch, not once per run;
-  - the batches run side by side, each rank on `runs.threads` threads (OMP_NUM_THREADS), as Prefect tasks on the flow's task runner: threads of this process by default, Ray tasks on a
-    cluster (`runs.executor: ray`, Prefect's Ray task runner, as the data flow's), where each batch asks
-    Ray for its cores and runs on whichever node has them;
-  - rank 0 prints RUN_DONE after each run; this side records it then (`after`, result.json, record)
-    and prints "run k/n done ... ETA".
+  - runs that launch alike (same ranks, hostfile, launcher flags) form one queue (queue.json, the longest run
+    first), and `slots` DeepSpeed launches side by side work through it: before each run, a launch's rank 0
+    claims the next unclaimed one (tasks/training/rank.py `claimed`), so the launches finish together whatever
+    each run costs, and the runner, the launcher, the interpreters and the imports start once per launch,
+    not once per run;
+  - each rank trains on `runs.threads` threads (OMP_NUM_THREADS); a launch is a Prefect task on the flow's
+    task runner: a thread of this process by default, a Ray task on a cluster (`runs.executor: ray`,
+    Prefect's Ray task runner, as the data flow's), which asks Ray for its cores and runs on whichever node
+    has them;
+  - rank 0 prints RUN_STARTED and RUN_DONE around each run; this side records it then (`after`, result.json,
+    record) and prints "run k/n done ... ETA".
 """
 from __future__ import annotations
 
 import contextlib
 import queue as queue_module
 import re
+import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,12 +41,15 @@ from infra.launch.launcher import launch
 from infra.lifecycle.clock import clock_text
 from infra.lifecycle.process_tree import usable_cores
 from infra.lifecycle.signals import stop_on_cancel
-from infra.stages import LAUNCH_LOG, RUN_DONE, LaunchedStage, Placed, launch_settings, place, prefect_task, task_log
+from infra.stages import (LAUNCH_LOG, QUEUE_FILE, RUN_DONE, RUN_STARTED, LaunchedStage, Placed, launch_settings,
+                          place, prefect_task, task_log)
+from infra.workspace.atomic import write_json_atomic
 from infra.tracking.runs import stage_run
 from infra.workspace.lock import workspace_lock
 from infra.workspace.paths import Workspace
 
 _DS_INFO = re.compile(r"^\[[^\]]*\] \[INFO\] ")  # DeepSpeed's INFO lines: into launch.log only, as a single launch does
+QUEUES_DIR = ".queues"  # under the workspace (shared with a cluster's nodes): one folder per queue while it runs
 
 
 class RunsConfig(StrictModel):
@@ -60,8 +67,8 @@ class RunsConfig(StrictModel):
 
 @dataclass
 class Queued:
-    """One run to make: a launched stage, its inputs, a label for its lines and a cost (e.g. its FLOPs) that
-    orders, splits and times the queue."""
+    """One run to make: a launched stage, its inputs, a label for its lines and a cost (e.g. its steps) that
+    orders the queue and times its ETA."""
 
     stage: LaunchedStage
     inputs: dict[str, Any]
@@ -78,16 +85,13 @@ class _Pending:
 
 
 @dataclass
-class Batch:
-    """Runs that one launch trains one after another, and the threads each of its ranks gets."""
+class Group:
+    """Runs that launch alike, worked through by `launches` launches side by side, each rank on `threads` threads."""
 
     runs: list[_Pending]
+    launches: int
     threads: int
-    cpus: int  # what it asks a Ray cluster for
-
-    @property
-    def cost(self) -> float:
-        return sum(r.item.cost for r in self.runs)
+    cpus: int  # what each launch asks a Ray cluster for
 
 
 @dataclass
@@ -111,20 +115,17 @@ class Progress:
                  f"ETA {clock_text(eta)})")
 
 
-def split(runs: list[_Pending], slots: int) -> list[list[_Pending]]:
-    """`runs` in at most `slots` groups of about equal cost: the costliest first, each onto the lightest group
-    (each group then in the queue's order)."""
-    groups: list[list[_Pending]] = [[] for _ in range(min(slots, len(runs)))]
-    loads = [0.0] * len(groups)
-    for run in sorted(runs, key=lambda r: -r.item.cost):
-        lightest = min(range(len(groups)), key=loads.__getitem__)
-        groups[lightest].append(run)
-        loads[lightest] += run.item.cost
-    return [sorted(g, key=lambda r: r.index) for g in groups if g]
+def write_queue(folder: Path, runs: list[_Pending]) -> Path:
+    """folder/queue.json: the runs' job.json paths, costliest first, which the launches claim one at a time
+    (tasks/training/rank.py): whichever launch is free takes the next, so they finish together."""
+    folder.mkdir(parents=True, exist_ok=True)
+    order = sorted(runs, key=lambda r: (-r.item.cost, r.index))
+    write_json_atomic(folder / QUEUE_FILE, [str(r.job) for r in order])
+    return folder
 
 
 class RunQueue:
-    """Launched stages of one flow, trained in batches side by side (see the module docstring)."""
+    """Launched stages of one flow, trained by a few launches side by side (see the module docstring)."""
 
     def __init__(self, ws: Workspace, config: RunsConfig | None = None, log: Callable[[str], Any] = print) -> None:
         self.ws, self.config, self.log = ws, config or RunsConfig(), log
@@ -146,7 +147,7 @@ class RunQueue:
         return self.config.executor == "ray" and on_ray_task_runner()
 
     def run(self, items: list[Queued]) -> list[Any]:
-        """Each item's result, in order: reused, recorded, or trained here (several per launch, batches side by side)."""
+        """Each item's result, in order: reused, recorded, or trained here (several per launch, launches side by side)."""
         results: list[Any] = [None] * len(items)
         todo: list[_Pending] = []
         for i, item in enumerate(items):
@@ -164,17 +165,16 @@ class RunQueue:
         for run in todo:
             run.job = run.placed.begin()  # every MLflow run and job.json before the first launch: bad input fails now
         progress = Progress(len(todo), sum(r.item.cost for r in todo), log=self.log)
-        batches = self.batches(todo)
-        self.log(f"{len(todo)} run(s) to train in {len(batches)} launch(es) side by side"
-                 + (" on Ray" if self.on_ray() else ""))
-        for batch in batches:
-            self.log(f"launch of {len(batch.runs)} run(s), {batch.threads} thread(s) per rank: "
-                     + ", ".join(r.item.label.split(":")[0] for r in batch.runs))
-        self._train(batches, results, progress)
+        groups = self.groups(todo)
+        for group in groups:
+            self.log(f"{len(group.runs)} run(s) to train in {group.launches} launch(es) side by side"
+                     + (" on Ray" if self.on_ray() else "") + f", {group.threads} thread(s) per rank; each launch "
+                     "takes the next run from the queue, the longest first")
+        self._train(groups, results, progress)
         return results
 
-    def batches(self, todo: list[_Pending]) -> list[Batch]:
-        """The launches: runs grouped by how they launch, each group split over its slots."""
+    def groups(self, todo: list[_Pending]) -> list[Group]:
+        """Runs grouped by how they launch, each group with its launches and threads."""
         import torch
 
         groups: dict[str, list[_Pending]] = {}
@@ -182,33 +182,44 @@ class RunQueue:
             settings = launch_settings(run.item.stage.config)
             groups.setdefault(repr((run.item.stage.rank_module, sorted(settings.items()))), []).append(run)
         out = []
-        threads = self.config.threads
         for runs in groups.values():
             procs = runs[0].item.stage.config.launch.num_procs
-            out += [Batch(group, threads, threads * procs)
-                    for group in split(runs, self.slots_for(procs, torch.cuda.is_available()))]
+            launches = min(len(runs), self.slots_for(procs, torch.cuda.is_available()))
+            threads = self.config.threads
+            if not self.on_ray() and self.config.slots == "auto" and launches < len(usable_cores()) // procs:
+                # Fewer runs than cores (a sweep's predicted run alone): the cores go to the runs there are
+                # (on 2 cores the tiny sweep's predicted run took 157 s on two threads, 175 s on one).
+                threads = max(threads, len(usable_cores()) // (launches * procs))
+            out.append(Group(runs, launches, threads, threads * procs))
         return out
 
-    def _train(self, batches: list[Batch], results: list[Any], progress: Progress) -> None:
-        """Launch every batch at once on the task runner; record each run as its rank 0 says it finished."""
+    def _train(self, groups: list[Group], results: list[Any], progress: Progress) -> None:
+        """Start every group's launches at once on the task runner; record each run as its rank 0 says it finished."""
         finished: queue_module.Queue[_Pending | None] = queue_module.Queue()
         on_ray = self.on_ray()
-        pending = {r.index: r for b in batches for r in b.runs}
-        futures = []
+        pending = {r.index: r for g in groups for r in g.runs}
+        futures, folders = [], []
         with (ray_placement() if on_ray else contextlib.nullcontext()) as options:
-            for k, batch in enumerate(batches, start=1):
-                name = f"{batch.runs[0].item.stage.name}-launch" + (f"-{k}" if len(batches) > 1 else "")
-                task = prefect_task(train_batch, name)
-                args = (batch.runs[0].item.stage, [r.job for r in batch.runs], batch.threads)
-                # In this process a line callback reports each run as it finishes; a Ray worker cannot call back.
-                watch = None if on_ray else _Watch(batch, finished)
-                if hasattr(task, "submit"):
-                    with options(batch.cpus) if on_ray else contextlib.nullcontext():
-                        futures.append(task.submit(*args, watch=watch))
-                else:  # outside a flow run: plain threads
-                    futures.append(_ThreadFuture(train_batch, *args, watch=watch))
-            errors = self._collect(futures, pending, finished, results, progress, on_ray)
-        for run in sorted(pending.values(), key=lambda r: r.index):  # finished, but its line never came
+            for group in groups:
+                folder = write_queue(self.ws.root / QUEUES_DIR / uuid.uuid4().hex[:12], group.runs)
+                folders.append(folder)
+                for k in range(1, group.launches + 1):
+                    stage = group.runs[0].item.stage
+                    name = f"{stage.name}-launch" + (f"-{k}" if group.launches > 1 else "")
+                    task = prefect_task(train_queue, name)
+                    # In this process a line callback reports each run as it finishes; a Ray worker cannot call back.
+                    watch = None if on_ray else _Watch(group.runs, finished)
+                    if hasattr(task, "submit"):
+                        with options(group.cpus) if on_ray else contextlib.nullcontext():
+                            futures.append(task.submit(stage, folder, group.threads, watch=watch))
+                    else:  # outside a flow run: plain threads
+                        futures.append(_ThreadFuture(train_queue, stage, folder, group.threads, watch=watch))
+            try:
+                errors = self._collect(futures, pending, finished, results, progress, on_ray)
+            finally:
+                for folder in folders:
+                    shutil.rmtree(folder, ignore_errors=True)
+        for run in sorted(pending.values(), key=lambda r: r.index):  # finished, but its line never came (Ray)
             if run.placed.trained_unrecorded():
                 results[run.index] = run.placed.end()
                 progress.finished(run.item, "done")
@@ -245,39 +256,47 @@ class RunQueue:
 
 
 class _Watch:
-    """A batch's line sink: each line into its current run's launch.log (and, but DeepSpeed's INFO, to `log`);
-    RUN_DONE moves to the next run and hands the finished one to the recording side."""
+    """A launch's line sink: each line into the launch.log of the run its rank 0 last started (and, but DeepSpeed's
+    INFO, to the Prefect task's log); RUN_DONE hands that run to the recording side."""
 
-    def __init__(self, batch: Batch, finished: queue_module.Queue) -> None:
-        self.runs, self.finished, self.current = batch.runs, finished, 0
+    def __init__(self, runs: list[_Pending], finished: queue_module.Queue) -> None:
+        self.by_dir = {str(r.placed.out_dir.resolve()): r for r in runs}
+        self.finished, self.current = finished, None
 
     def __call__(self, line: str) -> None:
-        if self.current < len(self.runs):  # after the last run's RUN_DONE its folder is recorded: no more lines there
-            with open(self.runs[self.current].placed.out_dir / LAUNCH_LOG, "a", encoding="utf-8") as file:
+        if line.startswith(RUN_STARTED):
+            self.current = self.by_dir.get(line.removeprefix(RUN_STARTED).strip())
+        if self.current is not None:  # from its start to its RUN_DONE: then its folder is recorded, no more lines
+            with open(self.current.placed.out_dir / LAUNCH_LOG, "a", encoding="utf-8") as file:
                 file.write(line + "\n")
         if not _DS_INFO.match(line):
             task_log(line)
-        if line.startswith(RUN_DONE) and self.current < len(self.runs):
-            self.finished.put(self.runs[self.current])
-            self.current += 1
+        if line.startswith(RUN_DONE) and self.current is not None:
+            self.finished.put(self.current)
+            self.current = None
 
 
-def train_batch(stage: LaunchedStage, jobs: list[Path], threads: int, watch: Callable[[str], Any] | None = None) -> str | None:
-    """One launch whose ranks train `jobs` one after another on `threads` threads each (a Prefect task: a thread
-    of the flow, or a Ray task on a cluster's node); the node's address on Ray."""
-    args = [a for job in jobs for a in ("--job", str(job))]
-    log = watch if watch is not None else _node_log(jobs)
-    launch(stage.rank_module, args, **launch_settings(stage.config), env={"OMP_NUM_THREADS": str(threads)}, log=log)
+def train_queue(stage: LaunchedStage, queue: Path, threads: int, watch: Callable[[str], Any] | None = None) -> str | None:
+    """One launch whose ranks take runs from `queue` until it is empty, on `threads` threads each (a Prefect task:
+    a thread of the flow, or a Ray task on a cluster's node); the node's address on Ray."""
+    log = watch if watch is not None else _node_log()
+    launch(stage.rank_module, ["--queue", str(queue)], **launch_settings(stage.config),
+           env={"OMP_NUM_THREADS": str(threads)}, log=log)
     return _ray_node()
 
 
-def _node_log(jobs: list[Path]) -> Callable[[str], Any]:
-    """On a Ray node: the launch's lines into the Prefect task's log and the first job's launch.log."""
-    path = Path(jobs[0]).parent / LAUNCH_LOG
+def _node_log() -> Callable[[str], Any]:
+    """On a Ray node: the launch's lines into the Prefect task's log and each run's launch.log."""
+    current: list[Path] = []
 
     def log(line: str) -> None:
-        with open(path, "a", encoding="utf-8") as file:
-            file.write(line + "\n")
+        if line.startswith(RUN_STARTED):
+            current[:] = [Path(line.removeprefix(RUN_STARTED).strip())]
+        if current:
+            with open(current[0] / LAUNCH_LOG, "a", encoding="utf-8") as file:
+                file.write(line + "\n")
+        if line.startswith(RUN_DONE):
+            current.clear()
         if not _DS_INFO.match(line):
             task_log(line)
     return log
@@ -294,7 +313,7 @@ def _ray_node() -> str | None:
 
 @contextlib.contextmanager
 def ray_placement():
-    """Ray-task options per batch: its cores (`remote_options(num_cpus=...)`), spread over the nodes."""
+    """Ray-task options per launch: its cores (`remote_options(num_cpus=...)`), spread over the nodes."""
     from prefect_ray.context import remote_options
 
     from infra.launch.ray_cluster import prefect_api_for_workers
@@ -333,7 +352,6 @@ class _ThreadFuture:
         if self._error is not None:
             raise self._error
         return self._value
-
 
 
 @contextlib.contextmanager

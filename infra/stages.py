@@ -54,7 +54,9 @@ RESULT_FILE = "result.json"  # the stage's result, its paths relative to the wor
 DS_CONFIG_FILE = "ds_config.json"  # the DeepSpeed config the ranks train with, as written
 CHECKPOINTS_DIR = "checkpoints"
 LAUNCH_LOG = "launch.log"  # every line of the stage's launches, DeepSpeed's INFO lines included
+RUN_STARTED = "llmforge: run started:"  # what rank 0 prints, then out_dir, before each job of a queue
 RUN_DONE = "llmforge: run finished:"  # what rank 0 prints, then out_dir, after each job of a launch
+QUEUE_FILE = "queue.json"  # a run queue's job.json paths, which its launches claim one at a time
 
 
 class Stage:

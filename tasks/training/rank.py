@@ -5,18 +5,22 @@ model, its Steps and its batch shape, trains them with the one loop (`fit`) on t
 the stage's rank 0 export the model and write result.json (`finish`).
 
 Several `--job` flags train several runs in one launch, one after another, each exactly as it would train alone
-(its own seed, engine, MLflow run and result.json): a flow of many short runs (infra/run_queue.py) pays the
-launcher's, the interpreter's and the imports' start-up once. After each, rank 0 prints RUN_DONE and the run's
-folder, which the launching side watches for.
+(its own seed, engine, MLflow run and result.json). `--queue DIR` does the same with the runs of DIR/queue.json,
+which several launches side by side share: before each run, rank 0 claims the next unclaimed one (a file created
+with O_EXCL, so two launches never take the same) and tells its other ranks. A flow of many short runs
+(infra/run_queue.py) so pays the launcher's, the interpreter's and the imports' start-up once per launch, and
+its launches finish together. Around each run rank 0 prints RUN_STARTED and RUN_DONE with the run's folder,
+which the launching side watches for.
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import importlib
+import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -24,7 +28,7 @@ import torch.distributed as dist
 
 from infra.launch.launcher import remove_shm_buffers
 from infra.lifecycle.process_tree import watch_supervisor
-from infra.stages import CHECKPOINTS_DIR, RUN_DONE, Job
+from infra.stages import CHECKPOINTS_DIR, QUEUE_FILE, RUN_DONE, RUN_STARTED, Job
 from tasks.training.distributed import init_distributed
 from tasks.training.loop import fit
 from tasks.training.metrics import ListSink, MlflowSink
@@ -36,16 +40,21 @@ from tasks.training.stop import TrainingStopped
 def main(argv: Sequence[str] | None = None) -> int:
     """Train the stage of each job.json, in order, on this rank; the exit status (128 + the signal when stopped by one)."""
     parser = argparse.ArgumentParser(description="One DeepSpeed rank of a training stage.")
-    parser.add_argument("--job", type=Path, action="append", required=True,
+    parser.add_argument("--job", type=Path, action="append", default=[],
                         help="job.json written by the stage's runner; repeated, the runs train one after another")
-    paths = parser.parse_args(argv).job
+    parser.add_argument("--queue", type=Path, help="a run queue's folder (infra/run_queue.py): train its runs as claimed")
+    args = parser.parse_args(argv)
+    if bool(args.job) == bool(args.queue):
+        parser.error("give --job (one or more) or --queue")
     port, rank_env = os.environ.get("MASTER_PORT"), int(os.environ.get("RANK", "0"))
     # A rank's parent is DeepSpeed's launcher; this ends it when the run's own process is gone
     # (its shared-memory buffer too, in case that happens before init_distributed unlinks it).
     watch_supervisor(on_lost=lambda: remove_shm_buffers(int(port), rank_env) if port else None)
     try:
         rank, world = init_distributed()
-        for path in paths:
+        for path in (claimed(args.queue, rank, world) if args.queue else args.job):
+            if rank == 0:
+                print(f"{RUN_STARTED} {path.parent}", flush=True)
             train_job(Job.model_validate_json(path.read_text(encoding="utf-8")), rank, world)
             if rank == 0:
                 print(f"{RUN_DONE} {path.parent}", flush=True)
@@ -60,6 +69,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rank {rank_env}: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def claimed(queue: Path, rank: int, world: int) -> Iterator[Path]:
+    """The job.json paths of `queue` this launch claims, one at a time, until none is left: rank 0 claims the first
+    unclaimed (queue/claim-<i>, created with O_EXCL) and broadcasts its index to the other ranks."""
+    jobs = json.loads((queue / QUEUE_FILE).read_text(encoding="utf-8"))
+    while True:
+        choice = -1
+        if rank == 0:
+            for i in range(len(jobs)):
+                try:
+                    os.close(os.open(queue / f"claim-{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    continue
+                choice = i
+                break
+        if world > 1:
+            shared = torch.tensor([choice], dtype=torch.long)
+            dist.broadcast(shared, src=0)
+            choice = int(shared.item())
+        if choice < 0:
+            return
+        yield Path(jobs[choice])
 
 
 def train_job(job: Job, rank: int, world: int) -> None:

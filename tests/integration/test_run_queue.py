@@ -30,11 +30,10 @@ def test_queued_runs_train_as_alone_and_are_reused(tmp_path, pretrain_inputs, ca
 
     results = queue.run(items)
     out = capsys.readouterr().out
-    # Three runs, two launches side by side: the 9-step run alone, the two 6-step runs in one launch.
+    # Three runs, two launches side by side, each taking the next run from the queue.
     assert out.count("launching: ") == 2, out[-3000:]
-    assert "launch of 2 run(s), 1 thread(s) per rank: run 0, run 1" in out
-    assert "launch of 1 run(s), 1 thread(s) per rank: run 2" in out
-    assert "run 3/3 done" in out and "ETA" in out
+    assert "3 run(s) to train in 2 launch(es) side by side, 1 thread(s) per rank" in out
+    assert out.count("llmforge: run started:") == 3 and "run 3/3 done" in out and "ETA" in out
     assert [r.steps for r in results] == [6, 6, 9]
     for r in results:  # each its own folder, record, result and launch log
         assert (r.out_dir / RECORD_FILE).is_file() and (r.out_dir / LAUNCH_LOG).is_file()

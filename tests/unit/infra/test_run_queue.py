@@ -1,27 +1,37 @@
-"""The run queue's logic without a launch: how runs split over slots, the progress line, the `runs:` section."""
+"""The run queue's logic without a launch: its order, the claims, the progress line, the `runs:` section."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from infra.run_queue import Progress, Queued, RunsConfig, _Pending, split
+from infra.run_queue import Progress, Queued, RunsConfig, _Pending, write_queue
+from infra.stages import QUEUE_FILE
 
 
 def pending(costs: list[float]) -> list[_Pending]:
     return [_Pending(i, Queued(None, {}, f"run {i}", c), None) for i, c in enumerate(costs)]  # type: ignore[arg-type]
 
 
-def test_split_balances_cost_and_keeps_the_queue_order():
-    groups = split(pending([1, 2, 4, 8, 16, 32]), 2)
-    assert [[r.index for r in g] for g in groups] == [[5], [0, 1, 2, 3, 4]]  # 32 against 31
-    assert [[r.index for r in g] for g in split(pending([3, 3, 2, 2, 2]), 2)] == [[0, 2, 4], [1, 3]]
+def test_the_queue_lists_the_longest_runs_first(tmp_path: Path):
+    runs = pending([1, 8, 2, 8, 4])
+    for r in runs:
+        r.job = tmp_path / f"run{r.index}" / "job.json"
+    write_queue(tmp_path / "q", runs)
+    order = json.loads((tmp_path / "q" / QUEUE_FILE).read_text())
+    assert [Path(p).parent.name for p in order] == ["run1", "run3", "run4", "run2", "run0"]
 
 
-def test_split_makes_no_empty_launch():
-    assert len(split(pending([1.0]), 4)) == 1
-    assert [len(g) for g in split(pending([1, 1, 1]), 1)] == [3]
+def test_claims_hand_each_run_to_one_launch_only(tmp_path: Path):
+    from tasks.training.rank import claimed
+
+    (tmp_path / QUEUE_FILE).write_text(json.dumps(["a/job.json", "b/job.json", "c/job.json"]))
+    first, second = claimed(tmp_path, 0, 1), claimed(tmp_path, 0, 1)
+    taken = [next(first), next(second), next(first)]
+    assert [p.parent.name for p in taken] == ["a", "b", "c"]
+    assert list(second) == [] and list(first) == []  # the queue is empty for both
 
 
 def test_progress_line_counts_runs_and_estimates_from_cost():
