@@ -9,6 +9,7 @@ its own fresh workspace, with this venv's Python and PYTHONPATH on the tree. A o
 builds that workspace's data, tokenizer and token shards (untimed: they are the flow's inputs, not its
 runs); then `scale --preset tiny` (plus --set) is timed whole, from the command's start to its exit.
 
+    parts     where the runs' time outside their training steps went, part by part (from the log's timestamps)
     train_s   the sum, over every run of the sweep (its points and the predicted run), of the seconds that
               run spent inside its training steps: tokens_seen / train_tokens_per_s of its result.json
     slots     the runs in flight at once (the most launches the run queue started side by side; 1 before it)
@@ -22,6 +23,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,6 +78,63 @@ def sweep_runs(home: Path) -> list[dict]:
     return [json.loads((Path(d) / "result.json").read_text()) for d in out_dirs]
 
 
+_STAMP = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d+) \|")
+_LAST_STEP = re.compile(r"step (\d+)/(\d+) loss .*elapsed (?:(\d+)m)?(\d+)s")
+PARTS = ("process start (runner, launcher, rank imports, init)", "engine build and first step", "final validation",
+         "export, checkpoint, MLflow, exit", "stage side between runs")
+
+
+def parts(log_text: str) -> dict[str, dict[str, float]]:
+    """Where the timed sweep's runs spent their time outside their training steps, part by part, from Prefect's
+    timestamps: each part's count, sum and median seconds. With the run queue the process start is once per
+    launch, and a run's record is written beside the next run's training (no part of its own)."""
+    lines = log_text.splitlines()
+    lines = lines[max(i for i, line in enumerate(lines) if "Starting temporary server" in line):]
+    queued = any("run(s) to train" in line for line in lines)
+    runs: list[dict[str, float]] = []
+    current: dict[str, float] = {}
+    launched: list[float] = []  # launches not yet heard from, oldest first
+    last = 0.0
+    for line in lines:
+        stamp = _STAMP.match(line)
+        t = int(stamp[1]) * 3600 + int(stamp[2]) * 60 + int(stamp[3]) + int(stamp[4]) / 1000 if stamp else last
+        last = t
+        if "launching:" in line:
+            launched.append(t)
+            if not queued:
+                launched.clear()
+                current = {"launch": t}
+                runs.append(current)
+        elif re.search(r"training in (fp32|bf16)", line):
+            if queued:
+                current = {"ready": t} | ({"launch": launched.pop(0)} if launched else {})
+                runs.append(current)
+            else:
+                current["ready"] = t
+        elif (step := _LAST_STEP.search(line)) and step[1] == step[2] and current:
+            current["last_step"], current["elapsed"] = t, int(step[3] or 0) * 60 + int(step[4])
+        elif "val_loss" in line and current:
+            current["val"] = t
+        elif "run finished:" in line and current:
+            current["done"] = t
+        elif re.search(r"Task run 'pretrain-launch(-\d+)?' - Finished", line) and current:
+            current["task_end"] = t
+        elif re.search(r"(point \d+/\d+|predicted run) at C=.*depth", line) and runs and not queued:
+            runs[-1]["next"] = t
+    spans: dict[str, list[float]] = {name: [] for name in PARTS}
+    for r in runs:
+        end = r.get("done", r.get("task_end"))
+        pairs = ((PARTS[0], r.get("launch"), r.get("ready")), (PARTS[2], r.get("last_step"), r.get("val")),
+                 (PARTS[3], r.get("val"), end), (PARTS[4], r.get("task_end"), r.get("next")))
+        for name, a, b in pairs:
+            if a is not None and b is not None:
+                spans[name].append(b - a)
+        if "last_step" in r and "ready" in r:
+            spans[PARTS[1]].append(max(0.0, r["last_step"] - r["ready"] - r["elapsed"]))
+    return {name: {"n": len(v), "sum_s": round(sum(v), 1), "median_s": round(statistics.median(v), 2) if v else 0.0}
+            for name, v in spans.items()}
+
+
 def measure(tree: Path, sets: list[str], label: str, keep: Path) -> dict:
     home = Path(tempfile.mkdtemp(prefix=f"sweep-{label}-"))
     log = keep / f"{label}.log"
@@ -94,7 +153,8 @@ def measure(tree: Path, sets: list[str], label: str, keep: Path) -> dict:
                 "runs_per_hour": round(len(runs) / wall * 3600, 1),
                 "predicted_bpb": prediction.get("predicted_bpb"), "interval": prediction.get("interval"),
                 "measured_bpb": prediction.get("measured_bpb"),
-                "final_val_bpb": [r.get("final_val_bpb") for r in runs]}
+                "final_val_bpb": [r.get("final_val_bpb") for r in runs],
+                "parts": parts(log.read_text(encoding="utf-8", errors="replace"))}
     finally:
         shutil.rmtree(home, ignore_errors=True)
 

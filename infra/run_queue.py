@@ -55,8 +55,8 @@ QUEUES_DIR = ".queues"  # under the workspace (shared with a cluster's nodes): o
 class RunsConfig(StrictModel):
     """The `runs:` section: how a flow of many runs places them (infra/run_queue.py)."""
 
-    # Each rank's threads (OMP_NUM_THREADS). One: on the CPU, a tiny-family run trained 10-30x faster on one thread
-    # than on two, and two runs side by side on one thread each beat one run on two (BENCHMARKS.md).
+    # Each rank's threads (OMP_NUM_THREADS). One: on 2 CPU cores a tiny-family run trained about as fast on one thread
+    # as on two, so two runs side by side on one each do about twice the work (BENCHMARKS.md "Flows of many runs").
     threads: int = Field(default=1, gt=0)
     # Runs in flight at once. "auto": this machine's cores // (threads x ranks per run), one at a time with a GPU;
     # on Ray, the cluster's CPUs // (threads x ranks per run).

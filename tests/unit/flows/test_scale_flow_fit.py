@@ -13,6 +13,7 @@ import pytest
 import flows.scale_flow as scale_flow_module
 from flows.config import load_pipeline_config
 from flows.tokens import TokenizedData
+from infra.run_queue import RunQueue
 from models.flops import num_params
 from models.llama import ModelConfig
 from models.scaling import LossLaw
@@ -40,7 +41,7 @@ def test_fit_then_prediction_written_before_the_run_then_measured(tmp_path, monk
         bpb = float(TRUTH.loss(n, d) * np.exp(noise))
         return SimpleNamespace(final_val_bpb=bpb, final_val_loss=bpb * 2, mlflow_run_id=None, out_dir=tmp_path / f"run{len(trained)}")
 
-    monkeypatch.setattr(scale_flow_module, "run", fake_run)
+    monkeypatch.setattr(RunQueue, "run", lambda queue, items: [fake_run(i.stage, queue.ws, **i.inputs) for i in items])
     monkeypatch.setattr(scale_flow_module, "data_flow", lambda *a, **kw: SimpleNamespace(manifest=tmp_path / "m.json"))
     monkeypatch.setattr(scale_flow_module, "tokenized",
                         lambda *a: TokenizedData(tokenizer=tmp_path / "tok.json", tokens=tmp_path / "tokens"))
