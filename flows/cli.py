@@ -47,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "predict the run at scale.predict_factor x the largest budget, train it and compare "
                                    "(work/scale/<key>/prediction.json, report.md).")
     _common(p)
+    p = sub.add_parser("ablate", help="one proxy model per data variant and seed, compared beyond seed noise",
+                       description="Train a proxy per variant x seed of FILE (YAML: variants, seeds, targets, proxy, aa), "
+                                   "score each on held-out targets in bits per byte, and say which variants differ from "
+                                   "the baseline beyond seed noise, with 95% intervals (work/ablate/<key>/ablation.json, "
+                                   "report.md). --preset and --set apply to every variant.")
+    p.add_argument("file", help="the ablation file (docs/ablations.md)")
+    _common(p)
     p = sub.add_parser("show-config", help="print the resolved config of a preset", description="Validate a preset and print it with overrides applied.")
     _common(p)
     p = sub.add_parser("runs", help="list the workspace's MLflow runs, grouped by pipeline run",
@@ -245,7 +252,7 @@ def _workspace_held(workdir: str) -> Iterator[None]:
 
 
 def _run_flow(args: argparse.Namespace) -> int:
-    """`data`, `run` or `scale`: validate, check the services, start Prefect's server, run the flow, say where to see it."""
+    """`data`, `run`, `scale` or `ablate`: validate, check the services, start Prefect's server, run the flow, say where to see it."""
     # From here (the workspace held) until the stop handlers are in place, Ctrl-C and SIGTERM wait, a few seconds:
     # two threads import meanwhile (the config and flow modules here, Prefect's server beside them), and a signal
     # that cuts an import short can leave Python's import lock held, so that the other thread, then this one,
@@ -257,7 +264,10 @@ def _run_flow(args: argparse.Namespace) -> int:
         signal.pthread_sigmask(signal.SIG_SETMASK, deferred)
     # The flows get the override strings too: they name the MLflow runs after them.
     pairs = list(args.overrides) + ([f"data.catalog={args.catalog}"] if getattr(args, "catalog", None) else [])
-    if args.command == "scale":
+    if args.command == "ablate":
+        done = flow(args.file, workdir=args.workdir, preset=args.preset, overrides=pairs)
+        _say_where(args.workdir, done.mlflow_run_id, f"report: {Path(done.report).resolve()}")
+    elif args.command == "scale":
         sweep = flow(cfg, workdir=args.workdir, overrides=pairs)
         _say_where(args.workdir, sweep.mlflow_run_id, f"report: {Path(sweep.report).resolve()}")
     elif args.command == "data":
@@ -278,7 +288,9 @@ def _flow_ready(args: argparse.Namespace) -> tuple[Any, Any]:
     cfg = load_pipeline_config(args.preset, _overrides(args))
     check_paths(cfg)  # the catalog and its sources: fail before any work starts
     server_started = prefect_server_starting()
-    if args.command == "scale":
+    if args.command == "ablate":
+        from flows.ablate_flow import ablate_flow as flow
+    elif args.command == "scale":
         from flows.scale_flow import scale_flow as flow
     elif args.command == "data":
         from flows.data_flow import flow_for
@@ -313,10 +325,21 @@ def _show_config(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """The command, with the workspace held first where it writes outputs."""
-    if args.command in ("data", "run", "scale"):
+    if args.command in ("data", "run", "scale", "ablate"):
         from infra.lifecycle.preflight import check_services
 
         _check_catalog_arg(args)
+        if args.command == "ablate":  # a bad file or variant is refused at once, before the services and the workspace
+            from flows.ablation_spec import load_spec, variant_overrides
+            from flows.config import check_paths, load_pipeline_config, parse_overrides
+
+            from infra.config import ConfigError
+
+            for name, sets in variant_overrides(load_spec(Path(args.file)), args.overrides).items():
+                try:
+                    check_paths(load_pipeline_config(args.preset, parse_overrides(sets)))
+                except ConfigError as exc:
+                    raise ConfigError(f"{args.file}, variant '{name}': {exc}") from None
         check_services()  # a service down is said before anything is made, the workspace included
         with _workspace_held(args.workdir):
             return _run_flow(args)

@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.helpers import seeds
+from tests.helpers.flow_runs import parent_and_children
 
 # One budget, depths 1 and 2 of the tiny family on a 1,024-token vocabulary: 53 and 16 optimizer steps of 4
 # sequences, and depth 2, short of min_steps, on 2 sequences instead (32 steps).
@@ -43,11 +44,8 @@ def test_two_point_sweep_tracked_and_cached(tmp_path, prefect_env, small_stage_s
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("llmforge").experiment_id])
-    sweep = [r for r in runs if r.data.tags.get("llmforge.stage") == "scale"]
-    assert len(sweep) == 1
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweep[0].info.run_id
-                and r.data.tags.get("llmforge.stage") == "pretrain"]
+    parent, children = parent_and_children(work, "scale")
+    sweep = [parent]
     assert sorted(int(r.data.params["depth"]) for r in children) == [1, 2]
     for child in children:
         point = next(p for p in points if p["mlflow_run_id"] == child.info.run_id)

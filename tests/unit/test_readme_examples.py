@@ -52,5 +52,13 @@ def test_readme_yaml_example_validates(index, tmp_path):
             assert [s.name for s in load_sft_catalog(catalog)] == [data["name"]]
         else:
             assert [s.name for s in load_catalog(catalog).sources] == [data["name"]]
+    elif "variants" in data:  # an ablation file (docs/ablations.md)
+        from flows.ablation_spec import load_spec
+
+        for path in data["targets"].values():
+            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / path).write_text('{"text": "x"}\n')
+        (tmp_path / "ablation.yaml").write_text(text, encoding="utf-8")
+        assert set(load_spec(tmp_path / "ablation.yaml").variants) == set(data["variants"])
     else:  # a preset (infra/presets/*.yaml shape)
         parse_config(PipelineConfig, data, origin=f"yaml example {index}")

@@ -1,0 +1,88 @@
+"""An ablation file (`llmforge ablate FILE`): its variants, seeds, targets and proxy, checked before any work.
+
+Torch- and Prefect-free, so that the CLI refuses a bad file at once (flows/cli.py)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator
+
+from infra.config import ConfigError, StrictModel, format_validation_error
+
+BASELINE, AA = "baseline", "aa"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class AblationSpec(StrictModel):
+    """An ablation file: the variants, the seeds, what every proxy is scored on."""
+
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)  # name -> {dotted key: value}, as --set
+    seeds: int = Field(3, ge=1)
+    until: Literal["pretrain"] = "pretrain"  # the last stage each variant runs
+    targets: dict[str, Path]  # name -> a .jsonl (`text` per line) or .txt, read raw
+    proxy: dict[str, Any] = Field(default_factory=dict)  # overrides every variant's pretraining gets (model, steps)
+    aa: bool = False  # the baseline again on disjoint seeds: what noise alone does
+
+    @field_validator("variants")
+    @classmethod
+    def _names(cls, variants: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, sets in variants.items():
+            if name in (BASELINE, AA):
+                raise ValueError(f"variant name '{name}' is reserved: the baseline (no overrides) and the A/A check "
+                                 "are always there; name your variant otherwise")
+            if not _NAME.match(name):
+                raise ValueError(f"variant name '{name}': use letters, digits, '_', '-' or '.'")
+            if not isinstance(sets, dict):
+                raise ValueError(f"variant '{name}' must map dotted keys to values, e.g. {{data.near.threshold: 0.7}}")
+        return variants
+
+    @field_validator("targets")
+    @classmethod
+    def _some_targets(cls, targets: dict[str, Path]) -> dict[str, Path]:
+        if not targets:
+            raise ValueError("targets: name at least one held-out text file every variant is scored on")
+        bad = [n for n in targets if not _NAME.match(n)]
+        if bad:
+            raise ValueError(f"target names {bad}: use letters, digits, '_', '-' or '.'")
+        return targets
+
+
+def load_spec(path: Path) -> AblationSpec:
+    """FILE read and checked (a ConfigError saying what to fix); target paths relative to FILE made absolute and
+    checked to exist."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"ablation file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: an ablation file is a mapping (variants, seeds, targets, ...)")
+    try:
+        spec = AblationSpec.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, str(path))) from None
+    targets = {n: (p if p.is_absolute() else (path.parent / p)).resolve() for n, p in spec.targets.items()}
+    missing = [f"{n}: {p}" for n, p in targets.items() if not p.is_file()]
+    if missing:
+        raise ConfigError(f"{path}: target file(s) not found ({'; '.join(missing)}); paths are absolute or "
+                          "relative to the ablation file")
+    return spec.model_copy(update={"targets": targets})
+
+
+def as_overrides(sets: dict[str, Any]) -> list[str]:
+    """{key: value} as `--set` strings (values as JSON, which YAML reads back)."""
+    import json
+
+    return [f"{k}={json.dumps(v if not isinstance(v, Path) else str(v))}" for k, v in sets.items()]
+
+
+def variant_overrides(spec: AblationSpec, common: list[str]) -> dict[str, list[str]]:
+    """Each variant's `--set` strings, the baseline's first: `common` (the command line's), the proxy's, its own
+    (later keys win, so a variant's own value beats the command line's)."""
+    shared = list(common) + as_overrides(spec.proxy)
+    return {name: shared + as_overrides(sets) for name, sets in {BASELINE: {}, **spec.variants}.items()}

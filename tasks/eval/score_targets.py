@@ -1,0 +1,59 @@
+"""A trained model scored on held-out targets, window by window: the stage a data comparison reads.
+
+    scores = run(ScoreTargets(ScoreTargetsConfig(seq_len=128)), ws, model=result.model_dir, tokenizer=tok,
+                 targets={"news": Path("held_out/news.jsonl")})
+    scores.bpb["news"], np.load(scores.files["news"])       bits per byte; [windows, (nats, bytes)]
+
+In-process and cached like any stage: keyed on the model's folder (its record), the tokenizer and each
+target file, so a variant's model is scored once however often a comparison is rerun. The windows are
+the same for every model scored with the same tokenizer and seq_len (tasks/eval/targets.py), which is what
+pairs them window by window in tasks/eval/seed_differences.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from infra.config import StrictModel
+from infra.stages import Stage
+from models.bpb import token_bytes
+from models.export import load_model
+from tasks.eval.seed_differences import bits_per_byte
+from tasks.eval.targets import read_target, score_windows, target_windows
+from tasks.tokenizer.train import load_tokenizer
+
+
+class ScoreTargetsConfig(StrictModel):
+    seq_len: int = Field(128, ge=1)  # tokens predicted per window (the proxy's training seq_len)
+    batch: int = Field(16, ge=1)  # windows per forward pass
+
+
+class TargetScores(BaseModel):
+    """Where each target's per-window scores went, its windows and its bits per byte."""
+
+    out_dir: Path
+    files: dict[str, Path]  # name -> scores .npy, float64 [windows, (nats, bytes)]
+    windows: dict[str, int]
+    bpb: dict[str, float]
+
+
+class ScoreTargets(Stage):
+    name, store, Config, Result = "score_targets", "eval/targets", ScoreTargetsConfig, TargetScores
+    inputs = ("model", "tokenizer", "targets")
+    config: ScoreTargetsConfig
+
+    def compute(self, inputs: dict, out_dir: Path) -> TargetScores:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer = load_tokenizer(Path(inputs["tokenizer"]))
+        table = token_bytes(tokenizer)
+        model = load_model(Path(inputs["model"])).float()
+        files, windows, bpb = {}, {}, {}
+        for name, path in sorted(inputs["targets"].items()):
+            rows = target_windows(read_target(Path(path)), tokenizer, self.config.seq_len)
+            scores = score_windows(model, rows, table, self.config.batch)
+            files[name] = out_dir / f"{name}.npy"
+            np.save(files[name], scores)
+            windows[name], bpb[name] = len(rows), bits_per_byte(scores)
+        return TargetScores(out_dir=out_dir, files=files, windows=windows, bpb=bpb)

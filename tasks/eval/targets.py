@@ -1,0 +1,80 @@
+"""Held-out targets: raw texts every model of a comparison is scored on, window by window, in bits per byte.
+
+    texts = read_target(path)                                   JSONL with a `text` field, or a .txt file
+    windows = target_windows(texts, tokenizer, seq_len)         [n, seq_len + 1] token ids, EOS between texts
+    scores = score_windows(model, windows, table)               [n, (nats, bytes)]: what seed_differences pairs
+
+A target is read as it is, never through a data recipe's filters: it measures what a model learned, not what
+a recipe kept. Each text is encoded with the comparison's one tokenizer (special-token text stays text) and
+followed by EOS, the texts laid end to end and cut into whole windows of seq_len + 1 tokens (the tail that
+does not fill a window is left out). A window's nats are summed over its predicted tokens and its bytes are
+those tokens' UTF-8 bytes (models/bpb.py), so bits per byte compare across models and tokenizers.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from models.bpb import nats_and_bytes
+from models.losses import token_logprobs
+from models.special_tokens import EOS
+from tasks.tokenizer.train import special_token_ids
+
+
+def read_target(path: Path) -> list[str]:
+    """The texts of a target file: each line's `text` of a .jsonl, or a .txt file's paragraphs (blank-line separated)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"target {path} does not exist: give a .jsonl with a `text` field or a .txt file")
+    if path.suffix == ".txt":
+        texts = [p.strip() for p in path.read_text(encoding="utf-8").split("\n\n")]
+    elif path.suffix in (".jsonl", ".json"):
+        texts = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{n}: not a JSON line ({exc.msg})") from exc
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise ValueError(f"{path}:{n}: a target line needs a string `text` field")
+            texts.append(row["text"])
+    else:
+        raise ValueError(f"target {path}: unknown kind '{path.suffix}'; give a .jsonl (a `text` field per line) or .txt")
+    texts = [t for t in texts if t]
+    if not texts:
+        raise ValueError(f"target {path} holds no text")
+    return texts
+
+
+def target_windows(texts: list[str], tokenizer, seq_len: int) -> np.ndarray:
+    """int64 [n, seq_len + 1]: the texts' tokens, each text followed by EOS, cut into whole windows."""
+    tokenizer.encode_special_tokens = True  # "<|eos|>" inside a text is text
+    eos = special_token_ids(tokenizer, origin="the comparison's tokenizer")[EOS]
+    ids: list[int] = []
+    for encoding in tokenizer.encode_batch(texts):
+        ids += encoding.ids
+        ids.append(eos)
+    n = len(ids) // (seq_len + 1)
+    if n == 0:
+        raise ValueError(f"the target's {len(ids)} tokens fill no window of {seq_len + 1}: give it more text")
+    return np.asarray(ids[: n * (seq_len + 1)], dtype=np.int64).reshape(n, seq_len + 1)
+
+
+@torch.no_grad()
+def score_windows(model: torch.nn.Module, windows: np.ndarray, table: np.ndarray, batch: int = 16) -> np.ndarray:
+    """float64 [n, 2]: each window's summed nats and bytes over its predicted tokens."""
+    model.eval()
+    table_t = torch.as_tensor(table, dtype=torch.long)
+    out = np.zeros((len(windows), 2), dtype=np.float64)
+    for start in range(0, len(windows), batch):
+        rows = torch.as_tensor(windows[start:start + batch])
+        inputs, targets = rows[:, :-1], rows[:, 1:]
+        nats, n_bytes = nats_and_bytes(-token_logprobs(model(inputs), targets), targets, table_t, dim=-1)
+        out[start:start + len(rows), 0] = nats.numpy()
+        out[start:start + len(rows), 1] = n_bytes.numpy()
+    return out
