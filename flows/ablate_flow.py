@@ -28,8 +28,9 @@ from pydantic import BaseModel
 from flows.ablation_spec import AA, BASELINE, as_overrides, load_spec, variant_overrides
 from flows.config import PipelineConfig, resolve_pipeline_config
 from flows.data_flow import data_flow
+from flows.tokens import tokens_of
 from infra.run_queue import Queued, flow_of_runs
-from infra.stages import place, run
+from infra.stages import run
 from infra.tracking.runs import log_metrics, tag_active_run
 from infra.workspace.atomic import write_json_atomic
 from infra.workspace.cache import flow_key
@@ -37,7 +38,6 @@ from infra.workspace.paths import Workspace, point_latest
 from tasks.eval.score_targets import ScoreTargets, ScoreTargetsConfig
 from tasks.eval.seed_differences import Difference, bits_per_byte, bpb_difference
 from tasks.reports.ablation import publish_ablation_report
-from tasks.tokenizer.tokenize_shards import TokenizeShards
 from tasks.tokenizer.train import TrainTokenizer
 from tasks.training.config import PretrainConfig
 from tasks.training.pretrain.stage import Pretrain
@@ -89,11 +89,7 @@ def ablate_flow(file: str, workdir: str | None = None, preset: str = "tiny",
         manifests = {n: Path(data_flow(c.data, workdir=root, overrides=as_overrides(
             {k: v for k, v in named[n].items() if k.startswith("data.")})).manifest) for n, c in configs.items()}
         tokenizer = run(TrainTokenizer(base.tokenizer), ws, manifest=manifests[BASELINE])
-        tokens = {}
-        for n, c in configs.items():
-            placed = place(TokenizeShards(c.tokenize), ws, manifest=manifests[n], tokenizer=tokenizer)
-            placed.run()
-            tokens[n] = placed.out_dir
+        tokens = {n: tokens_of(ws, manifests[n], tokenizer, c.tokenize) for n, c in configs.items()}
         seeds = list(range(spec.seeds))
         arms = {n: Arm(name=n, overrides=named[n], seeds=seeds) for n in named}
         if spec.aa:

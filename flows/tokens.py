@@ -21,6 +21,11 @@ class TokenizedData(BaseModel):
 def tokenized(ws: Workspace, manifest: Path, tokenizer: TokenizerConfig, tokenize: TokenizeConfig) -> TokenizedData:
     """Train the tokenizer on the manifest's shards and tokenize them (both cached stages)."""
     tokenizer_path = run(TrainTokenizer(tokenizer), ws, manifest=Path(manifest))
+    return TokenizedData(tokenizer=tokenizer_path, tokens=tokens_of(ws, manifest, tokenizer_path, tokenize))
+
+
+def tokens_of(ws: Workspace, manifest: Path, tokenizer_path: Path, tokenize: TokenizeConfig) -> Path:
+    """The manifest's shards tokenized with a given tokenizer (a cached stage): its token folder."""
     tokens = place(TokenizeShards(tokenize), ws, manifest=Path(manifest), tokenizer=tokenizer_path)
     tokens.run()
-    return TokenizedData(tokenizer=tokenizer_path, tokens=tokens.out_dir)
+    return tokens.out_dir

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import queue as queue_module
-import re
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -37,7 +36,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from infra.config import StrictModel
-from infra.launch.launcher import launch
+from infra.launch.launcher import DS_INFO, launch
 from infra.lifecycle.clock import clock_text
 from infra.lifecycle.process_tree import usable_cores
 from infra.lifecycle.signals import stop_on_cancel
@@ -48,7 +47,6 @@ from infra.tracking.runs import stage_run
 from infra.workspace.lock import workspace_lock
 from infra.workspace.paths import Workspace
 
-_DS_INFO = re.compile(r"^\[[^\]]*\] \[INFO\] ")  # DeepSpeed's INFO lines: into launch.log only, as a single launch does
 QUEUES_DIR = ".queues"  # under the workspace (shared with a cluster's nodes): one folder per queue while it runs
 
 
@@ -91,7 +89,11 @@ class Group:
     runs: list[_Pending]
     launches: int
     threads: int
-    cpus: int  # what each launch asks a Ray cluster for
+
+    @property
+    def cpus(self) -> int:
+        """What each launch asks a Ray cluster for: its ranks' threads."""
+        return self.threads * self.runs[0].item.stage.config.launch.num_procs
 
 
 @dataclass
@@ -190,12 +192,12 @@ class RunQueue:
                 # Fewer runs than cores (a sweep's predicted run alone): the cores go to the runs there are
                 # (on 2 cores the tiny sweep's predicted run took 157 s on two threads, 175 s on one).
                 threads = max(threads, len(usable_cores()) // (launches * procs))
-            out.append(Group(runs, launches, threads, threads * procs))
+            out.append(Group(runs, launches, threads))
         return out
 
     def _train(self, groups: list[Group], results: list[Any], progress: Progress) -> None:
         """Start every group's launches at once on the task runner; record each run as its rank 0 says it finished."""
-        finished: queue_module.Queue[_Pending | None] = queue_module.Queue()
+        finished: queue_module.Queue[_Pending] = queue_module.Queue()
         on_ray = self.on_ray()
         pending = {r.index: r for g in groups for r in g.runs}
         futures, folders = [], []
@@ -208,12 +210,12 @@ class RunQueue:
                     name = f"{stage.name}-launch" + (f"-{k}" if group.launches > 1 else "")
                     task = prefect_task(train_queue, name)
                     # In this process a line callback reports each run as it finishes; a Ray worker cannot call back.
-                    watch = None if on_ray else _Watch(group.runs, finished)
+                    lines = None if on_ray else _LaunchLines(group.runs, finished)
                     if hasattr(task, "submit"):
                         with options(group.cpus) if on_ray else contextlib.nullcontext():
-                            futures.append(task.submit(stage, folder, group.threads, watch=watch))
+                            futures.append(task.submit(stage, folder, group.threads, lines=lines))
                     else:  # outside a flow run: plain threads
-                        futures.append(_ThreadFuture(train_queue, stage, folder, group.threads, watch=watch))
+                        futures.append(_ThreadFuture(train_queue, stage, folder, group.threads, lines=lines))
             try:
                 errors = self._collect(futures, pending, finished, results, progress, on_ray)
             finally:
@@ -229,14 +231,16 @@ class RunQueue:
     def _collect(self, futures: list[Any], pending: dict[int, _Pending], finished: queue_module.Queue,
                  results: list[Any], progress: Progress, on_ray: bool) -> list[BaseException]:
         """Record runs as they finish until every launch has ended; the launches' errors."""
+        def record(run: _Pending) -> None:
+            if run.index in pending:
+                results[run.index] = pending.pop(run.index).placed.end()
+                progress.finished(run.item, "done")
+
         errors: list[BaseException] = []
         open_ = list(futures)
         while open_:
             with contextlib.suppress(queue_module.Empty):
-                run = finished.get(timeout=0.5)
-                if run is not None and run.index in pending:
-                    results[run.index] = pending.pop(run.index).placed.end()
-                    progress.finished(run.item, "done")
+                record(finished.get(timeout=0.5))
                 continue
             for future in [f for f in open_ if _future_done(f)]:
                 open_.remove(future)
@@ -248,58 +252,41 @@ class RunQueue:
                 if on_ray and where:
                     self.log(f"a launch ran on Ray node {where}")
         while not finished.empty():
-            run = finished.get()
-            if run is not None and run.index in pending:
-                results[run.index] = pending.pop(run.index).placed.end()
-                progress.finished(run.item, "done")
+            record(finished.get())
         return errors
 
 
-class _Watch:
-    """A launch's line sink: each line into the launch.log of the run its rank 0 last started (and, but DeepSpeed's
-    INFO, to the Prefect task's log); RUN_DONE hands that run to the recording side."""
+class _LaunchLines:
+    """A launch's line sink: each line into the launch.log of the run its rank 0 last started (DeepSpeed's INFO lines
+    there only, the rest to the Prefect task's log too). In the flow's process, RUN_DONE also hands that run to
+    the recording side (`finished`); on a Ray node there is no one to hand it to."""
 
-    def __init__(self, runs: list[_Pending], finished: queue_module.Queue) -> None:
+    def __init__(self, runs: Sequence[_Pending] = (), finished: queue_module.Queue | None = None) -> None:
         self.by_dir = {str(r.placed.out_dir.resolve()): r for r in runs}
         self.finished, self.current = finished, None
 
     def __call__(self, line: str) -> None:
         if line.startswith(RUN_STARTED):
-            self.current = self.by_dir.get(line.removeprefix(RUN_STARTED).strip())
+            self.current = Path(line.removeprefix(RUN_STARTED).strip())
         if self.current is not None:  # from its start to its RUN_DONE: then its folder is recorded, no more lines
-            with open(self.current.placed.out_dir / LAUNCH_LOG, "a", encoding="utf-8") as file:
+            with open(self.current / LAUNCH_LOG, "a", encoding="utf-8") as file:
                 file.write(line + "\n")
-        if not _DS_INFO.match(line):
+        if not DS_INFO.match(line):
             task_log(line)
         if line.startswith(RUN_DONE) and self.current is not None:
-            self.finished.put(self.current)
+            run = self.by_dir.get(str(self.current))
+            if run is not None and self.finished is not None:
+                self.finished.put(run)
             self.current = None
 
 
-def train_queue(stage: LaunchedStage, queue: Path, threads: int, watch: Callable[[str], Any] | None = None) -> str | None:
+def train_queue(stage: LaunchedStage, queue: Path, threads: int,
+                lines: Callable[[str], Any] | None = None) -> str | None:
     """One launch whose ranks take runs from `queue` until it is empty, on `threads` threads each (a Prefect task:
     a thread of the flow, or a Ray task on a cluster's node); the node's address on Ray."""
-    log = watch if watch is not None else _node_log()
     launch(stage.rank_module, ["--queue", str(queue)], **launch_settings(stage.config),
-           env={"OMP_NUM_THREADS": str(threads)}, log=log)
+           env={"OMP_NUM_THREADS": str(threads)}, log=lines if lines is not None else _LaunchLines())
     return _ray_node()
-
-
-def _node_log() -> Callable[[str], Any]:
-    """On a Ray node: the launch's lines into the Prefect task's log and each run's launch.log."""
-    current: list[Path] = []
-
-    def log(line: str) -> None:
-        if line.startswith(RUN_STARTED):
-            current[:] = [Path(line.removeprefix(RUN_STARTED).strip())]
-        if current:
-            with open(current[0] / LAUNCH_LOG, "a", encoding="utf-8") as file:
-                file.write(line + "\n")
-        if line.startswith(RUN_DONE):
-            current.clear()
-        if not _DS_INFO.match(line):
-            task_log(line)
-    return log
 
 
 def _ray_node() -> str | None:

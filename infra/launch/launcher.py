@@ -45,7 +45,7 @@ SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "deepspeed_allreduce_buffer"
 # DeepSpeed's own INFO lines ("[2026-01-01 12:00:00,000] [INFO] [launch.py:174:main] Setting CUDA_VISIBLE_DEVICES=0"):
 # with a log file they go there only; its warnings, errors and every line of the ranks stay on screen.
-_DS_INFO = re.compile(r"^\[[^\]]*\] \[INFO\] ")
+DS_INFO = re.compile(r"^\[[^\]]*\] \[INFO\] ")
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE")
 
 
@@ -302,7 +302,7 @@ def _launch_log(log: Callable[[str], Any], log_file: Path | None) -> Any:
     with open(log_file, "a", encoding="utf-8", buffering=1) as file:
         def show(line: str) -> None:
             file.write(line + "\n")
-            if not _DS_INFO.match(line):
+            if not DS_INFO.match(line):
                 log(line)
         yield show
 

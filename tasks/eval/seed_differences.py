@@ -29,6 +29,8 @@ import numpy as np
 from pydantic import BaseModel
 from scipy import stats
 
+from models.bpb import bits_per_byte as bpb_of_sums
+
 LEVEL = 0.95
 Verdict = Literal["better", "worse", "indistinguishable"]
 
@@ -46,8 +48,8 @@ class Difference(BaseModel):
 
 
 def bits_per_byte(scores: np.ndarray) -> float:
-    """Bits per byte of a model's [windows, (nats, bytes)] scores."""
-    return float(scores[:, 0].sum() / (math.log(2) * scores[:, 1].sum()))
+    """Bits per byte of a model's [windows, (nats, bytes)] scores (models/bpb.py over their sums)."""
+    return bpb_of_sums(float(scores[:, 0].sum()), int(scores[:, 1].sum()))
 
 
 def verdict(ci: tuple[float, float], lower_is_better: bool) -> Verdict:

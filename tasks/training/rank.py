@@ -4,10 +4,10 @@ The job names the stage (`tasks.training.pretrain.stage:Pretrain`); this rebuild
 model, its Steps and its batch shape, trains them with the one loop (`fit`) on the job's ds_config.json, and lets
 the stage's rank 0 export the model and write result.json (`finish`).
 
-Several `--job` flags train several runs in one launch, one after another, each exactly as it would train alone
-(its own seed, engine, MLflow run and result.json). `--queue DIR` does the same with the runs of DIR/queue.json,
-which several launches side by side share: before each run, rank 0 claims the next unclaimed one (a file created
-with O_EXCL, so two launches never take the same) and tells its other ranks. A flow of many short runs
+`--queue DIR` instead trains the runs of DIR/queue.json one after another, each exactly as it would train alone
+(its own seed, engine, MLflow run and result.json). Several launches side by side share the queue: before each
+run, rank 0 claims the next unclaimed one (a file created with O_EXCL, so two launches never take the same) and
+tells its other ranks. A flow of many short runs
 (infra/run_queue.py) so pays the launcher's, the interpreter's and the imports' start-up once per launch, and
 its launches finish together. Around each run rank 0 prints RUN_STARTED and RUN_DONE with the run's folder,
 which the launching side watches for.
@@ -38,21 +38,20 @@ from tasks.training.stop import TrainingStopped
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Train the stage of each job.json, in order, on this rank; the exit status (128 + the signal when stopped by one)."""
+    """Train the stage of job.json, or of each run claimed from the queue, on this rank; the exit status (128 + the
+    signal when stopped by one)."""
     parser = argparse.ArgumentParser(description="One DeepSpeed rank of a training stage.")
-    parser.add_argument("--job", type=Path, action="append", default=[],
-                        help="job.json written by the stage's runner; repeated, the runs train one after another")
-    parser.add_argument("--queue", type=Path, help="a run queue's folder (infra/run_queue.py): train its runs as claimed")
+    one = parser.add_mutually_exclusive_group(required=True)
+    one.add_argument("--job", type=Path, help="job.json written by the stage's runner")
+    one.add_argument("--queue", type=Path, help="a run queue's folder (infra/run_queue.py): train its runs as claimed")
     args = parser.parse_args(argv)
-    if bool(args.job) == bool(args.queue):
-        parser.error("give --job (one or more) or --queue")
     port, rank_env = os.environ.get("MASTER_PORT"), int(os.environ.get("RANK", "0"))
     # A rank's parent is DeepSpeed's launcher; this ends it when the run's own process is gone
     # (its shared-memory buffer too, in case that happens before init_distributed unlinks it).
     watch_supervisor(on_lost=lambda: remove_shm_buffers(int(port), rank_env) if port else None)
     try:
         rank, world = init_distributed()
-        for path in (claimed(args.queue, rank, world) if args.queue else args.job):
+        for path in (claimed(args.queue, rank, world) if args.queue else [args.job]):
             if rank == 0:
                 print(f"{RUN_STARTED} {path.parent}", flush=True)
             train_job(Job.model_validate_json(path.read_text(encoding="utf-8")), rank, world)
