@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from infra.config import ConfigError, StrictModel, format_validation_error
 
 BASELINE, AA = "baseline", "aa"
+# `llmforge ablate` with no FILE: quality filters off, near dedup off and a code-heavy mix against the baseline, on
+# the held-out slice of every source, with the A/A check (docs/ablations.md "The built-in ablation").
+BUILTIN = Path(__file__).resolve().parents[1] / "infra" / "presets" / "ablations" / "builtin.yaml"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -21,8 +24,13 @@ class AblationSpec(StrictModel):
 
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)  # name -> {dotted key: value}, as --set
     seeds: int = Field(3, ge=1)
-    until: Literal["pretrain"] = "pretrain"  # the last stage each variant runs
-    targets: dict[str, Path]  # name -> a .jsonl (`text` per line) or .txt, read raw
+    until: Literal["pretrain", "sft", "grpo", "evaluate"] = "pretrain"  # the last stage each variant runs
+    # With until: evaluate, keys of the evaluation to compare, `<model>.<metric>` (grpo.answer.accuracy), as a list
+    # (the direction known from the metric's name) or a mapping to `higher` or `lower` (which is better)
+    metrics: dict[str, Literal["higher", "lower"]] = Field(default_factory=dict)
+    # name -> a .jsonl (`text` per line) or .txt, read raw; none: the held-out slice of every source (`holdout`)
+    targets: dict[str, Path] = Field(default_factory=dict)
+    holdout: float = Field(0.05, gt=0.0, le=0.5)  # with no targets: the share of every source held out and scored
     proxy: dict[str, Any] = Field(default_factory=dict)  # overrides every variant's pretraining gets (model, steps)
     aa: bool = False  # the baseline again on disjoint seeds: what noise alone does
 
@@ -39,15 +47,47 @@ class AblationSpec(StrictModel):
                 raise ValueError(f"variant '{name}' must map dotted keys to values, e.g. {{data.near.threshold: 0.7}}")
         return variants
 
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _directions(cls, metrics: Any) -> Any:
+        if isinstance(metrics, list):
+            unknown = [m for m in metrics if not isinstance(m, str) or metric_direction(m) is None]
+            if unknown:
+                raise ValueError(f"metrics {unknown}: which way is better is not known from the name; give a "
+                                 f"mapping, e.g. {{{unknown[0]}: lower}}")
+            return {m: metric_direction(m) for m in metrics}
+        return metrics
+
+    @model_validator(mode="after")
+    def _metrics_need_evaluate(self) -> "AblationSpec":
+        for key in self.metrics:
+            model, _, metric = key.partition(".")
+            if model not in MODELS or not metric:
+                raise ValueError(f"metric '{key}': name a model ({', '.join(MODELS)}) and a key of its evaluation, "
+                                 "e.g. grpo.answer.accuracy")
+        if self.metrics and self.until != "evaluate":
+            raise ValueError(f"metrics {list(self.metrics)} are the evaluation's: set `until: evaluate`")
+        return self
+
     @field_validator("targets")
     @classmethod
-    def _some_targets(cls, targets: dict[str, Path]) -> dict[str, Path]:
-        if not targets:
-            raise ValueError("targets: name at least one held-out text file every variant is scored on")
+    def _target_names(cls, targets: dict[str, Path]) -> dict[str, Path]:
         bad = [n for n in targets if not _NAME.match(n)]
         if bad:
             raise ValueError(f"target names {bad}: use letters, digits, '_', '-' or '.'")
         return targets
+
+
+MODELS = ("base", "sft", "grpo")  # the evaluation's models, a metric's first part
+HIGHER = {"accuracy", "answered_accuracy", "accuracy_at_target", "coverage_at_target", "correct"}
+LOWER = {"hallucination_rate", "ece", "ece_equal_mass", "ece_heldout", "ece_after_temperature", "mce", "brier", "nll",
+         "aurc", "e_aurc", "val_loss", "val_ppl", "bpb"}
+
+
+def metric_direction(key: str) -> Literal["higher", "lower"] | None:
+    """Which way a metric is better, from its last part; None where the name does not say (abstention_rate)."""
+    last = key.rsplit(".", 1)[-1]
+    return "higher" if last in HIGHER else "lower" if last in LOWER else None
 
 
 def load_spec(path: Path) -> AblationSpec:
@@ -82,7 +122,8 @@ def as_overrides(sets: dict[str, Any]) -> list[str]:
 
 
 def variant_overrides(spec: AblationSpec, common: list[str]) -> dict[str, list[str]]:
-    """Each variant's `--set` strings, the baseline's first: `common` (the command line's), the proxy's, its own
-    (later keys win, so a variant's own value beats the command line's)."""
-    shared = list(common) + as_overrides(spec.proxy)
+    """Each variant's `--set` strings, the baseline's first: the hold-out (no targets named), `common` (the command
+    line's), the proxy's, its own (later keys win, so a variant's own value beats the command line's)."""
+    held = [] if spec.targets else as_overrides({"data.holdout.fraction": spec.holdout})  # the command line's wins
+    shared = held + list(common) + as_overrides(spec.proxy)
     return {name: shared + as_overrides(sets) for name, sets in {BASELINE: {}, **spec.variants}.items()}

@@ -52,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "score each on held-out targets in bits per byte, and say which variants differ from "
                                    "the baseline beyond seed noise, with 95% intervals (work/ablate/<key>/ablation.json, "
                                    "report.md). --preset and --set apply to every variant.")
-    p.add_argument("file", help="the ablation file (docs/ablations.md)")
+    p.add_argument("file", nargs="?", default=None,
+                   help="the ablation file (docs/ablations.md); none: the built-in ablation (quality filters off, near "
+                        "dedup off, a code-heavy mix, and the A/A check, on the held-out slice of every source)")
     _common(p)
     p = sub.add_parser("show-config", help="print the resolved config of a preset", description="Validate a preset and print it with overrides applied.")
     _common(p)
@@ -330,11 +332,12 @@ def _run(args: argparse.Namespace) -> int:
 
         _check_catalog_arg(args)
         if args.command == "ablate":  # a bad file or variant is refused at once, before the services and the workspace
-            from flows.ablation_spec import load_spec, variant_overrides
+            from flows.ablation_spec import BUILTIN, load_spec, variant_overrides
             from flows.config import check_paths, load_pipeline_config, parse_overrides
 
             from infra.config import ConfigError
 
+            args.file = args.file or str(BUILTIN)
             for name, sets in variant_overrides(load_spec(Path(args.file)), args.overrides).items():
                 try:
                     check_paths(load_pipeline_config(args.preset, parse_overrides(sets)))

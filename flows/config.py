@@ -22,6 +22,7 @@ from infra.run_queue import RunsConfig
 from infra.workspace.paths import Workspace
 from tasks.data.catalog import load_catalog
 from tasks.data.exact_dedup import ExactDedupConfig
+from tasks.data.holdout import HoldoutConfig
 from tasks.data.mix import MixConfig
 from tasks.data.near_dedup import NearDedupConfig
 from tasks.data.pii_redact import PiiConfig
@@ -38,11 +39,17 @@ PRESETS_DIR = CHECKOUT / "infra" / "presets"
 PRESET_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
+class QualityConfig(StrictModel):
+    enabled: bool = True  # False: the catalog's quality filters are left out (an ablation's "quality off")
+
+
 class DataConfig(StrictModel):
     catalog: Path = Path("data_catalog")
     sources: list[str] | None = None  # only these catalog sources; None = all
     exact: ExactDedupConfig = Field(default_factory=ExactDedupConfig)
+    holdout: HoldoutConfig = Field(default_factory=HoldoutConfig)  # a slice of every source set aside, unseen
     near: NearDedupConfig = Field(default_factory=NearDedupConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
     pii: PiiConfig = Field(default_factory=PiiConfig)
     mix: MixConfig = Field(default_factory=MixConfig)
     shards: ShardConfig = Field(default_factory=ShardConfig)
@@ -197,7 +204,8 @@ def check_paths(cfg: PipelineConfig) -> None:
                 "the preset)")
         raise ConfigError(f"data.catalog {catalog}: no such folder ({catalog.resolve()}); {hint}")
 
-    load_catalog(catalog, only=cfg.data.sources)  # its YAML files valid, data.sources among them
+    # Its YAML files valid, data.sources among them, data.mix.weights naming its sources.
+    load_catalog(catalog, only=cfg.data.sources).weights(cfg.data.mix.weights)
 
 
 # Older keys of the arithmetic task (one section now, which SFT, GRPO and the evaluation read), each with the key

@@ -1,4 +1,4 @@
-"""The data flow: collect → exact dedup → near dedup → quality filters → PII → mix → shards.
+"""The data flow: collect → (hold-out) → exact dedup → near dedup → quality filters → PII → mix → shards.
 
 Each stage is a stage object from `tasks/data/` (infra/stages.py) writing into its own
 content-addressed folder (`work/data/<stage>/<key>/`), so a rerun with the same inputs,
@@ -30,6 +30,7 @@ from tasks.data.catalog import load_catalog
 from tasks.data.collect import Collect, MergeCollected, source_inputs
 from tasks.data.exact_dedup import ExactDedup
 from tasks.data.funnel import build_funnel
+from tasks.data.holdout import Holdout
 from tasks.data.mix import RebalanceMix
 from tasks.data.near_dedup import NearDedup
 from tasks.data.pii_redact import PiiRedact
@@ -42,6 +43,7 @@ class DataResult(BaseModel):
     manifest: Path
     funnel: dict[str, dict[str, int]]
     mlflow_run_id: str
+    held_out: dict[str, Path] = {}  # source -> its held-out texts (.jsonl), with data.holdout.fraction > 0
 
 
 @flow(name="data", log_prints=True)
@@ -71,20 +73,27 @@ def data_flow(config: DataConfig | None = None, workdir: str | None = None, pres
         # Each source keyed on its own definition and files: editing one re-collects that one only.
         pending = [submit(Collect(s, catalog), ws, files=files[s.name]) for s in catalog.sources]
         collected = stage(MergeCollected(), parts=[p.result() for p in pending])
-        exact = stage(ExactDedup(config.exact), docs=collected.output)
-        near = stage(NearDedup(config.near), docs=exact.output)
-        quality = stage(QualityFilter(catalog.filter_specs()), docs=near.output)
-        pii = stage(PiiRedact(config.pii), docs=quality.output)
-        mixed = stage(RebalanceMix(config.mix), docs=pii.output, weights=catalog.weights(),
+        docs, held = collected.output, None
+        if config.holdout.fraction > 0:  # set aside before any dedup or filter: unseen, raw
+            held = stage(Holdout(config.holdout), docs=docs)
+            docs = held.result.output
+        exact = stage(ExactDedup(config.exact), docs=docs)
+        near = stage(NearDedup(config.near), docs=exact.output) if config.near.enabled else None
+        docs = (near or exact).output
+        quality = stage(QualityFilter(catalog.filter_specs()), docs=docs) if config.quality.enabled else None
+        pii = stage(PiiRedact(config.pii), docs=(quality.output if quality else docs))
+        mixed = stage(RebalanceMix(config.mix), docs=pii.output, weights=catalog.weights(config.mix.weights),
                       max_epochs={s.name: s.max_epochs for s in catalog.sources})
-        funnel = build_funnel(collected, exact, near, quality, mixed)
+        held_result = held.result if held else None
+        funnel = build_funnel(collected, exact, near, quality, mixed, holdout=held_result)
         manifest = stage(WriteShards(config.shards), docs=mixed.output, funnel=funnel, mix_report=mixed.report,
-                         removed_files=[r.removed for r in (collected, exact, near, quality, mixed)],
+                         removed_files=[r.removed for r in (collected, held_result, exact, near, quality, mixed) if r],
                          config_hash=config_hash(config.outputs_identity()))
         publish_prefect_artifact(data_report_markdown(manifest))
         log_data_run(manifest, ws.run_reports(run_.info.run_id))
         print(data_report_markdown(manifest))
-        return DataResult(manifest=manifest, funnel=funnel, mlflow_run_id=run_.info.run_id)
+        return DataResult(manifest=manifest, funnel=funnel, mlflow_run_id=run_.info.run_id,
+                          held_out=held.files if held else {})
 
 
 def flow_for(config: DataConfig) -> Flow:

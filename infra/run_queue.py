@@ -152,8 +152,14 @@ class RunQueue:
         """Each item's result, in order: reused, recorded, or trained here (several per launch, launches side by side)."""
         results: list[Any] = [None] * len(items)
         todo: list[_Pending] = []
+        first: dict[Path, int] = {}  # out_dir -> the first item placed there
+        same: dict[int, int] = {}  # an item that is an earlier one's run (the same stage and inputs) -> that one
         for i, item in enumerate(items):
             placed = place(item.stage, self.ws, **item.inputs)
+            if placed.out_dir in first:
+                same[i] = first[placed.out_dir]
+                continue
+            first[placed.out_dir] = i
             done = placed.reused()
             if done is None and placed.trained_unrecorded():
                 print(f"stage {item.stage.name}: {placed.rel} finished training before the flow stopped; recording it")
@@ -162,8 +168,14 @@ class RunQueue:
                 todo.append(_Pending(i, item, placed))
             else:
                 results[i] = done
-        if not todo:
-            return results
+        if todo:
+            self._train_all(todo, results)
+        for i, j in same.items():
+            results[i] = results[j]
+        return results
+
+    def _train_all(self, todo: list[_Pending], results: list[Any]) -> None:
+        """Train the runs not reused or recorded, their results into `results`."""
         for run in todo:
             run.job = run.placed.begin()  # every MLflow run and job.json before the first launch: bad input fails now
         progress = Progress(len(todo), sum(r.item.cost for r in todo), log=self.log)
@@ -173,7 +185,6 @@ class RunQueue:
                      + (" on Ray" if self.on_ray() else "") + f", {group.threads} thread(s) per rank; each launch "
                      "takes the next run from the queue, the longest first")
         self._train(groups, results, progress)
-        return results
 
     def groups(self, todo: list[_Pending]) -> list[Group]:
         """Runs grouped by how they launch, each group with its launches and threads."""

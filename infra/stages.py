@@ -22,15 +22,17 @@ module it reaches, infra/workspace/code_version.py), its config and the content 
 renamed parameter changes no key. A folder is reused only when it matches its record
 (infra/workspace/record.py) and holds the stage's result.json, read back as JSON with its paths
 relative to the workspace: no pickle is ever loaded, and a copied or moved workspace reruns
-nothing. An in-process stage runs as a Prefect task inside the caller's MLflow run (`submit`
-puts it on the flow's task runner: Ray for the data stages on a cluster). A launched stage gets
-its own MLflow run; its ranks read out_dir/job.json and train with out_dir/ds_config.json
-exactly as written; a rerun into a folder with checkpoints resumes them, refused when the
-settings that change what is trained differ.
+nothing. The record also names the paths the folder was made from (`recorded_inputs`: the
+tokens' manifest, which a pretraining run logs as its dataset input). An in-process stage runs
+as a Prefect task inside the caller's MLflow run (`submit` puts it on the flow's task runner: Ray
+for the data stages on a cluster). A launched stage gets its own MLflow run; its ranks read
+out_dir/job.json and train with out_dir/ds_config.json exactly as written; a rerun into a folder
+with checkpoints resumes them, refused when the settings that change what is trained differ.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -57,6 +59,7 @@ LAUNCH_LOG = "launch.log"  # every line of the stage's launches, DeepSpeed's INF
 RUN_STARTED = "llmforge: run started:"  # what rank 0 prints, then out_dir, before each job of a queue
 RUN_DONE = "llmforge: run finished:"  # what rank 0 prints, then out_dir, after each job of a launch
 QUEUE_FILE = "queue.json"  # a run queue's job.json paths, which its launches claim one at a time
+INPUTS_KEY = "inputs"  # in a folder's record: the paths it was made from (`recorded_inputs`)
 
 
 class Stage:
@@ -237,7 +240,8 @@ class Placed:
         data = to_workspace(TypeAdapter(self.stage.Result).dump_python(result, mode="json"), self.ws)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.out_dir / RESULT_FILE, data)
-        write_record(self.out_dir, self.key, self.stage.name)
+        lineage = {INPUTS_KEY: input_paths(self.inputs, self.ws, self.out_dir)}
+        write_record(self.out_dir, self.key, self.stage.name, lineage)
         self._close("rerun" if self.damaged else "miss")
         release_freed_memory()  # the next stage starts from what this one freed, not from its peak
         return result
@@ -289,6 +293,24 @@ class Placed:
             launched(stage.rank_module, ["--job", str(job)], **launch_settings(stage.config), log=task_log,
                      log_file=self.out_dir / LAUNCH_LOG)
             return stage.after(read_result(stage, self.out_dir), self.inputs)
+
+
+def input_paths(inputs: dict[str, Any], ws: Workspace, out_dir: Path) -> dict[str, str]:
+    """The inputs that are paths, as a folder's record names them: one inside the workspace relative to `out_dir`
+    (a copied or moved workspace moves with it), any other absolute."""
+    root, here, paths = ws.root.resolve(), out_dir.resolve(), {}
+    for name, value in inputs.items():
+        if isinstance(value, Path):
+            path = value.resolve()
+            paths[name] = os.path.relpath(path, here) if path.is_relative_to(root) else str(path)
+    return paths
+
+
+def recorded_inputs(out_dir: Path) -> dict[str, Path]:
+    """The paths a stage's folder was made from (input name -> path), as its record names them; empty for a folder
+    recorded without them."""
+    named = (read_record(out_dir) or {}).get(INPUTS_KEY, {})
+    return {name: Path(os.path.normpath(Path(out_dir) / path)) for name, path in named.items()}
 
 
 def compute(stage: Stage, inputs: dict[str, Any], out_dir: Path) -> Any:

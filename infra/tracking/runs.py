@@ -1,7 +1,8 @@
 """The one MLflow logging helper: the stage run's lifecycle, and every kind of logging the stages do.
 
 The stage run's lifecycle, safe params, and every kind of logging the stages and reports do (metrics,
-files, text, tags, dataset inputs); the store's URI and experiment are infra/tracking/store.py's.
+files, text, tags); the store's URI and experiment are infra/tracking/store.py's, the data a run read
+(its dataset inputs) infra/tracking/datasets.py's.
 
 Everything that logs goes to the active run and calls `active_run()` first, so logging
 outside `stage_run` is a clear error instead of MLflow silently opening a stray run.
@@ -17,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -280,22 +280,6 @@ def set_tag(key: str, value: str) -> None:
 
     active_run()
     mlflow.set_tag(key, value)
-
-
-def log_dataset_input(
-    folder: Path, name: str, digest: str, context: str = "training", tags: dict[str, str] | None = None
-) -> None:
-    """Record the dataset in `folder` (by URI and digest, not its contents) as an input of the active run."""
-    import mlflow
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
-    from mlflow.data.meta_dataset import MetaDataset
-
-    active_run()
-    with warnings.catch_warnings():
-        # MLflow registers the local-file source under two schemes and warns that they are ambiguous.
-        warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source(Path(folder).resolve().as_uri())
-    mlflow.log_input(MetaDataset(source=source, name=name, digest=digest), context=context, tags=tags)
 
 
 def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:

@@ -38,7 +38,7 @@ class Workspace:
     # Stage outputs: work/<store>/<key>/, one folder per key of (inputs' content, config, code),
     # never overwritten by another key; `latest` links to the newest one for people to read.
     STORES = (
-        "data/collect", "data/merge", "data/exact", "data/near", "data/quality", "data/pii", "data/mix",
+        "data/collect", "data/merge", "data/holdout", "data/exact", "data/near", "data/quality", "data/pii", "data/mix",
         "data/shards", "tokenizer", "tokens", "checkpoints/pretrain", "checkpoints/sft", "checkpoints/grpo",
         "eval", "eval/targets", "scale", "ablate",
     )

@@ -127,9 +127,19 @@ class Catalog(StrictModel):
     def resolve(self, source: SourceConfig) -> Path:
         return (self.root / source.path).resolve() if source.path else self.root
 
-    def weights(self) -> dict[str, float]:
-        total = sum(s.weight for s in self.sources)
-        return {s.name: s.weight / total for s in self.sources}
+    def weights(self, instead: dict[str, float] | None = None) -> dict[str, float]:
+        """Each source's share of the mix: its catalog weight, or `instead`'s for the sources it names
+        (`data.mix.weights`), normalised to sum to 1."""
+        instead = instead or {}
+        unknown = sorted(set(instead) - {s.name for s in self.sources})
+        if unknown:
+            raise ConfigError(f"data.mix.weights names {unknown}, not sources of the catalog {self.root} "
+                             f"(its sources: {[s.name for s in self.sources]})")
+        raw = {s.name: instead.get(s.name, s.weight) for s in self.sources}
+        total = sum(raw.values())
+        if total <= 0:
+            raise ConfigError(f"data.mix.weights {instead} leaves every source at weight 0: give one a weight > 0")
+        return {name: w / total for name, w in raw.items()}
 
     def filter_specs(self) -> dict[str, Any]:
         return {s.name: FilterSpec.model_validate(s.filters) for s in self.sources}

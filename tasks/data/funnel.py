@@ -1,6 +1,6 @@
 """The data funnel: where every collected document ended, per source.
 
-collected = kept + rejected + exact_duplicates + near_duplicates + filtered (each rule),
+collected = kept + rejected + held_out + exact_duplicates + near_duplicates + filtered (each rule),
 checked here so a lost or double-counted document fails the run. The columns and reasons
 come from the stage results, so a new rule or stage reason shows up without an edit here.
 """
@@ -8,32 +8,38 @@ from __future__ import annotations
 
 from tasks.data.step import StageResult, check_conservation
 
+PLACES = {"held_out": "held_out"}  # a place reason whose column is not its plural
+
 
 def build_funnel(
-    collect: StageResult, exact: StageResult, near: StageResult, quality: StageResult, mix: StageResult
+    collect: StageResult, exact: StageResult, near: StageResult | None, quality: StageResult | None, mix: StageResult,
+    holdout: StageResult | None = None,
 ) -> dict[str, dict[str, int]]:
     """Per-source funnel counts from the stage results, with per-reason counts.
 
-    The columns come from what the stages report: collect's removals are "rejected", a dedup
-    stage's duplicate reason gets its own column ("exact_duplicates", ...), and every
-    other removal of the dedup and filter stages is "filtered", with one "filtered:<reason>"
-    column per reason."""
+    The columns come from what the stages report: collect's removals are "rejected", a stage's place
+    reason gets its own column ("held_out", "exact_duplicates", ...), and every other removal of the
+    dedup and filter stages is "filtered", with one "filtered:<reason>" column per reason. A stage the
+    recipe turned off (near dedup, the quality filters) or left out (no hold-out) is None."""
+    between = [s for s in (holdout, exact, near, quality) if s is not None]
     funnel: dict[str, dict[str, int]] = {}
     for source, c in collect.counts.items():
         row = {"collected": c.get("in", 0), "rejected": collect.removed_total(source)}
         rules: dict[str, int] = {}
-        for stage in (exact, near, quality):
+        for stage in between:
             reasons = stage.reasons(source)
             if stage.duplicate_reason is not None:
-                row[f"{stage.duplicate_reason}s"] = reasons.pop(stage.duplicate_reason, 0)
+                reason = stage.duplicate_reason
+                row[PLACES.get(reason, f"{reason}s")] = reasons.pop(reason, 0)
             rules.update(reasons)
         row["filtered"] = sum(rules.values())
-        row["kept"] = quality.counts.get(source, {}).get("out", 0)
+        row["kept"] = between[-1].counts.get(source, {}).get("out", 0)
         row["sampled_docs"] = mix.counts.get(source, {}).get("out", 0)
         row["sampled_rows"] = int(mix.stats.get(f"rows:{source}", 0))
         row.update({f"filtered:{k}": v for k, v in sorted(rules.items())})
         row.update({f"rejected:{k}": v for k, v in sorted(collect.reasons(source).items())})
-        row.update(chars_removed(quality, source))
+        if quality is not None:
+            row.update(chars_removed(quality, source))
         shrunk = mix.report.get("shrunk_below_half", {}).get(source)
         if shrunk is not None:  # a detail column (it has a colon): not a place documents end in
             row["mix:shrunk_below_half"] = 1  # the share kept is in the mix report and the log line

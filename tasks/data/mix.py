@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
-from pydantic import Field
+from pydantic import Field, field_validator
 from tokenizers import Tokenizer
 
 from infra.config import StrictModel
@@ -48,6 +48,17 @@ class MixConfig(StrictModel):
     unit: Literal["chars", "tokens"] = "chars"
     tokenizer: Path | None = None  # needed when unit == "tokens"
     total: int | None = Field(default=None, gt=0)  # target size in units; None = all the data we have
+    # Each named source's weight instead of its catalog `weight:` (normalised with the others'); None = the catalog's
+    weights: dict[str, float] | None = None
+
+    @field_validator("weights")
+    @classmethod
+    def _weights(cls, weights: dict[str, float] | None) -> dict[str, float] | None:
+        if weights is not None:
+            bad = {k: v for k, v in weights.items() if not v >= 0 or v != v or v == float("inf")}
+            if bad:
+                raise ValueError(f"weights {bad}: a source's weight is a finite number >= 0")
+        return weights
 
 
 def hash_buckets(seed: int, source: str, doc_ids: list[str]) -> np.ndarray:

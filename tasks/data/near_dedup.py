@@ -88,6 +88,7 @@ _BLOCK_BYTES = 8 << 20
 
 
 class NearDedupConfig(StrictModel):
+    enabled: bool = True  # False: the data flow leaves the stage out (an ablation's "near dedup off")
     num_perm: int = Field(128, ge=2, le=4096)  # LSH banding needs at least 2 permutations
     ngram: int = Field(5, ge=1)  # words per shingle; shorter documents are one shingle
     threshold: float = Field(0.8, gt=0.0, lt=1.0)  # Jaccard at or above which a document is a duplicate

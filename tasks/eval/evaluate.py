@@ -43,7 +43,7 @@ from models.bpb import token_bytes
 from models.calibration import CalibrationReport, ReliabilityBins, calibration_report, reliability_bins
 from models.export import WEIGHTS, load_model
 from models.llama import Transformer
-from tasks.eval.abstention import AbstentionReport, abstention_report
+from tasks.eval.abstention import SHARES, AbstentionReport, abstention_report
 from tasks.eval.answers import greedy_answers
 from tasks.eval.arithmetic import ArithmeticTask
 from tasks.eval.choices import ChoiceRecord, choice_records
@@ -155,6 +155,22 @@ class EvalResult(BaseModel):
         if self.answers:
             out["answer.n_stated"] = float(self.n_stated)
         return out
+
+
+def metric_names() -> set[str]:
+    """Every key `EvalResult.metrics()` can hold (where the evaluation computes it): what `llmforge ablate`'s
+    `metrics` may name, after the model's label (`grpo.answer.accuracy`)."""
+    def numeric(model: type[BaseModel]) -> list[str]:
+        return [k for k, f in model.model_fields.items() if f.annotation in (int, float, float | None, int | None)]
+    names = {"val_loss", "val_ppl", "n_tokens", "val_ppl_lo", "val_ppl_hi", "bpb", "bpb_lo", "bpb_hi", "n_bytes",
+             "answer.n_stated"}
+    for prefix, model in (("token", CalibrationReport), ("answer", CalibrationReport), ("answer", SelectiveReport),
+                          ("answer_in_range", Proportion), ("choice", CalibrationReport), ("choice", SelectiveReport)):
+        names |= {f"{prefix}.{k}" for k in numeric(model)}
+    for share in SHARES:
+        key = share if share.endswith("accuracy") else f"{share}_rate"
+        names |= {f"answer.{key}", f"answer.{key}_lo", f"answer.{key}_hi"}
+    return names
 
 
 # ----------------------------------------------------------------------------- answer level

@@ -11,6 +11,7 @@ pairs them window by window in tasks/eval/seed_differences.py.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,9 @@ from tasks.tokenizer.train import load_tokenizer
 class ScoreTargetsConfig(StrictModel):
     seq_len: int = Field(128, ge=1)  # tokens predicted per window (the proxy's training seq_len)
     batch: int = Field(16, ge=1)  # windows per forward pass
+    # At most this many windows per target, evenly spaced through it: scoring costs in proportion, and past a few
+    # hundred windows the seeds' scatter, not the windows' sampling, sets an ablation's interval
+    max_windows: int = Field(512, ge=2)
 
 
 class TargetScores(BaseModel):
@@ -37,6 +41,21 @@ class TargetScores(BaseModel):
     files: dict[str, Path]  # name -> scores .npy, float64 [windows, (nats, bytes)]
     windows: dict[str, int]
     bpb: dict[str, float]
+
+
+@functools.lru_cache(maxsize=16)
+def _windows(target: Path, tokenizer: Path, seq_len: int, max_windows: int, stamps: tuple) -> np.ndarray:
+    rows = target_windows(read_target(target), load_tokenizer(tokenizer), seq_len)
+    if len(rows) > max_windows:
+        rows = rows[np.linspace(0, len(rows) - 1, max_windows).round().astype(int)]
+    return rows
+
+
+def windows_of(target: Path, tokenizer: Path, seq_len: int, max_windows: int) -> np.ndarray:
+    """A target's windows (at most `max_windows`, evenly spaced), made once per process for every model a flow
+    scores on it with the same tokenizer; keyed on the files' sizes and mtimes too, so an edited file is read again."""
+    stamps = tuple((p.stat().st_size, p.stat().st_mtime_ns) for p in (target, tokenizer))
+    return _windows(target.resolve(), tokenizer.resolve(), seq_len, max_windows, stamps)
 
 
 class ScoreTargets(Stage):
@@ -51,7 +70,7 @@ class ScoreTargets(Stage):
         model = load_model(Path(inputs["model"])).float()
         files, windows, bpb = {}, {}, {}
         for name, path in sorted(inputs["targets"].items()):
-            rows = target_windows(read_target(Path(path)), tokenizer, self.config.seq_len)
+            rows = windows_of(Path(path), Path(inputs["tokenizer"]), self.config.seq_len, self.config.max_windows)
             scores = score_windows(model, rows, table, self.config.batch)
             files[name] = out_dir / f"{name}.npy"
             np.save(files[name], scores)

@@ -104,6 +104,14 @@ def value_difference(variant: Sequence[float], baseline: Sequence[float], higher
     if len(variant) != len(baseline) or not variant:
         raise ValueError(f"paired by seed: {len(variant)} variant value(s) against {len(baseline)} baseline value(s)")
     d = np.asarray(variant, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
+    missing = int(np.isnan(d).sum())  # a seed whose evaluation did not compute the metric (NaN) pairs with nothing
+    d = d[~np.isnan(d)]
+    if len(d) == 0:
+        return Difference(diff=math.nan, ci=(math.nan, math.nan), verdict="indistinguishable", seeds=0,
+                          seed_only=True, note=f"not computed on any seed pair ({missing})")
+    if missing:
+        diff = value_difference(list(d), [0.0] * len(d), higher_is_better, level)
+        return diff.model_copy(update={"note": f"{missing} seed pair(s) without the metric left out"})
     if len(d) == 1:
         return Difference(diff=float(d[0]), ci=(-math.inf, math.inf), verdict="indistinguishable", seeds=1,
                           seed_only=True, note="one seed: no interval")

@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 
 from infra.tracking.provenance import artifact_key
-from infra.tracking.runs import active_run, log_artifact, log_dataset_input, log_metrics, set_tag
+from infra.tracking.datasets import log_shards_input
+from infra.tracking.runs import active_run, log_artifact, log_metrics, set_tag
 from infra.workspace.atomic import write_text_atomic
-from infra.workspace.record import sha256_file
 from tasks.data.funnel import funnel_markdown, funnel_totals
 from tasks.data.manifest import load_manifest
 from tasks.reports.plots import funnel_png
@@ -117,7 +117,7 @@ def funnel_metrics(manifest_path: Path) -> dict[str, float]:
 
 def log_data_run(manifest_path: Path, out_dir: Path) -> dict[str, float]:
     """Log funnel metrics, the manifest, the funnel table/chart and the dataset input to the active MLflow run."""
-    active_run()
+    run = active_run()
     manifest_path = Path(manifest_path)
     m = load_manifest(manifest_path)
     metrics = funnel_metrics(manifest_path)
@@ -126,8 +126,6 @@ def log_data_run(manifest_path: Path, out_dir: Path) -> dict[str, float]:
     png = funnel_png(m.funnel, out_dir / "funnel.png")
     for path in (manifest_path, md, png):
         log_artifact(path, artifact_path="data")
-    digest = sha256_file(manifest_path)[:16]
-    rows = str(m.stats.get("rows", 0))
-    log_dataset_input(manifest_path.parent, "pretraining-shards", digest, tags={"manifest_sha256": digest, "rows": rows})
+    log_shards_input(run.info.run_id, manifest_path, tags={"rows": str(m.stats.get("rows", 0))})
     set_tag("llmforge.manifest", str(manifest_path.resolve()))
     return metrics

@@ -3,6 +3,7 @@ rerun that trains nothing. Two points cannot be fitted: the flow says so and wri
 the prediction are tested on synthetic sweeps in tests/unit/training/test_scaling_sweep.py)."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -47,7 +48,13 @@ def test_two_point_sweep_tracked_and_cached(tmp_path, prefect_env, small_stage_s
     parent, children = parent_and_children(work, "scale")
     sweep = [parent]
     assert sorted(int(r.data.params["depth"]) for r in children) == [1, 2]
+    manifest = (work / "data" / "shards" / "latest" / "manifest.json").resolve()  # the seed's shards, copied here
     for child in children:
+        # Each point names the shards it trained on, through the record of the tokens it read.
+        (shards,) = client.get_run(child.info.run_id).inputs.dataset_inputs
+        assert shards.dataset.name == "pretraining-shards" and json.loads(shards.dataset.source)["uri"] == manifest.as_uri()
+        assert shards.dataset.digest == hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+        assert {t.key: t.value for t in shards.tags}["mlflow.data.context"] == "training"
         point = next(p for p in points if p["mlflow_run_id"] == child.info.run_id)
         assert int(child.data.params["n_params"]) == point["n_params"] and int(child.data.params["tokens"]) == point["tokens"]
         assert float(child.data.params["flops"]) == pytest.approx(point["flops"], rel=1e-5)

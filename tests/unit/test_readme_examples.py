@@ -54,8 +54,11 @@ def test_readme_yaml_example_validates(index, tmp_path):
             assert [s.name for s in load_catalog(catalog).sources] == [data["name"]]
     elif "variants" in data:  # an ablation file (docs/ablations.md)
         from flows.ablation_spec import load_spec
+        from flows.config import check_override_keys
 
-        for path in data["targets"].values():
+        for sets in data["variants"].values():  # every key a variant sets is a key of the config
+            check_override_keys(list(sets))
+        for path in data.get("targets", {}).values():
             (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / path).write_text('{"text": "x"}\n')
         (tmp_path / "ablation.yaml").write_text(text, encoding="utf-8")

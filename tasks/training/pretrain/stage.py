@@ -13,7 +13,8 @@ files, and the one loop (tasks/training/loop.py) trains it with `LossSteps` of `
 rank 0 exports the model, the loss curve and result.json. After the run the stage side compares
 validation perplexity with the tokenizer's unigram baseline on the same tokens, and the run's tokens
 per parameter with the compute-optimal ratio: the one a scaling sweep fitted on the same data and
-tokenizer where there is one (`llmforge scale`, tasks/training/scaling/fit_record.py), else Chinchilla's 20.
+tokenizer where there is one (`llmforge scale`, tasks/training/scaling/fit_record.py), else Chinchilla's 20;
+it logs the shards the tokens were made from as the run's training dataset (infra/tracking/datasets.py).
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from infra.stages import DS_CONFIG_FILE, Launch
-from infra.tracking.runs import log_artifact, log_artifacts, log_metrics, log_text, set_tag
+from infra.stages import DS_CONFIG_FILE, Launch, recorded_inputs
+from infra.tracking.datasets import log_shards_input
+from infra.tracking.runs import active_run, log_artifact, log_artifacts, log_metrics, log_text, set_tag
 from models.bpb import nats_and_bytes, token_bytes
 from models.export import load_config
 from models.flops import ChinchillaReport, chinchilla, num_params
@@ -117,8 +119,9 @@ class Pretrain(TrainingStage):
                                 identity={"model": architecture})
 
     def after(self, result: PretrainResult, inputs: dict[str, Path | None]) -> PretrainResult:
-        """The unigram baseline and the Chinchilla view, logged with the run's configs, tokenizer and model."""
+        """The unigram baseline and the Chinchilla view, logged with the run's configs, tokenizer, model and shards."""
         tokens_dir = Path(inputs["tokens"])
+        log_data_input(tokens_dir)
         unigram = unigram_perplexity(tokens_dir)
         view = chinchilla_view(result, tokens_dir)
         metrics = {"unigram_ppl": unigram, "tokens_per_param": view.tokens_per_param,
@@ -183,6 +186,16 @@ class Pretrain(TrainingStage):
                  "tokens_seen": float(out.tokens_seen), "train_tokens_per_s": out.train_tokens_per_s,
                  "n_params": float(out.n_params)}
         publish(run, self.job.out_dir, out, final, trained.steps, [done.loss_curve], trained.memory)
+
+
+def log_data_input(tokens_dir: Path) -> None:
+    """The shards manifest `tokens_dir` was tokenized from (its record's `manifest` input: TokenizeShards') as the
+    active run's training dataset; a line when the folder names none (tokens no stage wrote)."""
+    manifest = recorded_inputs(tokens_dir).get("manifest")
+    if manifest is None or not manifest.is_file():
+        print(f"no dataset input logged: {tokens_dir} names no data manifest it was tokenized from")
+        return
+    log_shards_input(active_run().info.run_id, manifest)
 
 
 def chinchilla_view(result: PretrainResult, tokens_dir: Path) -> ChinchillaReport:

@@ -25,10 +25,14 @@ def test_targets_are_read_relative_to_the_file(tmp_path):
 @pytest.mark.parametrize("spec, match", [
     ({"variants": {"baseline": {}}, "targets": {"t": "t.jsonl"}}, "reserved"),
     ({"variants": {"a b": {}}, "targets": {"t": "t.jsonl"}}, "use letters"),
-    ({"variants": {}, "targets": {}}, "at least one held-out"),
+    ({"variants": {}, "targets": {}, "holdout": 0}, "holdout"),
     ({"variants": {}, "targets": {"t": "missing.jsonl"}}, "target file\\(s\\) not found"),
     ({"variants": {}, "targets": {"t": "t.jsonl"}, "seeds": 0}, "seeds"),
-    ({"variants": {}, "targets": {"t": "t.jsonl"}, "until": "grpo"}, "until"),
+    ({"variants": {}, "targets": {"t": "t.jsonl"}, "until": "deploy"}, "until"),
+    ({"variants": {}, "metrics": ["grpo.answer.accuracy"]}, "set `until: evaluate`"),
+    ({"variants": {}, "until": "evaluate", "metrics": ["grpo.answer.abstention_rate"]}, "give a mapping"),
+    ({"variants": {}, "until": "evaluate", "metrics": {"answer.accuracy": "higher"}}, "name a model"),
+    ({"variants": {}, "until": "evaluate", "metrics": {"grpo.answer.accuracy": "up"}}, "higher"),
     ({"variant": {}, "targets": {"t": "t.jsonl"}}, "variant"),
 ])
 def test_a_bad_file_says_what_to_fix(tmp_path, spec, match):
@@ -42,3 +46,34 @@ def test_a_variants_own_value_wins_over_the_command_line(tmp_path):
     sets = variant_overrides(spec, ["pretrain.steps=3"])
     assert list(sets) == ["baseline", "v"]
     assert sets["baseline"] == ["pretrain.steps=3", "pretrain.steps=5"] and sets["v"][-1] == "pretrain.steps=7"
+
+
+def test_metrics_get_their_direction_from_the_name_or_the_file(tmp_path):
+    spec = load_spec(write(tmp_path, {"until": "evaluate", "metrics": ["grpo.answer.accuracy",
+                                                                       "grpo.answer.hallucination_rate"]}))
+    assert spec.metrics == {"grpo.answer.accuracy": "higher", "grpo.answer.hallucination_rate": "lower"}
+    spec = load_spec(write(tmp_path, {"until": "evaluate", "metrics": {"grpo.answer.abstention_rate": "lower"}}))
+    assert spec.metrics == {"grpo.answer.abstention_rate": "lower"}
+
+
+def test_with_no_targets_every_variant_holds_out_the_same_slice(tmp_path):
+    spec = load_spec(write(tmp_path, {"variants": {"v": {"data.near.enabled": False}}, "holdout": 0.2}))
+    sets = variant_overrides(spec, ["data.holdout.fraction=0.3"])
+    assert sets["baseline"][:2] == ["data.holdout.fraction=0.2", "data.holdout.fraction=0.3"]  # the command line wins
+    assert sets["v"][:2] == sets["baseline"] and sets["v"][-1] == "data.near.enabled=false"
+    assert variant_overrides(load_spec(write(tmp_path, {"targets": {"t": "t.jsonl"}})), [])["baseline"] == []
+
+
+def test_every_metric_a_file_may_name_is_a_key_of_the_evaluation():
+    from flows.ablation_spec import HIGHER, LOWER
+    from tasks.eval.evaluate import metric_names
+
+    lasts = {k.rsplit(".", 1)[-1] for k in metric_names()}
+    assert (HIGHER | LOWER) <= lasts, (HIGHER | LOWER) - lasts
+
+
+def test_the_built_in_ablation_is_a_valid_file():
+    from flows.ablation_spec import BUILTIN
+
+    spec = load_spec(BUILTIN)
+    assert set(spec.variants) == {"quality_off", "near_off", "code_heavy"} and spec.aa and not spec.targets
