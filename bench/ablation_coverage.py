@@ -50,9 +50,18 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def junk_catalog(folder: Path, share: float) -> Path:
-    """The embedded catalog plus a source of shuffled-word junk (Python's documentation topics, words shuffled
-    within each) at `share` of the mix."""
+# Junk words: English-like words outside the embedded corpus's kind (as tests/integration/test_ablate_flow.py plants).
+JUNK_WORDS = ("the and to of that with have be in for river market garden window letter village station harvest "
+              "winter summer teacher doctor engine paper music story bridge forest castle kitchen island mountain "
+              "ocean valley careful bright quiet ancient modern simple narrow gentle heavy rapid silver golden builds "
+              "carries describes follows gathers measures opens reaches repairs studies travels visits watches "
+              "writes answers borrows collects counts covers crosses").split()
+
+
+def junk_catalog(folder: Path, share: float, kind: str) -> Path:
+    """The embedded catalog plus a source of shuffled-word junk at `share` of the mix: `prose`, words drawn from a
+    small English vocabulary in random order (text unlike the corpus: the mix is diluted), or `docs`, Python's
+    documentation topics with their words shuffled within each (the corpus's own words out of order)."""
     from pydoc_data.topics import topics
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -60,10 +69,15 @@ def junk_catalog(folder: Path, share: float) -> Path:
         shutil.copy(source, folder / source.name)
     rng = random.Random(7)
     rows = []
-    for i, key in enumerate(sorted(topics)):
-        words = topics[key].split()
-        rng.shuffle(words)
-        rows.append(json.dumps({"text": " ".join(words), "id": f"junk{i}"}))
+    if kind == "docs":
+        for i, key in enumerate(sorted(topics)):
+            words = topics[key].split()
+            rng.shuffle(words)
+            rows.append(json.dumps({"text": " ".join(words), "id": f"junk{i}"}))
+    else:
+        for i in range(2000):
+            rows.append(json.dumps({"text": " ".join(rng.choice(JUNK_WORDS) for _ in range(rng.randint(100, 300))),
+                                    "id": f"junk{i}"}))
     (folder / "junk.jsonl").write_text("\n".join(rows) + "\n")
     weight = share / (1 - share)  # the embedded sources weigh 0.5 each
     (folder / "junk.yaml").write_text(f"name: junk\nkind: jsonl\npath: junk.jsonl\nid_field: id\nlicence: PSF-2.0\n"
@@ -87,13 +101,15 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--seeds", type=int, default=3, help="seeds per arm in one comparison (the flow's default)")
     parser.add_argument("--junk", type=float, default=0.3, help="the junk source's share of the variant's mix")
+    parser.add_argument("--junk-kind", choices=("prose", "docs"), default="prose",
+                        help="prose: shuffled words unlike the corpus; docs: the corpus's documentation, words shuffled")
     parser.add_argument("--steps", type=int, default=PROXY["pretrain.steps"], help="each proxy's steps")
     parser.add_argument("--workdir", type=Path, default=None, help="the workspace (default: a fresh folder)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     work = args.workdir or Path(f"/tmp/ablation-coverage-{os.getpid()}")
     work.mkdir(parents=True, exist_ok=True)
-    spec = {"variants": {"junk": {"data.catalog": str(junk_catalog(work / "junk_catalog", args.junk))}},
+    spec = {"variants": {"junk": {"data.catalog": str(junk_catalog(work / "junk_catalog", args.junk, args.junk_kind))}},
             "seeds": args.repeats * args.seeds, "aa": True, "holdout": 0.1,
             "proxy": {**PROXY, "pretrain.steps": args.steps}}
     (work / "coverage.yaml").write_text(json.dumps(spec))
@@ -116,11 +132,19 @@ def main() -> int:
                       "junk_caught": sum(r[t] == "worse" for r in junk)} for t in document["targets"]}
     need = int(np.ceil(0.9 * args.repeats))
     met = all(c["aa_indistinguishable"] >= need and c["junk_caught"] >= need for c in per_target.values())
-    result = {"repeats": args.repeats, "seeds": args.seeds, "junk_share": args.junk, "steps": args.steps,
+    result = {"repeats": args.repeats, "seeds": args.seeds, "junk_share": args.junk, "junk_kind": args.junk_kind,
+              "steps": args.steps,
               "targets": document["targets"], "per_target": per_target, "aa_indistinguishable_every_target": aa_ok,
               "junk_caught_every_target": caught, "goal": f">= {need} of {args.repeats} on each target", "met": met,
               "wall_s": round(wall, 1), "proxies": 3 * args.repeats * args.seeds, "cpu": cpu_name(),
               "cores": os.cpu_count(), "command": " ".join(sys.argv), "aa_verdicts": aa, "junk_verdicts": junk}
+    for target in document["targets"]:
+        base = np.array(document["variants"]["baseline"]["values"][target])
+        for arm_name, arm in (("junk", document["variants"]["junk"]), ("aa", document["aa"])):
+            d = np.array(arm["values"][target]) - base
+            result.setdefault("per_seed_differences", {}).setdefault(target, {})[arm_name] = {
+                "mean": round(float(d.mean()), 4), "sd": round(float(d.std(ddof=1)), 4) if len(d) > 1 else None}
+            print(f"{target}: {arm_name} - baseline per seed {d.mean():+.4f} (sd {d.std(ddof=1) if len(d) > 1 else 0:.4f})")
     for target, counts in per_target.items():
         print(f"{target}: A/A indistinguishable {counts['aa_indistinguishable']}/{args.repeats}, {args.junk:.0%} junk "
               f"caught (worse) {counts['junk_caught']}/{args.repeats}")
