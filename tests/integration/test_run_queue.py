@@ -1,5 +1,6 @@
 """A flow of many runs (infra/run_queue.py) on real DeepSpeed launches: several runs in one launch train exactly as
-each alone does, a rerun reuses them, and a run trained but never recorded is recorded without training again."""
+each alone does, a run two items share trains once, a rerun reuses them, and a run trained but never recorded is
+recorded without training again."""
 from __future__ import annotations
 
 import json
@@ -28,8 +29,11 @@ def test_queued_runs_train_as_alone_and_are_reused(tmp_path, pretrain_inputs, ca
     stages = [pretrain(0), pretrain(1), pretrain(2, steps=9)]
     items = [Queued(s, inputs, f"run {i}", cost=s.config.steps) for i, s in enumerate(stages)]
 
-    results = queue.run(items)
+    # A fourth item that is the first's run (the same stage and inputs: two variants sharing their pretraining).
+    results = queue.run(items + [Queued(pretrain(0), inputs, "run 0 again", cost=6)])
     out = capsys.readouterr().out
+    assert results[3].out_dir == results[0].out_dir and results[3].final_train_loss == results[0].final_train_loss
+    results = results[:3]
     # Three runs, two launches side by side, each taking the next run from the queue.
     assert out.count("launching: ") == 2, out[-3000:]
     assert "3 run(s) to train in 2 launch(es) side by side, 1 thread(s) per rank" in out
