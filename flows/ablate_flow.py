@@ -1,18 +1,19 @@
-"""`llmforge ablate FILE`: one proxy model per data variant and seed, scored on held-out targets, and which variants
-differ from the baseline beyond seed noise.
+"""`llmforge ablate [FILE]`: one proxy model per data variant and seed, scored on held-out targets, and which variants
+differ from the baseline beyond seed noise. No FILE: the built-in ablation (flows/ablation_spec.py BUILTIN).
 
     variants (FILE's `variants`, plus `baseline` with no overrides; `--preset`/`--set` apply to all)
-      → each variant's data flow (stages they share are cached once)
+      → each variant's data flow (stages they share are cached once); no `targets`: each source's held-out slice
       → one tokenizer, trained on the baseline's shards; every variant's shards tokenized with it
       → a proxy pretraining per variant x seed (the preset's pretraining plus FILE's `proxy`), through the run queue
+      → with `until`: its SFT, then GRPO, through the run queue; with `until: evaluate`, the evaluation's metrics
       → each proxy scored on every target, window by window (tasks/eval/score_targets.py)
-      → variant - baseline per target, paired by seed and window, a 95% interval and a verdict
-        (tasks/eval/seed_differences.py); with `aa: true` the baseline again on disjoint seeds
+      → variant - baseline per target (paired by seed and window) and per metric (paired by seed), a 95% interval
+        and a verdict (tasks/eval/seed_differences.py); with `aa: true` the baseline again on disjoint seeds
       → ablation.json, report.md and ablation.png in work/ablate/<key>/
 
-One MLflow parent run `ablate` with each proxy's pretraining run nested under it, tagged `variant`, `seed` and
-`overrides`. Every variant trains the same model for the same steps on the same tokenizer: only the data, or the
-setting it names, differs. Seed i of every variant starts from the same weights.
+One MLflow parent run `ablate` with each proxy's runs nested under it, tagged `variant`, `seed` and `overrides`.
+Every variant trains the same model for the same steps on the same tokenizer: only the data, or the setting it
+names, differs. Seed i of every variant starts from the same weights.
 """
 from __future__ import annotations
 
