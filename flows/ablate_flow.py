@@ -3,7 +3,8 @@ differ from the baseline beyond seed noise. No FILE: the built-in ablation (flow
 
     variants (FILE's `variants`, plus `baseline` with no overrides; `--preset`/`--set` apply to all)
       → each variant's data flow (stages they share are cached once); no `targets`: each source's held-out slice
-      → one tokenizer, trained on the baseline's shards; every variant's shards tokenized with it
+      → one tokenizer, FILE's `tokenizer` or one trained on the baseline's shards; every variant's shards tokenized
+        with it
       → a proxy pretraining per variant x seed (the preset's pretraining plus FILE's `proxy`), through the run queue
       → with `until`: its SFT, then GRPO, through the run queue; with `until: evaluate`, the evaluation's metrics
       → each proxy scored on every target, window by window (tasks/eval/score_targets.py)
@@ -102,7 +103,7 @@ def ablate_flow(file: str | None = None, workdir: str | None = None, preset: str
             {k: v for k, v in named[n].items() if k.startswith("data.")})) for n, c in configs.items()}
         manifests = {n: Path(d.manifest) for n, d in data.items()}
         targets = dict(spec.targets) or held_out_targets(data[BASELINE])
-        tokenizer = run(TrainTokenizer(base.tokenizer), ws, manifest=manifests[BASELINE])
+        tokenizer = spec.tokenizer or run(TrainTokenizer(base.tokenizer), ws, manifest=manifests[BASELINE])
         tokens = {n: tokens_of(ws, manifests[n], tokenizer, c.tokenize) for n, c in configs.items()}
         seeds = list(range(spec.seeds))
         arms = {n: Arm(name=n, overrides=named[n], seeds=seeds) for n in named}

@@ -32,6 +32,7 @@ class AblationSpec(StrictModel):
     targets: dict[str, Path] = Field(default_factory=dict)
     holdout: float = Field(0.05, gt=0.0, le=0.5)  # with no targets: the share of every source held out and scored
     proxy: dict[str, Any] = Field(default_factory=dict)  # overrides every variant's pretraining gets (model, steps)
+    tokenizer: Path | None = None  # a tokenizer.json every variant uses; None: one trained on the baseline's shards
     aa: bool = False  # the baseline again on disjoint seeds: what noise alone does
 
     @field_validator("variants")
@@ -111,7 +112,13 @@ def load_spec(path: Path) -> AblationSpec:
     if missing:
         raise ConfigError(f"{path}: target file(s) not found ({'; '.join(missing)}); paths are absolute or "
                           "relative to the ablation file")
-    return spec.model_copy(update={"targets": targets})
+    tokenizer = None
+    if spec.tokenizer is not None:
+        tokenizer = (spec.tokenizer if spec.tokenizer.is_absolute() else path.parent / spec.tokenizer).resolve()
+        if not tokenizer.is_file():
+            raise ConfigError(f"{path}: tokenizer {tokenizer} not found; give a tokenizer.json (absolute, or relative "
+                              "to the ablation file), or leave `tokenizer` out to train one on the baseline's shards")
+    return spec.model_copy(update={"targets": targets, "tokenizer": tokenizer})
 
 
 def as_overrides(sets: dict[str, Any]) -> list[str]:

@@ -77,3 +77,11 @@ def test_the_built_in_ablation_is_a_valid_file():
 
     spec = load_spec(BUILTIN)
     assert set(spec.variants) == {"quality_off", "near_off", "code_heavy"} and spec.aa and not spec.targets
+
+
+def test_a_named_tokenizer_is_read_relative_to_the_file(tmp_path):
+    (tmp_path / "tok.json").write_text("{}")
+    spec = load_spec(write(tmp_path, {"targets": {"t": "t.jsonl"}, "tokenizer": "tok.json"}))
+    assert spec.tokenizer == (tmp_path / "tok.json").resolve()
+    with pytest.raises(ConfigError, match="tokenizer .* not found"):
+        load_spec(write(tmp_path, {"targets": {"t": "t.jsonl"}, "tokenizer": "missing.json"}))
