@@ -48,10 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(work/scale/<key>/prediction.json, report.md).")
     _common(p)
     p = sub.add_parser("ablate", help="one proxy model per data variant and seed, compared beyond seed noise",
-                       description="Train a proxy per variant x seed of FILE (YAML: variants, seeds, targets, proxy, aa), "
-                                   "score each on held-out targets in bits per byte, and say which variants differ from "
-                                   "the baseline beyond seed noise, with 95% intervals (work/ablate/<key>/ablation.json, "
-                                   "report.md). --preset and --set apply to every variant.")
+                       description="Train a proxy per variant x seed of FILE (YAML: variants, seeds, targets or holdout, proxy, "
+                                   "tokenizer, aa, until, metrics), score each on held-out targets in bits per byte "
+                                   "(with until: evaluate, also on the evaluation's metrics), and say which variants "
+                                   "differ from the baseline beyond seed noise, with 95% intervals "
+                                   "(work/ablate/<key>/ablation.json, report.md). --preset and --set apply to every "
+                                   "variant.")
     p.add_argument("file", nargs="?", default=None,
                    help="the ablation file (docs/ablations.md); none: the built-in ablation (quality filters off, near "
                         "dedup off, a code-heavy mix, and the A/A check, on the held-out slice of every source)")
