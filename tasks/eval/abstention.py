@@ -41,9 +41,19 @@ class AbstentionReport(BaseModel):
             p = getattr(self, share)
             if p is None:
                 continue
-            key = share if share.endswith("accuracy") else f"{share}_rate"
+            key = share_key(share)
             out.update({key: p.accuracy, f"{key}_lo": p.accuracy_lo, f"{key}_hi": p.accuracy_hi})
         return out
+
+    @staticmethod
+    def metric_keys() -> list[str]:
+        """Every key `metrics()` can hold."""
+        return [share_key(share) + end for share in SHARES for end in ("", "_lo", "_hi")]
+
+
+def share_key(share: str) -> str:
+    """A share's metric name: `<share>_rate`, accuracy and answered_accuracy as they are."""
+    return share if share.endswith("accuracy") else f"{share}_rate"
 
 
 def abstention_report(correct: Sequence[bool], abstained: Sequence[bool]) -> AbstentionReport:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ from models.bpb import token_bytes
 from models.calibration import CalibrationReport, ReliabilityBins, calibration_report, reliability_bins
 from models.export import WEIGHTS, load_model
 from models.llama import Transformer
-from tasks.eval.abstention import SHARES, AbstentionReport, abstention_report
+from tasks.eval.abstention import AbstentionReport, abstention_report
 from tasks.eval.answers import greedy_answers
 from tasks.eval.arithmetic import ArithmeticTask
 from tasks.eval.choices import ChoiceRecord, choice_records
@@ -137,13 +137,10 @@ class EvalResult(BaseModel):
             "val_ppl": self.perplexity,
             "n_tokens": float(self.n_tokens),
         }
-        optional = {"val_ppl_lo": self.perplexity_lo, "val_ppl_hi": self.perplexity_hi, "bpb": self.bpb,
-                    "bpb_lo": self.bpb_lo, "bpb_hi": self.bpb_hi, "n_bytes": self.n_bytes}
+        optional = {key: getattr(self, field) for key, field in _OPTIONAL.items()}
         out.update({k: float(v) for k, v in optional.items() if v is not None})
-        sections = (("token", self.token_calibration), ("answer", self.answer_calibration),
-                    ("answer", self.answer_selective), ("answer_in_range", self.answer_in_range),
-                    ("choice", self.choice_calibration), ("choice", self.choice_selective))
-        for prefix, report in sections:
+        for prefix, field in _SECTIONS:
+            report = getattr(self, field)
             if report is None:
                 continue
             for key, value in report.model_dump().items():
@@ -157,20 +154,24 @@ class EvalResult(BaseModel):
         return out
 
 
+# What `EvalResult.metrics()` flattens besides val_loss, val_ppl and n_tokens: optional keys (key -> field), and
+# reports whose numeric fields go under a prefix (prefix, field). `metric_names` reads the same tables.
+_OPTIONAL = {"val_ppl_lo": "perplexity_lo", "val_ppl_hi": "perplexity_hi", "bpb": "bpb", "bpb_lo": "bpb_lo",
+             "bpb_hi": "bpb_hi", "n_bytes": "n_bytes"}
+_SECTIONS = (("token", "token_calibration"), ("answer", "answer_calibration"), ("answer", "answer_selective"),
+             ("answer_in_range", "answer_in_range"), ("choice", "choice_calibration"), ("choice", "choice_selective"))
+
+
 def metric_names() -> set[str]:
     """Every key `EvalResult.metrics()` can hold (where the evaluation computes it): what `llmforge ablate`'s
     `metrics` may name, after the model's label (`grpo.answer.accuracy`)."""
-    def numeric(model: type[BaseModel]) -> list[str]:
-        return [k for k, f in model.model_fields.items() if f.annotation in (int, float, float | None, int | None)]
-    names = {"val_loss", "val_ppl", "n_tokens", "val_ppl_lo", "val_ppl_hi", "bpb", "bpb_lo", "bpb_hi", "n_bytes",
-             "answer.n_stated"}
-    for prefix, model in (("token", CalibrationReport), ("answer", CalibrationReport), ("answer", SelectiveReport),
-                          ("answer_in_range", Proportion), ("choice", CalibrationReport), ("choice", SelectiveReport)):
-        names |= {f"{prefix}.{k}" for k in numeric(model)}
-    for share in SHARES:
-        key = share if share.endswith("accuracy") else f"{share}_rate"
-        names |= {f"answer.{key}", f"answer.{key}_lo", f"answer.{key}_hi"}
-    return names
+    names = {"val_loss", "val_ppl", "n_tokens", "answer.n_stated", *_OPTIONAL}
+    for prefix, field in _SECTIONS:
+        annotation = EvalResult.model_fields[field].annotation  # `Report | None`, or the report class itself
+        report = next(a for a in get_args(annotation) or (annotation,) if a is not type(None))
+        names |= {f"{prefix}.{k}" for k, f in report.model_fields.items()
+                  if f.annotation in (int, float, float | None, int | None)}
+    return names | {f"answer.{k}" for k in AbstentionReport.metric_keys()}
 
 
 # ----------------------------------------------------------------------------- answer level

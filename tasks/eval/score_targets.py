@@ -54,7 +54,7 @@ def _windows(target: Path, tokenizer: Path, seq_len: int, max_windows: int, stam
 def windows_of(target: Path, tokenizer: Path, seq_len: int, max_windows: int) -> np.ndarray:
     """A target's windows (at most `max_windows`, evenly spaced), made once per process for every model a flow
     scores on it with the same tokenizer; keyed on the files' sizes and mtimes too, so an edited file is read again."""
-    stamps = tuple((p.stat().st_size, p.stat().st_mtime_ns) for p in (target, tokenizer))
+    stamps = tuple((st.st_size, st.st_mtime_ns) for st in (target.stat(), tokenizer.stat()))
     return _windows(target.resolve(), tokenizer.resolve(), seq_len, max_windows, stamps)
 
 

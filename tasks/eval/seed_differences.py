@@ -112,12 +112,10 @@ def value_difference(variant: Sequence[float], baseline: Sequence[float], higher
     if len(d) == 0:
         return Difference(diff=math.nan, ci=(math.nan, math.nan), verdict="indistinguishable", seeds=0,
                           seed_only=True, note=f"not computed on any seed pair ({missing})")
-    if missing:
-        diff = value_difference(list(d), [0.0] * len(d), higher_is_better, level)
-        return diff.model_copy(update={"note": f"{missing} seed pair(s) without the metric left out"})
+    left_out = f"{missing} seed pair(s) without the metric left out" if missing else None
     if len(d) == 1:
         return Difference(diff=float(d[0]), ci=(-math.inf, math.inf), verdict="indistinguishable", seeds=1,
-                          seed_only=True, note="one seed: no interval")
+                          seed_only=True, note=left_out or "one seed: no interval")
     ci = _interval(float(d.mean()), float(d.var(ddof=1) / len(d)), len(d) - 1, 0.0, level)
     return Difference(diff=float(d.mean()), ci=ci, verdict=verdict(ci, lower_is_better=not higher_is_better),
-                      seeds=len(d), seed_only=True)
+                      seeds=len(d), seed_only=True, note=left_out)

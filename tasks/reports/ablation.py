@@ -67,8 +67,9 @@ def ablation_markdown(document: dict[str, Any]) -> str:
 def ablation_figure(document: dict[str, Any]) -> Figure:
     """Each variant's difference from the baseline per target and metric, with its interval: one panel per unit."""
     arms = [(n, a) for n, a in _arms(document) if a["vs_baseline"]]
-    panels = [[m for m in measures(document) if m[1] == "bits/byte"], [m for m in measures(document) if m[1] != "bits/byte"]]
-    panels = [p for p in panels if p]
+    measured = measures(document)
+    panels = [p for p in ([m for m in measured if m[1] == "bits/byte"], [m for m in measured if m[1] != "bits/byte"])
+              if p]
     rows_of = [len(p) * max(1, len(arms)) for p in panels]
     fig = Figure(figsize=(7, 1.2 * len(panels) + 0.45 * sum(rows_of)))
     axes = fig.subplots(len(panels), 1, squeeze=False, height_ratios=rows_of)[:, 0]

@@ -65,3 +65,15 @@ def test_a_metric_per_seed_has_its_direction():
     assert value_difference([0.61, 0.63, 0.62], [0.50, 0.52, 0.51], higher_is_better=False).verdict == "worse"
     assert value_difference([0.5], [0.4], higher_is_better=True).verdict == "indistinguishable"
     assert verdict((-0.1, 0.2), lower_is_better=True) == "indistinguishable"
+
+
+def test_a_seed_without_the_metric_is_left_out_of_the_pairs():
+    import math
+
+    from tasks.eval.seed_differences import value_difference
+
+    d = value_difference([1.0, 2.0, math.nan], [0.0, 0.0, 0.0], higher_is_better=True)
+    assert d.seeds == 2 and d.diff == 1.5 and "1 seed pair(s)" in d.note
+    assert value_difference([1.0, 2.0], [0.0, 0.0], higher_is_better=True).note is None
+    none = value_difference([math.nan], [0.0], higher_is_better=True)
+    assert none.seeds == 0 and math.isnan(none.diff) and none.verdict == "indistinguishable"
