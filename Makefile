@@ -26,7 +26,7 @@ run: $(STAMP)
 	DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu} $(BIN)/llmforge run --preset $(PRESET)
 
 test: $(STAMP)
-	DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 test-fast: $(STAMP)
 	DS_ACCELERATOR=$${DS_ACCELERATOR:-cpu} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"

@@ -32,6 +32,7 @@ from flows.ablation_spec import AA, BASELINE, BUILTIN, as_overrides, load_spec, 
 from flows.config import PipelineConfig, resolve_pipeline_config
 from flows.data_flow import DataResult, data_flow
 from flows.eval_flow import eval_flow
+from flows.proxies import held_out_targets, proxy_config
 from flows.tokens import tokens_of
 from infra.config import ConfigError
 from infra.run_queue import Queued, flow_of_runs
@@ -46,22 +47,13 @@ from tasks.eval.evaluate import metric_names
 from tasks.eval.seed_differences import Difference, bits_per_byte, bpb_difference, value_difference
 from tasks.reports.ablation import publish_ablation_report
 from tasks.tokenizer.train import TrainTokenizer
-from tasks.training.config import PretrainConfig, TrainingConfig
+from tasks.training.config import TrainingConfig
 from tasks.training.grpo.stage import Grpo
 from tasks.training.pretrain.stage import Pretrain
 from tasks.training.sft.stage import Sft
 
 STORE = "ablate"
 STAGES = ("pretrain", "sft", "grpo", "evaluate")  # what `until` may name, in order
-def proxy_config(config: PipelineConfig, seed: int) -> PretrainConfig:
-    """A variant's pretraining as a proxy: its seed, no export for transformers, one checkpoint at the end."""
-    data = config.pretrain.model_dump()
-    data.update(seed=seed, export_hf=False)
-    data["checkpoint"]["every"] = 0
-    data["log"]["eval_every"] = 0
-    return PretrainConfig.model_validate(data)
-
-
 class Arm(BaseModel):
     """One variant (or the A/A baseline) over its seeds: its proxies' runs and scores."""
 
@@ -119,7 +111,7 @@ def ablate_flow(file: str | None = None, workdir: str | None = None, preset: str
         print(f"{len(order)} proxies: {len(named)} variant(s){' + A/A' if spec.aa else ''} x {spec.seeds} seed(s), "
               f"until {spec.until}; targets {sorted(targets)}"
               f"{'' if spec.targets else ' (the held-out slice of every source)'}")
-        results = queue.run([Queued(Pretrain(c := proxy_config(config_of[k], k[1])),
+        results = queue.run([Queued(Pretrain(c := proxy_config(config_of[k].pretrain, k[1])),
                                     {"tokens": tokens[data_of[k]], "tokenizer": tokenizer}, f"{k[0]} seed {k[1]}",
                                     c.steps) for k in order])
         trained = {k: {"base": r} for k, r in zip(order, results)}
@@ -193,15 +185,6 @@ def ablate_flow(file: str | None = None, workdir: str | None = None, preset: str
         point_latest(ws.latest(STORE), folder)
         print(report.markdown)
         return AblationResult(mlflow_run_id=parent.info.run_id, folder=folder, arms=arms, report=report.path)
-
-
-def held_out_targets(data: DataResult) -> dict[str, Path]:
-    """The baseline's held-out slice of each source as a target (data.holdout: set aside before any filter, the same
-    documents for every variant that collects that source)."""
-    if not data.held_out:
-        raise ConfigError("the ablation names no targets and the data flow held nothing out: name `targets` in the "
-                          "file, or give `holdout` (a share of every source, e.g. 0.1) more documents")
-    return dict(data.held_out)
 
 
 def reaches(until: str, stage: str) -> bool:

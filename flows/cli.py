@@ -58,6 +58,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the ablation file (docs/ablations.md); none: the built-in ablation (quality filters off, near "
                         "dedup off, a code-heavy mix, and the A/A check, on the held-out slice of every source)")
     _common(p)
+    p = sub.add_parser("mix", help="proxies on sampled mixes, a mixing law, and the mix it proposes, checked over seeds",
+                       description="Train a proxy per mix drawn around the catalog's weights (the preset's `mix:` "
+                                   "section: per_source, concentration, floor, seeds, proxy), fit a mixing law of the "
+                                   "targets' bits per byte on the shares (log-linear, or quadratic where it predicts "
+                                   "left-out proxies better), write down the mix it predicts best with an interval, "
+                                   "then train it and the catalog's mix over seeds and compare them "
+                                   "(work/mix/<key>/mix.json, report.md, preset.yaml for `llmforge run --preset`).")
+    p.add_argument("--target", dest="targets", action="append", default=[], metavar="NAME=PATH",
+                   help="a held-out text to choose the mix for: .jsonl (a `text` per line) or .txt (repeatable; "
+                        "default: the held-out slice of every source, weighted equally)")
+    p.add_argument("--confirm-scale", type=float, metavar="K",
+                   help="also train the proposal and the catalog's mix at K x the proxy's parameters and tokens, and "
+                        "say whether the ranking holds")
+    _common(p)
     p = sub.add_parser("show-config", help="print the resolved config of a preset", description="Validate a preset and print it with overrides applied.")
     _common(p)
     p = sub.add_parser("runs", help="list the workspace's MLflow runs, grouped by pipeline run",
@@ -271,6 +285,11 @@ def _run_flow(args: argparse.Namespace) -> int:
     if args.command == "ablate":
         done = flow(args.file, workdir=args.workdir, preset=args.preset, overrides=pairs)
         _say_where(args.workdir, done.mlflow_run_id, f"report: {Path(done.report).resolve()}")
+    elif args.command == "mix":
+        done = flow(cfg, workdir=args.workdir, overrides=pairs, targets=args.named_targets,
+                    confirm_scale=args.confirm_scale)
+        _say_where(args.workdir, done.mlflow_run_id, f"report: {Path(done.report).resolve()}; the proposal as a "
+                                                     f"preset: {Path(done.preset).resolve()}")
     elif args.command == "scale":
         sweep = flow(cfg, workdir=args.workdir, overrides=pairs)
         _say_where(args.workdir, sweep.mlflow_run_id, f"report: {Path(sweep.report).resolve()}")
@@ -296,6 +315,8 @@ def _flow_ready(args: argparse.Namespace) -> tuple[Any, Any]:
         from flows.ablate_flow import ablate_flow as flow
     elif args.command == "scale":
         from flows.scale_flow import scale_flow as flow
+    elif args.command == "mix":
+        from flows.mix_flow import mix_flow as flow
     elif args.command == "data":
         from flows.data_flow import flow_for
 
@@ -329,7 +350,7 @@ def _show_config(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """The command, with the workspace held first where it writes outputs."""
-    if args.command in ("data", "run", "scale", "ablate"):
+    if args.command in ("data", "run", "scale", "ablate", "mix"):
         from infra.lifecycle.preflight import check_services
 
         _check_catalog_arg(args)
@@ -345,6 +366,8 @@ def _run(args: argparse.Namespace) -> int:
                     check_paths(load_pipeline_config(args.preset, parse_overrides(sets)))
                 except ConfigError as exc:
                     raise ConfigError(f"{args.file}, variant '{name}': {exc}") from None
+        if args.command == "mix":  # targets and the factor, before the services and the workspace
+            args.named_targets = _mix_targets(args)
         check_services()  # a service down is said before anything is made, the workspace included
         with _workspace_held(args.workdir):
             return _run_flow(args)
@@ -353,6 +376,25 @@ def _run(args: argparse.Namespace) -> int:
 
         check_tracking_store()  # MLflow would retry a dead server for minutes, then print a traceback
     return {"runs": _runs, "gc": _gc, "plan": _plan, "show-config": _show_config}[args.command](args)
+
+
+def _mix_targets(args: argparse.Namespace) -> dict[str, str]:
+    """`--target NAME=PATH`s as {name: absolute path}, each checked with the preset's, and --confirm-scale above 1."""
+    from flows.config import load_pipeline_config
+
+    from infra.config import ConfigError
+    from tasks.training.mix_search import mix_targets
+
+    named: dict[str, str] = {}
+    for pair in args.targets:
+        name, sep, path = pair.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"--target {pair!r}: give NAME=PATH, e.g. --target news=held_out/news.jsonl")
+        named[name] = str(Path(path).expanduser().resolve())
+    if args.confirm_scale is not None and not args.confirm_scale > 1:
+        raise ConfigError(f"--confirm-scale {args.confirm_scale}: the larger runs' factor must be above 1, e.g. 4")
+    mix_targets(load_pipeline_config(args.preset, _overrides(args)).mix.targets, named)
+    return named
 
 
 def _error_exit_code(exc: BaseException) -> int | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from infra.config import (ConfigError, StrictModel, YamlAliasRefused, flatten_params, format_validation_error,
                           parse_yaml, read_yaml, set_dotted, unknown_key_error)
@@ -32,6 +32,7 @@ from tasks.eval.config import EvalConfig
 from tasks.tokenizer.tokenize_shards import TokenizeConfig
 from tasks.tokenizer.train import TokenizerConfig
 from tasks.training.config import RENAMED, ArithmeticSftOptions, GrpoConfig, PretrainConfig, SftConfig
+from tasks.training.mix_search import MixSearchConfig
 from tasks.training.scaling.config import ScaleConfig
 
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -101,6 +102,9 @@ class PipelineConfig(StrictModel):
     grpo: GrpoConfig = Field(default_factory=GrpoConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     scale: ScaleConfig = Field(default_factory=ScaleConfig)  # `llmforge scale`: the IsoFLOP sweep (flows/scale_flow.py)
+    # `llmforge mix`: proxies on sampled mixes, a mixing law, a proposed mix checked over seeds (flows/mix_flow.py); the
+    # shares each run trains on are data.mix's
+    mix: MixSearchConfig = Field(default_factory=MixSearchConfig)
     runs: RunsConfig = Field(default_factory=RunsConfig)  # how a flow of many runs places them (infra/run_queue.py)
     registered_model: str = "llmforge-tiny"  # MLflow model registry name of the final model
     registry: RegistryConfig = Field(default_factory=RegistryConfig)  # when `@champion` moves
@@ -119,6 +123,29 @@ class PipelineConfig(StrictModel):
         if self.grpo.task == "arithmetic" and self.grpo.abstain_n:
             self.arithmetic.abstention_range(f"grpo.abstain_n={self.grpo.abstain_n}")
         return self
+
+    @field_validator("mix")
+    @classmethod
+    def _proxy_is_a_pretraining(cls, mix: MixSearchConfig, info: ValidationInfo) -> MixSearchConfig:
+        if "pretrain" in info.data:  # else the pretraining's own error is said
+            proxy_pretraining(info.data["pretrain"], mix)
+        return mix
+
+    def mix_proxy(self) -> PretrainConfig:
+        """The pretraining every `llmforge mix` proxy gets: this config's, with `mix.proxy` applied."""
+        return proxy_pretraining(self.pretrain, self.mix)
+
+
+def proxy_pretraining(pretrain: PretrainConfig, mix: MixSearchConfig) -> PretrainConfig:
+    """`pretrain` with `mix.proxy` applied, its keys and values checked as a pretraining's (a ValueError naming them)."""
+    data = {"pretrain": pretrain.model_dump()}
+    unknown_key_error(PipelineConfig, list(mix.proxy), "mix.proxy key")
+    for dotted, value in mix.proxy.items():
+        set_dotted(data, dotted, value)
+    try:
+        return PretrainConfig.model_validate(data["pretrain"])
+    except ValidationError as err:
+        raise ValueError(format_validation_error(err, f"mix.proxy {mix.proxy}").replace("key '", "key 'pretrain.")) from None
 
 
 def known_presets() -> list[str]:

@@ -3,16 +3,19 @@
     mixes = sample_mixes(catalog_weights, m, caps, floor, seed)           Dirichlet around the catalog's weights
     law = fit_mixing_law(mixes, bpb)                                       log-linear (Data Mixing Laws) -> MixingLaw
     choice = choose_model(mixes, bpb)                                      log-linear, or quadratic where LOO says so
-    best = propose_mix(choice.model, caps, floor)                          the weights the law predicts lowest
+    best = propose_mix(choice.model, caps, floor, span=proxy_span(mixes))  the weights the law predicts lowest
     lo, hi = prediction_interval(mixes, bpb, best, choice.name)            residual bootstrap: a new run's interval
 
 The log-linear law is Ye et al. 2024's (arXiv:2403.16952), L(r) = c + k exp(sum_j t_j r_j), the default of olmix
-too; with a shared offset it is fitted as c + exp(b + t . r) by least squares from a grid of starts. The second
+too. On the simplex (shares summing to 1) k is not identifiable apart from the t_j (log k + t . r = (t + log k) . r),
+so it is fitted as c + exp(t . r), by least squares from a grid of starts, with the offset c, the loss no mix goes
+below, held in [0, the lowest loss measured]. The second
 regressor is a quadratic in the weights (ridge-regularised), what RegMix's linear baseline grows into when the
 effects interact; whichever predicts a left-out proxy better (leave-one-out squared error) is used, and the
 leave-one-out Spearman correlation of the chosen one is reported: how well the law ranks mixes it did not see.
 The proposal minimises the prediction over the simplex with each source's share between `floor` and its cap
-(the share its documents fill at `max_epochs` repeats), by SLSQP from several starts. All of it is numpy/scipy.
+(the share its documents fill at `max_epochs` repeats), and, given a `span`, within the shares the proxies trained
+on: the law is trusted where it was fitted, not where it extrapolates. By SLSQP from several starts. All of it is numpy/scipy.
 """
 from __future__ import annotations
 
@@ -33,15 +36,14 @@ class MixModel(Protocol):
 
 
 class MixingLaw(BaseModel):
-    """L(r) = c + exp(b + t . r): `t[j]` < 0 where more of source j lowers the loss."""
+    """L(r) = c + exp(t . r): a lower `t[j]` where more of source j lowers the loss."""
 
     c: float
-    b: float
     t: list[float]
 
     def predict(self, mixes: np.ndarray) -> np.ndarray:
         r = np.atleast_2d(np.asarray(mixes, dtype=np.float64))
-        return self.c + np.exp(self.b + r @ np.asarray(self.t))
+        return self.c + np.exp(r @ np.asarray(self.t))
 
 
 class QuadraticMix(BaseModel):
@@ -58,13 +60,14 @@ class ModelChoice(BaseModel):
     model: MixingLaw | QuadraticMix
     loo_mse: dict[str, float]  # each candidate's leave-one-out squared error
     loo_spearman: float  # the chosen model's leave-one-out predictions against the measured, ranked
+    loo_predictions: list[float]  # the chosen model's: each proxy's loss as predicted by the fit on the others
 
 
 def _check(mixes: np.ndarray, loss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     r, y = np.atleast_2d(np.asarray(mixes, dtype=np.float64)), np.asarray(loss, dtype=np.float64)
     if r.shape[0] != y.shape[0]:
         raise ValueError(f"{r.shape[0]} mixes against {y.shape[0]} losses")
-    if r.shape[0] < r.shape[1] + 2:
+    if r.shape[0] < r.shape[1] + 2:  # the law's c and t, and one more to check a fit on a left-out proxy
         raise ValueError(f"{r.shape[0]} proxies cannot fit a law over {r.shape[1]} sources: train at least "
                          f"{r.shape[1] + 2}")
     if not np.allclose(r.sum(axis=1), 1.0, atol=1e-6) or (r < -1e-12).any():
@@ -75,20 +78,24 @@ def _check(mixes: np.ndarray, loss: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 def fit_mixing_law(mixes: Sequence[Sequence[float]], loss: Sequence[float], start: MixingLaw | None = None) -> MixingLaw:
-    """The log-linear law fitted by least squares: from `start` (a bootstrap's refit), else from a grid of offsets c
-    below the lowest loss."""
+    """The log-linear law fitted by least squares, c in [0, the lowest loss]: from `start` (a bootstrap's refit),
+    else from a grid of offsets."""
     r, y = _check(np.asarray(mixes), np.asarray(loss))
+    top = float(y.min())
+    if top <= 0:
+        raise ValueError(f"the log-linear law needs losses above 0 (lowest: {top})")
+    offsets = [top * frac for frac in (0.0, 0.5, 0.9, 0.99)]
+    starts = ([np.array([min(max(start.c, 0.0), top * 0.999), *start.t])] if start is not None else
+              [np.concatenate([[c0], np.full(r.shape[1], math.log(float(np.mean(y - c0))))]) for c0 in offsets])
+    bounds = ([0.0] + [-np.inf] * r.shape[1], [top] + [np.inf] * r.shape[1])
     best, best_cost = None, math.inf
-    spread = float(y.max() - y.min()) or 1.0
-    offsets = [float(y.min()) - spread * (1 - frac) - 1e-3 for frac in (0.0, 0.5, 0.9, 0.99)]
-    starts = ([np.array([start.c, start.b, *start.t])] if start is not None else
-              [np.concatenate([[c0, math.log(float(np.mean(y - c0)))], np.zeros(r.shape[1])]) for c0 in offsets])
-    for start in starts:
-        fit = least_squares(lambda p: p[0] + np.exp(p[1] + r @ p[2:]) - y, start, method="lm" if len(y) > len(start)
-                            else "trf", max_nfev=300)  # a law that does not fit stops early: LOO refits it often
+    for x0 in starts:
+        with np.errstate(over="ignore"):  # a step far off overflows; least squares steps back from it
+            fit = least_squares(lambda p: p[0] + np.exp(r @ p[1:]) - y, x0, bounds=bounds, method="trf",
+                                max_nfev=300)  # a law that does not fit stops early: LOO refits it often
         if fit.cost < best_cost:
             best, best_cost = fit.x, fit.cost
-    return MixingLaw(c=float(best[0]), b=float(best[1]), t=[float(v) for v in best[2:]])
+    return MixingLaw(c=float(best[0]), t=[float(v) for v in best[1:]])
 
 
 def _features(r: np.ndarray) -> np.ndarray:
@@ -128,12 +135,14 @@ def choose_model(mixes: Sequence[Sequence[float]], loss: Sequence[float]) -> Mod
     mse = {n: float(np.mean((p - y) ** 2)) for n, p in predictions.items()}
     name = min(names, key=lambda n: mse[n])
     rho = float(spearmanr(predictions[name], y).statistic) if np.ptp(y) > 0 else math.nan
-    return ModelChoice(name=name, model=FITS[name](r, y), loo_mse=mse, loo_spearman=rho)
+    return ModelChoice(name=name, model=FITS[name](r, y), loo_mse=mse, loo_spearman=rho,
+                       loo_predictions=[float(v) for v in predictions[name]])
 
 
 def sample_mixes(weights: Sequence[float], m: int, caps: Sequence[float] | None = None, floor: float = 0.0,
                  seed: int = 0, concentration: float = 5.0) -> np.ndarray:
-    """`m` mixes drawn from a Dirichlet centred on `weights` (`concentration` x weights as its parameters), each kept
+    """`m` mixes drawn from a Dirichlet centred on `weights` (`concentration` x weights x sources as its
+    parameters), each kept
     within [floor, cap] per source (a draw outside is drawn again); the catalog's own weights are not among them."""
     w = np.asarray(weights, dtype=np.float64)
     w = w / w.sum()
@@ -151,23 +160,35 @@ def sample_mixes(weights: Sequence[float], m: int, caps: Sequence[float] | None 
     raise ValueError(f"drew {len(out)} of {m} mixes within the floor and caps; lower the floor or raise the caps")
 
 
-def propose_mix(model: MixModel, caps: Sequence[float] | None = None, floor: float = 0.0, starts: int = 16,
+def proxy_span(mixes: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Each source's lowest and highest share among the proxies: where the law was fitted."""
+    r = np.atleast_2d(np.asarray(mixes, dtype=np.float64))
+    return r.min(axis=0), r.max(axis=0)
+
+
+def propose_mix(model: MixModel, caps: Sequence[float], floor: float = 0.0,
+                span: tuple[Sequence[float], Sequence[float]] | None = None, starts: int = 16,
                 seed: int = 0) -> np.ndarray:
-    """The mix on the simplex, each share in [floor, cap], with the lowest predicted loss (SLSQP from `starts`)."""
-    n = len(caps) if caps is not None else len(getattr(model, "t", [])) or None
-    if n is None:
-        raise ValueError("give the caps (one per source) so the number of sources is known")
-    caps_a = np.ones(n) if caps is None else np.asarray(caps, dtype=np.float64)
-    bounds = [(floor, float(min(1.0, c))) for c in caps_a]
+    """The mix on the simplex, each share in [floor, cap] (and within `span`, the proxies' shares, when given), with
+    the lowest predicted loss (SLSQP from `starts`)."""
+    caps_a = np.asarray(caps, dtype=np.float64)
+    n = len(caps_a)
+    low, high = np.full(n, float(floor)), np.minimum(1.0, caps_a)
+    if span is not None:
+        low, high = np.maximum(low, np.asarray(span[0])), np.minimum(high, np.asarray(span[1]))
+    if (low > high + 1e-12).any() or low.sum() > 1 + 1e-9 or high.sum() < 1 - 1e-9:
+        raise ValueError(f"no mix lies within the floor, the caps and the proxies' span: low {low.tolist()}, high "
+                         f"{high.tolist()}")
+    bounds = list(zip(low.tolist(), high.tolist()))
     rng = np.random.default_rng(seed)
     best, best_value = None, math.inf
     for i in range(starts):
         x0 = np.full(n, 1.0 / n) if i == 0 else rng.dirichlet(np.ones(n))
-        x0 = np.clip(x0, floor, caps_a)
+        x0 = np.clip(x0, low, high)
         x0 = x0 / x0.sum()
         done = minimize(lambda r: float(model.predict(r)[0]), x0, method="SLSQP", bounds=bounds,
                         constraints=[{"type": "eq", "fun": lambda r: r.sum() - 1.0}], options={"maxiter": 500})
-        r = np.clip(done.x, floor, caps_a)
+        r = np.clip(done.x, low, high)
         r = r / r.sum()
         value = float(model.predict(r)[0])
         if done.success and value < best_value:

@@ -40,7 +40,7 @@ class Workspace:
     STORES = (
         "data/collect", "data/merge", "data/holdout", "data/exact", "data/near", "data/quality", "data/pii", "data/mix",
         "data/shards", "tokenizer", "tokens", "checkpoints/pretrain", "checkpoints/sft", "checkpoints/grpo",
-        "eval", "eval/targets", "scale", "ablate",
+        "eval", "eval/targets", "scale", "ablate", "mix",
     )
     KEY_CHARS = 16  # of the sha256: enough to never collide among a workspace's outputs
 

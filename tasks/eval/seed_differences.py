@@ -22,7 +22,7 @@ excludes 0.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -75,30 +75,56 @@ def _interval(mean: float, var_seed: float, dof_seed: int, var_other: float, lev
     return mean - half, mean + half
 
 
-def bpb_difference(variant: Sequence[np.ndarray], baseline: Sequence[np.ndarray], resamples: int = 2000,
-                   seed: int = 0, level: float = LEVEL) -> Difference:
-    """Variant minus baseline bits per byte on one target: `variant[i]`, `baseline[i]` are seed i's
-    [windows, (nats, bytes)] scores on the same windows (lower is better)."""
+def _seed_and_window(variant: Sequence[np.ndarray], baseline: Sequence[np.ndarray], rng: np.random.Generator,
+                     resamples: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per seed, variant - baseline bits per byte on one target, and that mean over seeds on `resamples` bootstrap
+    resamples of the target's windows (the same resample for every model)."""
     if len(variant) != len(baseline) or not variant:
         raise ValueError(f"paired by seed: {len(variant)} variant run(s) against {len(baseline)} baseline run(s)")
     v, b = np.stack([np.asarray(x, dtype=np.float64) for x in variant]), np.stack([np.asarray(x, dtype=np.float64)
                                                                                   for x in baseline])
     if v.shape != b.shape or v.ndim != 3 or v.shape[2] != 2:
         raise ValueError(f"scores must be [seeds, windows, (nats, bytes)] on the same windows: {v.shape} vs {b.shape}")
-    n_seeds, n_windows = v.shape[0], v.shape[1]
-    d = np.array([bits_per_byte(v[i]) - bits_per_byte(b[i]) for i in range(n_seeds)])
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n_windows, size=(resamples, n_windows))
+    d = np.array([bits_per_byte(v[i]) - bits_per_byte(b[i]) for i in range(v.shape[0])])
+    idx = rng.integers(0, v.shape[1], size=(resamples, v.shape[1]))
     # bpb over a resample of windows: the sums of nats and bytes over the drawn windows, for every seed at once.
     nats_v, bytes_v = v[:, idx, 0].sum(axis=2), v[:, idx, 1].sum(axis=2)
     nats_b, bytes_b = b[:, idx, 0].sum(axis=2), b[:, idx, 1].sum(axis=2)
-    boot = (nats_v / bytes_v - nats_b / bytes_b).mean(axis=0) / math.log(2)
-    var_window = float(boot.var(ddof=1))
+    return d, (nats_v / bytes_v - nats_b / bytes_b).mean(axis=0) / math.log(2)
+
+
+def bpb_difference(variant: Sequence[np.ndarray], baseline: Sequence[np.ndarray], resamples: int = 2000,
+                   seed: int = 0, level: float = LEVEL) -> Difference:
+    """Variant minus baseline bits per byte on one target: `variant[i]`, `baseline[i]` are seed i's
+    [windows, (nats, bytes)] scores on the same windows (lower is better)."""
+    return mean_bpb_difference([{"t": v} for v in variant], [{"t": b} for b in baseline], resamples, seed, level)
+
+
+def mean_bpb_difference(variant: Sequence[Mapping[str, np.ndarray]], baseline: Sequence[Mapping[str, np.ndarray]],
+                        resamples: int = 2000, seed: int = 0, level: float = LEVEL) -> Difference:
+    """Variant minus baseline of the targets' bits per byte averaged with equal weights (`mean_bpb`): `variant[i]`
+    maps each target to seed i's [windows, (nats, bytes)] scores. Each target's windows are resampled on their own;
+    the seeds pair as in `bpb_difference`."""
+    if len(variant) != len(baseline) or not variant:
+        raise ValueError(f"paired by seed: {len(variant)} variant run(s) against {len(baseline)} baseline run(s)")
+    targets = sorted(variant[0])
+    if any(sorted(run) != targets for run in [*variant, *baseline]):
+        raise ValueError(f"every run must be scored on the same targets {targets}")
+    rng = np.random.default_rng(seed)
+    per_target = [_seed_and_window([r[t] for r in variant], [r[t] for r in baseline], rng, resamples) for t in targets]
+    d = np.mean([p[0] for p in per_target], axis=0)
+    boot = np.mean([p[1] for p in per_target], axis=0)
+    n_seeds = len(d)
     var_seed = float(d.var(ddof=1) / n_seeds) if n_seeds > 1 else 0.0
-    ci = _interval(float(d.mean()), var_seed, n_seeds - 1, var_window, level)
+    ci = _interval(float(d.mean()), var_seed, n_seeds - 1, float(boot.var(ddof=1)), level)
     note = "one seed: the interval counts the windows' noise only" if n_seeds == 1 else None
     return Difference(diff=float(d.mean()), ci=ci, verdict=verdict(ci, lower_is_better=True), seeds=n_seeds,
-                      windows=n_windows, note=note)
+                      windows=sum(len(variant[0][t]) for t in targets), note=note)
+
+
+def mean_bpb(scores: Mapping[str, np.ndarray]) -> float:
+    """The targets' bits per byte averaged with equal weights: one model's measure over several targets."""
+    return float(np.mean([bits_per_byte(np.asarray(s)) for s in scores.values()]))
 
 
 def value_difference(variant: Sequence[float], baseline: Sequence[float], higher_is_better: bool,

@@ -65,7 +65,7 @@ def test_prefect_yaml_deployments_match_flows_and_tiny_preset():
     assert not model.build and not model.push
     assert model.pull == [{"prefect.deployments.steps.set_working_directory": {"directory": ROOT_PLACEHOLDER}}]
     tiny = load_pipeline_config("tiny")
-    expected = ["pipeline-tiny", "data-tiny", "scale-tiny", "ablate-tiny"]
+    expected = ["pipeline-tiny", "data-tiny", "scale-tiny", "ablate-tiny", "mix-tiny"]
     assert {d.name for d in model.deployments} >= set(expected)
     for name in expected:
         dep = deployment(name)

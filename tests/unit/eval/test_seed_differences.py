@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from tasks.eval.seed_differences import bits_per_byte, bpb_difference, value_difference, verdict
+from tasks.eval.seed_differences import (bits_per_byte, bpb_difference, mean_bpb, mean_bpb_difference, value_difference,
+                                          verdict)
 
 
 def runs(rng, difficulty, seeds: int, shift: float = 0.0, seed_sd: float = 0.02, noise_sd: float = 0.01):
@@ -77,3 +78,19 @@ def test_a_seed_without_the_metric_is_left_out_of_the_pairs():
     assert value_difference([1.0, 2.0], [0.0, 0.0], higher_is_better=True).note is None
     none = value_difference([math.nan], [0.0], higher_is_better=True)
     assert none.seeds == 0 and math.isnan(none.diff) and none.verdict == "indistinguishable"
+
+
+def test_the_targets_mean_pairs_each_target_on_its_own_windows():
+    rng = np.random.default_rng(4)
+    easy, hard = rng.normal(1.0, 0.2, 40), rng.normal(3.0, 0.3, 70)
+
+    def scored(shift_easy: float, shift_hard: float) -> list[dict[str, np.ndarray]]:
+        return [{"easy": e, "hard": h} for e, h in zip(runs(rng, easy, 3, shift_easy), runs(rng, hard, 3, shift_hard))]
+
+    d = mean_bpb_difference(scored(0.2, 0.0), scored(0.0, 0.0))  # one of two targets 0.2 worse: the mean 0.1 worse
+    assert d.verdict == "worse" and d.diff == pytest.approx(0.1, abs=0.04) and d.windows == 110
+    one = bpb_difference([s["easy"] for s in scored(0.0, 0.0)], [s["easy"] for s in scored(0.0, 0.0)], seed=3)
+    assert one.verdict == "indistinguishable"
+    assert mean_bpb({"a": np.array([[math.log(2) * 100, 100.0]]), "b": np.array([[math.log(2) * 300, 100.0]])}) == 2.0
+    with pytest.raises(ValueError, match="same targets"):
+        mean_bpb_difference([{"a": easy}], [{"b": easy}])

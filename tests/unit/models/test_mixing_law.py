@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from models.mixing_law import (MixingLaw, choose_model, fit_mixing_law, prediction_interval, propose_mix,
-                               sample_mixes)
+                               proxy_span, sample_mixes)
 
-TRUE = MixingLaw(c=1.5, b=0.2, t=[-1.2, 0.3, 0.6])  # source 0 matches the target; 1 and 2 do not
+TRUE = MixingLaw(c=1.5, t=[-1.0, 0.5, 0.8])  # source 0 matches the target; 1 and 2 do not
 
 
 def proxies(m: int = 12, noise: float = 0.005, seed: int = 0):
@@ -66,3 +66,21 @@ def test_the_quadratic_is_chosen_where_the_sources_interact():
     choice = choose_model(mixes, loss)
     assert choice.name == "quadratic" and choice.loo_mse["quadratic"] < choice.loo_mse["log_linear"]
     assert choice.loo_spearman > 0.95
+
+
+def test_the_proposal_stays_where_the_law_was_fitted():
+    mixes, loss = proxies()
+    law = choose_model(mixes, loss).model
+    low, high = proxy_span(mixes)
+    inside = propose_mix(law, caps=[1.0, 1.0, 1.0], floor=0.05, span=(low, high))
+    assert inside[0] == pytest.approx(high[0], abs=1e-4) and (inside >= low - 1e-9).all()
+    assert inside[0] < 0.9  # unbounded, it would take all it may (above)
+    with pytest.raises(ValueError, match="no mix lies within"):
+        propose_mix(law, caps=[0.1, 0.1, 1.0], floor=0.5)
+
+
+def test_the_offset_stays_between_0_and_the_lowest_loss():
+    mixes = sample_mixes([1 / 3] * 3, 10, seed=2)
+    loss = 0.2 + 0.5 * mixes[:, 1] + 0.01 * np.arange(10) % 0.03  # nearly linear: an unbounded c runs off below 0
+    law = fit_mixing_law(mixes, loss)
+    assert 0.0 <= law.c <= loss.min()

@@ -1,0 +1,297 @@
+"""`llmforge mix`: the mix chosen by the models it makes. Proxies on sampled mixes, a mixing law fitted on them, the
+mix it predicts best written down, then trained over seeds against the catalog's own mix.
+
+    the catalog's mix → its data, a tokenizer every proxy shares, the targets (named, else each source's held-out
+      slice, weighted equally), each source's cap: the share the preset's pretraining can read it at without
+      repeating it more than its max_epochs
+    M mixes drawn from a Dirichlet around the catalog's weights (within the floor and the caps), each its own data
+      (the stages before the mix are shared, content-addressed)
+    → a proxy per mix at seed 0, and the catalog's mix at every seed, through the run queue, each scored on the targets
+    → a mixing law of the targets' mean bits per byte on the shares (models/mixing_law.py): log-linear, or the
+      quadratic where it predicts left-out proxies better; its leave-one-out Spearman
+    → the proposal: the shares the law predicts lowest, within the floor, the caps and the shares the proxies
+      trained on (the law interpolates); mix.json written with the predicted bits per byte and a 95% interval
+      before it is trained
+    → the proposal over the same seeds; measured against predicted, and catalog - proposed paired by seed and window
+    → with --confirm-scale k: both mixes again at k x the proxy's parameters and tokens: does the ranking hold?
+    → mix.json, report.md, mix.png and preset.yaml (the preset with the proposal, for `llmforge run --preset`)
+      in work/mix/<key>/
+
+One MLflow parent run `mix` with every proxy's pretraining nested under it, tagged `role` (swarm, catalog,
+proposal, and confirm-* for the larger runs), `seed` and `mix` (the shares).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from mlflow.tracking import MlflowClient
+from prefect import flow
+from pydantic import BaseModel, PrivateAttr
+
+from flows.config import PipelineConfig, resolve_pipeline_config
+from flows.data_flow import DataResult, data_flow
+from flows.proxies import held_out_targets, proxy_config, scores_of
+from flows.tokens import tokens_of
+from infra.config import ConfigError
+from infra.run_queue import Queued, flow_of_runs
+from infra.stages import run
+from infra.tracking.datasets import log_target_inputs
+from infra.tracking.runs import describe_overrides, log_metrics, tag_active_run
+from infra.workspace.atomic import write_json_atomic, write_text_atomic
+from infra.workspace.cache import flow_key
+from infra.workspace.paths import Workspace, point_latest
+from models.flops import num_params
+from models.llama import model_config
+from models.mixing_law import choose_model, prediction_interval, propose_mix, proxy_span, sample_mixes
+from tasks.data.catalog import load_catalog
+from tasks.data.collect import source_inputs
+from tasks.eval.seed_differences import bits_per_byte, mean_bpb, mean_bpb_difference
+from tasks.reports.mix import publish_mix_report
+from tasks.tokenizer.tokenize_shards import load_token_index
+from tasks.tokenizer.train import TrainTokenizer, load_tokenizer
+from tasks.training.config import PretrainConfig
+from tasks.training.mix_search import SHAPE_KEYS, mix_caps, mix_targets, proxy_count, scaled_shape
+from tasks.training.pretrain.stage import Pretrain
+
+STORE = "mix"
+ROUND = 4  # decimals of a sampled or proposed share: a readable data.mix.weights, a stable cache key
+
+
+class MixArm(BaseModel):
+    """A mix trained over seeds: its shares (asked, and as the mix stage achieved them), runs and scores."""
+
+    weights: dict[str, float]
+    achieved: dict[str, float] = {}
+    seeds: list[int] = []
+    runs: list[str | None] = []
+    bpb: list[float] = []  # the targets' mean bits per byte, per seed
+    by_target: dict[str, list[float]] = {}  # target -> bits per byte per seed
+    _scores: list[dict[str, np.ndarray]] = PrivateAttr(default_factory=list)  # per seed: target -> its windows' scores
+
+
+class MixResult(BaseModel):
+    mlflow_run_id: str
+    folder: Path
+    document: dict[str, Any]
+    report: Path
+    preset: Path  # the preset with the proposal: `llmforge run --preset <it>`
+
+
+def search_config(config: PipelineConfig, named: dict[str, Path]) -> PipelineConfig:
+    """The config the search trains on: with no target named, the preset's data with mix.holdout of every source
+    held out (unless data.holdout already holds some out)."""
+    if named or config.data.holdout.fraction > 0:
+        return config
+    holdout = config.data.holdout.model_copy(update={"fraction": config.mix.holdout})
+    return config.model_copy(update={"data": config.data.model_copy(update={"holdout": holdout})})
+
+
+def run_units(pretrain: PretrainConfig, mix_report: dict[str, Any], tokens: Path) -> float:
+    """How much of the mix (in its unit) `pretrain` reads: its tokens, in characters at the shards' characters per
+    token when the mix counts characters."""
+    index = load_token_index(tokens)
+    read = pretrain.steps * pretrain.batch.tokens_per_step(pretrain.launch.num_procs)
+    if mix_report["unit"] == "tokens":
+        return float(read)
+    sampled = sum(s["sampled"] for s in mix_report["sources"].values())
+    return read * sampled / max(1, index.tokens("train") + index.tokens("val"))
+
+
+def scaled_proxy(proxy: PretrainConfig, vocab_size: int, k: float) -> PretrainConfig:
+    """The proxy at about k x its parameters (depth and width, models/flops.num_params) and k x its tokens (steps)."""
+    base = model_config(proxy.model, vocab_size, **proxy.model_overrides)
+    shape = scaled_shape({key: getattr(base, key) for key in SHAPE_KEYS}, k,
+                         lambda s: num_params(base.model_copy(update=s)))
+    data = proxy.model_dump()
+    data["model_overrides"] = {**proxy.model_overrides, **shape}
+    data["steps"] = max(1, round(proxy.steps * k))
+    data["optim"]["warmup_steps"] = round(proxy.optim.warmup_steps * k)
+    return PretrainConfig.model_validate(data)
+
+
+@flow(name="mix", log_prints=True)
+def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, preset: str = "tiny",
+             overrides: list[str] | None = None, targets: dict[str, str] | None = None,
+             confirm_scale: float | None = None) -> MixResult:
+    """The mix search of `config`'s `mix` section, else `preset`'s, plus `overrides` ("mix.per_source=6"); `targets`
+    add to mix.targets (name -> file), `confirm_scale` sets mix.confirm_scale."""
+    config = resolve_pipeline_config(config, preset, overrides, workdir)
+    chosen = config  # what the proposal is for: preset.yaml is this config with the proposal's shares
+    named = mix_targets(config.mix.targets, targets)
+    config = search_config(config, named)
+    search = config.mix
+    k = confirm_scale if confirm_scale is not None else search.confirm_scale
+    if k is not None and not k > 1:
+        raise ConfigError(f"--confirm-scale {k}: the larger runs' factor must be above 1, e.g. 4")
+    catalog = load_catalog(config.data.catalog, only=config.data.sources)
+    names = [s.name for s in catalog.sources]
+    if len(names) < 2:
+        raise ConfigError(f"the catalog {catalog.root} has one source ({names}): a mix needs two or more")
+    weights = catalog.weights(config.data.mix.weights)
+    max_epochs = {s.name: s.max_epochs for s in catalog.sources}
+    proxy = config.mix_proxy()
+    ws = Workspace.locate(workdir).ensure_writable()
+    root = str(ws.root)
+    what = {"data": config.data.outputs_identity(), "tokenizer": config.tokenizer, "tokenize": config.tokenize,
+            "proxy": proxy, "pretrain": config.pretrain, "search": search.model_copy(update={"targets": named}),
+            "confirm_scale": k}
+    with flow_of_runs(ws, "mix", what, config.runs, run_name=f"mix {describe_overrides(overrides or [])}".strip(),
+                      run_key=flow_key("mix", __name__, what, {s.name: source_inputs(catalog, s)
+                                                               for s in catalog.sources})) as (parent, queue):
+        data_sets = [o for o in overrides or [] if o.startswith("data.")]
+        base = data_flow(config.data, workdir=root, overrides=data_sets)
+        goal = named or held_out_targets(base, "no mix target is named")
+        tokenizer = run(TrainTokenizer(config.tokenizer), ws, manifest=base.manifest)
+        folder = ws.output(STORE, flow_key("mix", __name__, what, {"tokenizer": tokenizer, "targets": goal}))
+        folder.mkdir(parents=True, exist_ok=True)
+        tag_active_run(f"llmforge.out.{STORE}.{folder.name}", f"{STORE}/{folder.name}")
+        report = json.loads(Path(base.manifest).read_text())["mix"]
+        base_tokens = tokens_of(ws, base.manifest, tokenizer, config.tokenize)
+        # The caps are the run the proposal is for: the larger of the preset's pretraining and the proxy.
+        units = max(run_units(config.pretrain, report, base_tokens), run_units(proxy, report, base_tokens))
+        caps = mix_caps({s: report["sources"][s]["available"] for s in names}, max_epochs, units)
+        m = proxy_count(search, len(names))
+        drawn = sample_mixes([weights[s] for s in names], m, [caps[s] for s in names], search.floor, search.seed,
+                             search.concentration)
+        print(f"{m} proxies on mixes drawn around the catalog's {rounded(weights)} (caps {capped(caps)}, floor "
+              f"{search.floor}); the catalog's mix over {search.seeds} seeds; targets {sorted(goal)}"
+              f"{'' if named else ' (the held-out slice of every source, weighted equally)'}")
+
+        def data_of(shares: dict[str, float]) -> tuple[DataResult, Path]:
+            """A mix's data (the stages before the mix shared) and its token shards on the shared tokenizer."""
+            mix = config.data.mix.model_copy(update={"weights": shares})
+            made = data_flow(config.data.model_copy(update={"mix": mix}), workdir=root,
+                             overrides=data_sets + [f"data.mix.weights={json.dumps(shares)}"])
+            return made, tokens_of(ws, made.manifest, tokenizer, config.tokenize)
+
+        def achieved(made: DataResult) -> dict[str, float]:
+            shares = json.loads(Path(made.manifest).read_text())["mix"]["sources"]
+            return {s: shares[s]["achieved"] for s in names}
+
+        def train(arms: list[tuple[str, MixArm, Path]], pretrain: PretrainConfig) -> None:
+            """Each arm's seeds through the queue, then scored on the targets; the runs tagged."""
+            items = [(label, arm, shards, seed) for label, arm, shards in arms for seed in arm.seeds]
+            results = queue.run([Queued(Pretrain(c := proxy_config(pretrain, seed)),
+                                        {"tokens": shards, "tokenizer": tokenizer}, f"{label} seed {seed}", c.steps)
+                                 for label, _, shards, seed in items])
+            client = MlflowClient()
+            for (label, arm, _, seed), made in zip(items, results):
+                scores = scores_of(ws, made.model_dir, tokenizer, goal, pretrain.batch.seq_len)
+                arm.runs.append(made.mlflow_run_id)
+                arm.bpb.append(mean_bpb(scores))
+                for target, values in scores.items():
+                    arm.by_target.setdefault(target, []).append(bits_per_byte(values))
+                arm._scores.append(scores)
+                if made.mlflow_run_id:
+                    log_target_inputs(made.mlflow_run_id, goal)
+                    for key, value in (("role", label.split(" ")[0]), ("seed", str(seed)),
+                                       ("mix", json.dumps(arm.weights))):
+                        client.set_tag(made.mlflow_run_id, key, value)
+
+        seeds = list(range(search.seeds))
+        catalog_arm = MixArm(weights=rounded(weights), achieved=achieved(base), seeds=seeds)
+        swarm: list[tuple[str, MixArm, Path]] = []
+        for i, row in enumerate(drawn, start=1):
+            shares = rounded(dict(zip(names, row.tolist())))
+            made, shards = data_of(shares)
+            swarm.append((f"swarm {i}/{m}", MixArm(weights=shares, achieved=achieved(made), seeds=[0]), shards))
+        train(swarm + [("catalog", catalog_arm, base_tokens)], proxy)
+
+        # The law: every seed-0 run, the catalog's included, on the shares the mix stage achieved.
+        points = [arm for _, arm, _ in swarm] + [catalog_arm]
+        x = np.array([[arm.achieved[s] for s in names] for arm in points])
+        y = np.array([arm.bpb[0] for arm in points])
+        choice = choose_model(x, y)
+        proposal = rounded(dict(zip(names, propose_mix(choice.model, [caps[s] for s in names], search.floor,
+                                                         span=proxy_span(x), seed=search.seed).tolist())))
+        # The swarm trains seed 0 only: the law predicts a seed-0 run. The catalog's seeds say how far the mean over
+        # the seeds lies from seed 0; the proposal's mean over the same seeds is predicted by that shift.
+        shift = float(np.mean(catalog_arm.bpb) - catalog_arm.bpb[0])
+        at = [proposal[s] for s in names]
+        predicted = float(choice.model.predict(at)[0]) + shift
+        lo, hi = prediction_interval(x, y, at, choice.name, seed=search.seed)
+        document: dict[str, Any] = {
+            "sources": names, "proposed": proposal, "catalog": catalog_arm.weights,
+            "predicted_bpb": predicted, "interval": [lo + shift, hi + shift],
+            "measured_bpb": None, "catalog_bpb": float(np.mean(catalog_arm.bpb)), "diff_ci": None,
+            "fit": {"model": choice.name, "loo_spearman": choice.loo_spearman, "loo_mse": choice.loo_mse,
+                    "law": choice.model.model_dump(), "seed_shift": shift},
+            "targets": {t: str(p) for t, p in sorted(goal.items())}, "held_out": not named,
+            "caps": capped(caps), "floor": search.floor, "seeds": seeds,
+            "proxy": {"steps": proxy.steps, "model_overrides": proxy.model_overrides},
+            "proxies": [{"weights": arm.weights, "achieved": arm.achieved, "bpb": arm.bpb[0], "loo_predicted": p,
+                         "run": arm.runs[0]} for arm, p in zip(points, choice.loo_predictions)],
+        }
+        write_json_atomic(folder / "mix.json", document)  # the proposal, written down before it is trained
+        log_metrics({"loo_spearman": choice.loo_spearman, "predicted_bpb": predicted, "predicted_bpb_low": lo + shift,
+                     "predicted_bpb_high": hi + shift, "catalog_bpb": document["catalog_bpb"]})
+        print(f"fit: {choice.name}, leave-one-out Spearman {choice.loo_spearman:.3f} over {len(points)} proxies; "
+              f"proposal {proposal}: predicted {predicted:.4f} bits/byte, 95% interval [{lo + shift:.4f}, "
+              f"{hi + shift:.4f}] ({folder / 'mix.json'})")
+
+        made, shards = data_of(proposal)
+        proposed_arm = MixArm(weights=proposal, achieved=achieved(made), seeds=seeds)
+        train([("proposal", proposed_arm, shards)], proxy)
+        diff = mean_bpb_difference(catalog_arm._scores, proposed_arm._scores)
+        measured = float(np.mean(proposed_arm.bpb))
+        document.update(measured_bpb=measured, diff_ci=list(diff.ci), diff=diff.diff,
+                        inside=bool(document["interval"][0] <= measured <= document["interval"][1]),
+                        arms={"catalog": catalog_arm.model_dump(mode="json"), "proposal": proposed_arm.model_dump(mode="json")})
+        print(f"proposal measured {measured:.4f} bits/byte over {len(seeds)} seeds (predicted {predicted:.4f}, "
+              f"{'inside' if document['inside'] else 'OUTSIDE'} the interval); catalog {document['catalog_bpb']:.4f}; "
+              f"catalog - proposed {diff.diff:+.4f} [{diff.ci[0]:+.4f}, {diff.ci[1]:+.4f}]")
+        if k is not None:
+            big = scaled_proxy(proxy, load_tokenizer(tokenizer).get_vocab_size(), k)
+            arms = {"catalog": MixArm(weights=catalog_arm.weights, achieved=catalog_arm.achieved, seeds=seeds),
+                    "proposal": MixArm(weights=proposal, achieved=proposed_arm.achieved, seeds=seeds)}
+            train([(f"confirm-{n}", arm, s) for (n, arm), s in zip(arms.items(), (base_tokens, shards))], big)
+            at_k = mean_bpb_difference(arms["catalog"]._scores, arms["proposal"]._scores)
+            document["confirm"] = {
+                "factor": k, "steps": big.steps, "model_overrides": big.model_overrides,
+                "n_params": {"proxy": num_params(model_config(proxy.model, load_tokenizer(tokenizer).get_vocab_size(),
+                                                              **proxy.model_overrides)),
+                             "confirm": num_params(model_config(big.model, load_tokenizer(tokenizer).get_vocab_size(),
+                                                                **big.model_overrides))},
+                "catalog_bpb": float(np.mean(arms["catalog"].bpb)), "measured_bpb": float(np.mean(arms["proposal"].bpb)),
+                "diff": at_k.diff, "diff_ci": list(at_k.ci),
+                "holds": bool(math.copysign(1, at_k.diff) == math.copysign(1, diff.diff)),
+                "arms": {n: a.model_dump(mode="json") for n, a in arms.items()}}
+            print(f"at {k}x: catalog - proposed {at_k.diff:+.4f} [{at_k.ci[0]:+.4f}, {at_k.ci[1]:+.4f}]: the ranking "
+                  f"{'holds' if document['confirm']['holds'] else 'does NOT hold'}")
+        write_json_atomic(folder / "mix.json", document)
+        preset_file = write_preset(folder / "preset.yaml", chosen, proposal)
+        log_metrics({"measured_bpb": measured, "diff": diff.diff, "diff_low": diff.ci[0], "diff_high": diff.ci[1]})
+        report = publish_mix_report(folder, document)
+        point_latest(ws.latest(STORE), folder)
+        print(report.markdown)
+        return MixResult(mlflow_run_id=parent.info.run_id, folder=folder, document=document, report=report.path,
+                         preset=preset_file)
+
+
+def rounded(shares: dict[str, float]) -> dict[str, float]:
+    """Shares at ROUND decimals, still summing to 1 (the largest takes the rounding)."""
+    out = {s: round(float(v), ROUND) for s, v in shares.items()}
+    top = max(out, key=out.get)
+    out[top] = round(out[top] + 1.0 - sum(out.values()), ROUND)
+    return out
+
+
+def capped(caps: dict[str, float]) -> dict[str, float]:
+    """Caps at ROUND decimals (each its own: they need not sum to 1)."""
+    return {s: round(v, ROUND) for s, v in caps.items()}
+
+
+def write_preset(path: Path, config: PipelineConfig, proposal: dict[str, float]) -> Path:
+    """The config the search started from with data.mix.weights the proposal: a preset `llmforge run` takes."""
+    data = config.model_dump(mode="json")
+    data["data"]["mix"]["weights"] = proposal
+    head = ("# llmforge mix's proposal on this preset: train on it with\n"
+            f"#   llmforge run --preset {path}\n"
+            f"# or, on your own preset, --set 'data.mix.weights={json.dumps(proposal)}'\n")
+    write_text_atomic(path, head + yaml.safe_dump(data, sort_keys=False))
+    return path
