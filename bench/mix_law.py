@@ -4,8 +4,9 @@ the real flow, on a corpus where the answer is known, or on the embedded one.
     python bench/mix_law.py --proxies 12                 # three sources, ~15 minutes on 2 cores
     python bench/mix_law.py --corpus builtin             # the embedded corpus with the tiny preset's `mix:` section
 
-`three` (default): English-like prose, Python code and digit strings at equal weights, and a target of unseen prose
-(tests/integration/test_mix_flow.py runs the same corpus on fewer, smaller proxies). It prints:
+`three` (default): prose from a word chain, random letter strings and digit strings at equal weights, and a target
+of unseen prose from the same chain (tests/integration/test_mix_flow.py runs the same corpus on fewer proxies).
+It prints:
 
     loo_spearman          the chosen law's left-out predictions against the proxies' measures, ranked (goal >= 0.9)
     loo_mse_vs_mean       the law's left-out squared error over a constant's (each proxy predicted by the others'
@@ -22,7 +23,6 @@ import platform
 import random
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -36,27 +36,40 @@ PROXY = {"pretrain.steps": 200, "pretrain.model_overrides": {"dim": 64, "n_layer
                                                               "ffn_hidden": 192},
          "pretrain.batch.micro_batch_size": 8, "pretrain.optim.warmup_steps": 10, "pretrain.log.every": 50}
 SETS = ["data.mix.total=400000", "tokenizer.vocab_size=1024"]
-WORDS = ("the and to of that with have be in for river market garden window letter village station harvest winter "
-         "summer teacher doctor engine paper music story bridge forest castle kitchen island mountain ocean valley "
-         "careful bright quiet ancient modern simple narrow gentle heavy rapid silver golden builds carries describes "
-         "follows gathers measures opens reaches repairs studies travels visits watches writes answers").split()
+SYLLABLES = [c + v for c in "bcdfghklmnprstvz" for v in "aeiou"]
 
 
-def prose(rng: random.Random, sentences: int = 10) -> str:
-    """English-like sentences from a small vocabulary."""
-    return " ".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 16))).capitalize() + "."
-                    for _ in range(sentences))
+class MarkovProse:
+    """English-like text with structure to learn: 2,000 made-up words, Zipfian, each followed mostly by a few
+    favoured successors. A model keeps improving on it with more of it, so the share it gets in a mix shows."""
+
+    def __init__(self, seed: int = 5, words: int = 2000):
+        rng = random.Random(seed)
+        self.words = list(dict.fromkeys("".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3)))
+                                        for _ in range(words * 2)))[:words]
+        self.weights = [1 / (i + 1) for i in range(len(self.words))]
+        self.next = {w: rng.sample(range(len(self.words)), 4) for w in self.words}
+
+    def text(self, rng: random.Random, length: int = 150) -> str:
+        out = [rng.choices(self.words, self.weights)[0]]
+        for _ in range(length - 1):
+            out.append(self.words[rng.choice(self.next[out[-1]])] if rng.random() < 0.7
+                       else rng.choices(self.words, self.weights)[0])
+        return " ".join(out).capitalize() + "."
 
 
 def three_sources(root: Path) -> tuple[Path, Path]:
-    """A catalog of prose, Python code and digit strings at equal weights, and a target of unseen prose."""
+    """A catalog of structured prose, random letter strings and digit strings at equal weights, and a target of
+    unseen prose from the same chain: only the prose teaches the target."""
     catalog = root / "catalog"
     catalog.mkdir(parents=True, exist_ok=True)
     rng = random.Random(3)
-    code = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("[a-m]*.py"))[:40]
+    chain = MarkovProse()
+    letters = "abcdefghijklmnopqrstuvwxyz"
     texts = {
-        "prose": [prose(rng) for _ in range(300)],
-        "code": [p.read_text(encoding="utf-8", errors="replace")[:4000] for p in code],
+        "prose": [chain.text(rng) for _ in range(300)],
+        "letters": [" ".join("".join(rng.choice(letters) for _ in range(rng.randint(2, 8))) for _ in range(150))
+                    for _ in range(300)],
         "digits": [" ".join(f"{rng.randrange(10 ** 6):06d}" for _ in range(120)) for _ in range(300)],
     }
     for name, docs in texts.items():
@@ -67,7 +80,7 @@ def three_sources(root: Path) -> tuple[Path, Path]:
                                               "  filter_set: none\n")
     target = root / "prose_target.jsonl"
     other = random.Random(11)
-    target.write_text("\n".join(json.dumps({"text": prose(other)}) for _ in range(60)) + "\n")
+    target.write_text("\n".join(json.dumps({"text": chain.text(other)}) for _ in range(60)) + "\n")
     return catalog, target
 
 

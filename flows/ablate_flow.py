@@ -29,8 +29,8 @@ from prefect import flow
 from pydantic import BaseModel
 
 from flows.ablation_spec import AA, BASELINE, BUILTIN, as_overrides, load_spec, variant_overrides
-from flows.config import PipelineConfig, resolve_pipeline_config
-from flows.data_flow import DataResult, data_flow
+from flows.config import resolve_pipeline_config
+from flows.data_flow import data_flow
 from flows.eval_flow import eval_flow
 from flows.proxies import held_out_targets, proxy_config
 from flows.tokens import tokens_of

@@ -3,20 +3,18 @@
 Torch- and Prefect-free, so that the CLI refuses a bad file at once (flows/cli.py)."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from infra.config import ConfigError, StrictModel, format_validation_error
+from infra.config import ConfigError, StrictModel, check_names, format_validation_error
 
 BASELINE, AA = "baseline", "aa"
 # `llmforge ablate` with no FILE: quality filters off, near dedup off and a code-heavy mix against the baseline, on
 # the held-out slice of every source, with the A/A check (docs/ablations.md "The built-in ablation").
 BUILTIN = Path(__file__).resolve().parents[1] / "infra" / "presets" / "ablations" / "builtin.yaml"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class AblationSpec(StrictModel):
@@ -42,8 +40,7 @@ class AblationSpec(StrictModel):
             if name in (BASELINE, AA):
                 raise ValueError(f"variant name '{name}' is reserved: the baseline (no overrides) and the A/A check "
                                  "are always there; name your variant otherwise")
-            if not _NAME.match(name):
-                raise ValueError(f"variant name '{name}': use letters, digits, '_', '-' or '.'")
+            check_names([name], "variant")
             if not isinstance(sets, dict):
                 raise ValueError(f"variant '{name}' must map dotted keys to values, e.g. {{data.near.threshold: 0.7}}")
         return variants
@@ -73,9 +70,7 @@ class AblationSpec(StrictModel):
     @field_validator("targets")
     @classmethod
     def _target_names(cls, targets: dict[str, Path]) -> dict[str, Path]:
-        bad = [n for n in targets if not _NAME.match(n)]
-        if bad:
-            raise ValueError(f"target names {bad}: use letters, digits, '_', '-' or '.'")
+        check_names(targets, "target")
         return targets
 
 

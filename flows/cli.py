@@ -286,8 +286,7 @@ def _run_flow(args: argparse.Namespace) -> int:
         done = flow(args.file, workdir=args.workdir, preset=args.preset, overrides=pairs)
         _say_where(args.workdir, done.mlflow_run_id, f"report: {Path(done.report).resolve()}")
     elif args.command == "mix":
-        done = flow(cfg, workdir=args.workdir, overrides=pairs, targets=args.named_targets,
-                    confirm_scale=args.confirm_scale)
+        done = flow(cfg, workdir=args.workdir, overrides=pairs)
         _say_where(args.workdir, done.mlflow_run_id, f"report: {Path(done.report).resolve()}; the proposal as a "
                                                      f"preset: {Path(done.preset).resolve()}")
     elif args.command == "scale":
@@ -367,7 +366,7 @@ def _run(args: argparse.Namespace) -> int:
                 except ConfigError as exc:
                     raise ConfigError(f"{args.file}, variant '{name}': {exc}") from None
         if args.command == "mix":  # targets and the factor, before the services and the workspace
-            args.named_targets = _mix_targets(args)
+            _mix_settings(args)
         check_services()  # a service down is said before anything is made, the workspace included
         with _workspace_held(args.workdir):
             return _run_flow(args)
@@ -378,23 +377,22 @@ def _run(args: argparse.Namespace) -> int:
     return {"runs": _runs, "gc": _gc, "plan": _plan, "show-config": _show_config}[args.command](args)
 
 
-def _mix_targets(args: argparse.Namespace) -> dict[str, str]:
-    """`--target NAME=PATH`s as {name: absolute path}, each checked with the preset's, and --confirm-scale above 1."""
+def _mix_settings(args: argparse.Namespace) -> None:
+    """`--target NAME=PATH` as `--set mix.targets.NAME=<absolute path>`, `--confirm-scale K` as
+    `--set mix.confirm_scale=K`: checked with the config, and each target file checked to exist."""
     from flows.config import load_pipeline_config
 
     from infra.config import ConfigError
     from tasks.training.mix_search import mix_targets
 
-    named: dict[str, str] = {}
     for pair in args.targets:
         name, sep, path = pair.partition("=")
         if not sep or not name or not path:
             raise ConfigError(f"--target {pair!r}: give NAME=PATH, e.g. --target news=held_out/news.jsonl")
-        named[name] = str(Path(path).expanduser().resolve())
-    if args.confirm_scale is not None and not args.confirm_scale > 1:
-        raise ConfigError(f"--confirm-scale {args.confirm_scale}: the larger runs' factor must be above 1, e.g. 4")
-    mix_targets(load_pipeline_config(args.preset, _overrides(args)).mix.targets, named)
-    return named
+        args.overrides.append(f"mix.targets.{name}={Path(path).expanduser().resolve()}")
+    if args.confirm_scale is not None:
+        args.overrides.append(f"mix.confirm_scale={args.confirm_scale}")
+    mix_targets(load_pipeline_config(args.preset, _overrides(args)).mix.targets)
 
 
 def _error_exit_code(exc: BaseException) -> int | None:

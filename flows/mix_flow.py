@@ -9,11 +9,12 @@ mix it predicts best written down, then trained over seeds against the catalog's
     → a proxy per mix at seed 0, and the catalog's mix at every seed, through the run queue, each scored on the targets
     → a mixing law of the targets' mean bits per byte on the shares (models/mixing_law.py): log-linear, or the
       quadratic where it predicts left-out proxies better; its leave-one-out Spearman
-    → the proposal: the shares the law predicts lowest, within the floor, the caps and the shares the proxies
-      trained on (the law interpolates); mix.json written with the predicted bits per byte and a 95% interval
-      before it is trained
+    → the proposal: the shares the law predicts lowest, within the floor, the caps and each source's range among
+      the proxies; its data made, then mix.json written with the predicted bits per byte at the shares it
+      achieved and a 95% interval, before it is trained
     → the proposal over the same seeds; measured against predicted, and catalog - proposed paired by seed and window
-    → with --confirm-scale k: both mixes again at k x the proxy's parameters and tokens: does the ranking hold?
+    → with mix.confirm_scale k (--confirm-scale): both mixes again at k x the proxy's parameters and tokens: does
+      the ranking hold?
     → mix.json, report.md, mix.png and preset.yaml (the preset with the proposal, for `llmforge run --preset`)
       in work/mix/<key>/
 
@@ -23,7 +24,6 @@ proposal, and confirm-* for the larger runs), `seed` and `mix` (the shares).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import numpy as np
 import yaml
 from mlflow.tracking import MlflowClient
 from prefect import flow
-from pydantic import BaseModel, PrivateAttr
+from pydantic import BaseModel
 
 from flows.config import PipelineConfig, resolve_pipeline_config
 from flows.data_flow import DataResult, data_flow
@@ -50,7 +50,7 @@ from models.llama import model_config
 from models.mixing_law import choose_model, prediction_interval, propose_mix, proxy_span, sample_mixes
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs
-from tasks.eval.seed_differences import bits_per_byte, mean_bpb, mean_bpb_difference
+from tasks.eval.seed_differences import Difference, bits_per_byte, mean_bpb, mean_bpb_difference
 from tasks.reports.mix import publish_mix_report
 from tasks.tokenizer.tokenize_shards import load_token_index
 from tasks.tokenizer.train import TrainTokenizer, load_tokenizer
@@ -71,7 +71,6 @@ class MixArm(BaseModel):
     runs: list[str | None] = []
     bpb: list[float] = []  # the targets' mean bits per byte, per seed
     by_target: dict[str, list[float]] = {}  # target -> bits per byte per seed
-    _scores: list[dict[str, np.ndarray]] = PrivateAttr(default_factory=list)  # per seed: target -> its windows' scores
 
 
 class MixResult(BaseModel):
@@ -116,18 +115,14 @@ def scaled_proxy(proxy: PretrainConfig, vocab_size: int, k: float) -> PretrainCo
 
 @flow(name="mix", log_prints=True)
 def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, preset: str = "tiny",
-             overrides: list[str] | None = None, targets: dict[str, str] | None = None,
-             confirm_scale: float | None = None) -> MixResult:
-    """The mix search of `config`'s `mix` section, else `preset`'s, plus `overrides` ("mix.per_source=6"); `targets`
-    add to mix.targets (name -> file), `confirm_scale` sets mix.confirm_scale."""
+             overrides: list[str] | None = None) -> MixResult:
+    """The mix search of `config`'s `mix` section, else `preset`'s, plus `overrides` ("mix.per_source=6",
+    "mix.targets.news=/data/news.jsonl", "mix.confirm_scale=4")."""
     config = resolve_pipeline_config(config, preset, overrides, workdir)
     chosen = config  # what the proposal is for: preset.yaml is this config with the proposal's shares
-    named = mix_targets(config.mix.targets, targets)
+    named = mix_targets(config.mix.targets)
     config = search_config(config, named)
-    search = config.mix
-    k = confirm_scale if confirm_scale is not None else search.confirm_scale
-    if k is not None and not k > 1:
-        raise ConfigError(f"--confirm-scale {k}: the larger runs' factor must be above 1, e.g. 4")
+    search, k = config.mix, config.mix.confirm_scale
     catalog = load_catalog(config.data.catalog, only=config.data.sources)
     names = [s.name for s in catalog.sources]
     if len(names) < 2:
@@ -138,8 +133,7 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
     ws = Workspace.locate(workdir).ensure_writable()
     root = str(ws.root)
     what = {"data": config.data.outputs_identity(), "tokenizer": config.tokenizer, "tokenize": config.tokenize,
-            "proxy": proxy, "pretrain": config.pretrain, "search": search.model_copy(update={"targets": named}),
-            "confirm_scale": k}
+            "proxy": proxy, "pretrain": config.pretrain, "search": search.model_copy(update={"targets": named})}
     with flow_of_runs(ws, "mix", what, config.runs, run_name=f"mix {describe_overrides(overrides or [])}".strip(),
                       run_key=flow_key("mix", __name__, what, {s.name: source_inputs(catalog, s)
                                                                for s in catalog.sources})) as (parent, queue):
@@ -147,13 +141,15 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
         base = data_flow(config.data, workdir=root, overrides=data_sets)
         goal = named or held_out_targets(base, "no mix target is named")
         tokenizer = run(TrainTokenizer(config.tokenizer), ws, manifest=base.manifest)
+        vocab_size = load_tokenizer(tokenizer).get_vocab_size()
+        big = scaled_proxy(proxy, vocab_size, k) if k is not None else None  # a bad shape fails before any training
         folder = ws.output(STORE, flow_key("mix", __name__, what, {"tokenizer": tokenizer, "targets": goal}))
         folder.mkdir(parents=True, exist_ok=True)
         tag_active_run(f"llmforge.out.{STORE}.{folder.name}", f"{STORE}/{folder.name}")
         report = json.loads(Path(base.manifest).read_text())["mix"]
         base_tokens = tokens_of(ws, base.manifest, tokenizer, config.tokenize)
-        # The caps are the run the proposal is for: the larger of the preset's pretraining and the proxy.
-        units = max(run_units(config.pretrain, report, base_tokens), run_units(proxy, report, base_tokens))
+        # The caps hold for every run a proposal is trained by: the preset's pretraining, the proxy, the larger runs.
+        units = max(run_units(p, report, base_tokens) for p in (config.pretrain, proxy, big) if p is not None)
         caps = mix_caps({s: report["sources"][s]["available"] for s in names}, max_epochs, units)
         m = proxy_count(search, len(names))
         drawn = sample_mixes([weights[s] for s in names], m, [caps[s] for s in names], search.floor, search.seed,
@@ -173,6 +169,8 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
             shares = json.loads(Path(made.manifest).read_text())["mix"]["sources"]
             return {s: shares[s]["achieved"] for s in names}
 
+        scores: dict[int, list[dict[str, np.ndarray]]] = {}  # id(arm) -> per seed, target -> its windows' scores
+
         def train(arms: list[tuple[str, MixArm, Path]], pretrain: PretrainConfig) -> None:
             """Each arm's seeds through the queue, then scored on the targets; the runs tagged."""
             items = [(label, arm, shards, seed) for label, arm, shards in arms for seed in arm.seeds]
@@ -181,17 +179,21 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
                                  for label, _, shards, seed in items])
             client = MlflowClient()
             for (label, arm, _, seed), made in zip(items, results):
-                scores = scores_of(ws, made.model_dir, tokenizer, goal, pretrain.batch.seq_len)
+                scored = scores_of(ws, made.model_dir, tokenizer, goal, pretrain.batch.seq_len)
                 arm.runs.append(made.mlflow_run_id)
-                arm.bpb.append(mean_bpb(scores))
-                for target, values in scores.items():
+                arm.bpb.append(mean_bpb(scored))
+                for target, values in scored.items():
                     arm.by_target.setdefault(target, []).append(bits_per_byte(values))
-                arm._scores.append(scores)
+                scores.setdefault(id(arm), []).append(scored)
                 if made.mlflow_run_id:
                     log_target_inputs(made.mlflow_run_id, goal)
                     for key, value in (("role", label.split(" ")[0]), ("seed", str(seed)),
                                        ("mix", json.dumps(arm.weights))):
                         client.set_tag(made.mlflow_run_id, key, value)
+
+        def compare(catalog_arm: MixArm, proposed_arm: MixArm) -> Difference:
+            """Catalog - proposed, paired by seed and window: above 0, the proposal is better."""
+            return mean_bpb_difference(scores[id(catalog_arm)], scores[id(proposed_arm)])
 
         seeds = list(range(search.seeds))
         catalog_arm = MixArm(weights=rounded(weights), achieved=achieved(base), seeds=seeds)
@@ -209,60 +211,59 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
         choice = choose_model(x, y)
         proposal = rounded(dict(zip(names, propose_mix(choice.model, [caps[s] for s in names], search.floor,
                                                          span=proxy_span(x), seed=search.seed).tolist())))
-        # The swarm trains seed 0 only: the law predicts a seed-0 run. The catalog's seeds say how far the mean over
-        # the seeds lies from seed 0; the proposal's mean over the same seeds is predicted by that shift.
+        made, shards = data_of(proposal)  # its data before the prediction: the law is read at the achieved shares
+        proposed_arm = MixArm(weights=proposal, achieved=achieved(made), seeds=seeds)
+        at = [proposed_arm.achieved[s] for s in names]
+        # The swarm trains seed 0 only, so the law predicts a seed-0 run; the proposal is measured as the mean over
+        # the seeds. The catalog's mean over them minus its seed 0 (the shift) carries the seeds' common effect
+        # over. What the shift's own estimate misses is one run's noise away from it, about what the interval's
+        # extra residual draw adds (docs/mix.md "What it does").
         shift = float(np.mean(catalog_arm.bpb) - catalog_arm.bpb[0])
-        at = [proposal[s] for s in names]
         predicted = float(choice.model.predict(at)[0]) + shift
-        lo, hi = prediction_interval(x, y, at, choice.name, seed=search.seed)
+        lo, hi = (v + shift for v in prediction_interval(x, y, at, choice.name, seed=search.seed))
         document: dict[str, Any] = {
             "sources": names, "proposed": proposal, "catalog": catalog_arm.weights,
-            "predicted_bpb": predicted, "interval": [lo + shift, hi + shift],
+            "predicted_bpb": predicted, "interval": [lo, hi],
             "measured_bpb": None, "catalog_bpb": float(np.mean(catalog_arm.bpb)), "diff_ci": None,
-            "fit": {"model": choice.name, "loo_spearman": choice.loo_spearman, "loo_mse": choice.loo_mse,
-                    "law": choice.model.model_dump(), "seed_shift": shift},
+            "fit": {"model": choice.name, "loo_spearman": choice.loo_spearman, "loo_spearmans": choice.loo_spearmans,
+                    "loo_mse": choice.loo_mse, "law": choice.model.model_dump(), "seed_shift": shift},
             "targets": {t: str(p) for t, p in sorted(goal.items())}, "held_out": not named,
-            "caps": capped(caps), "floor": search.floor, "seeds": seeds,
+            "caps": capped(caps), "floor": search.floor, "seeds": seeds, "proposed_achieved": proposed_arm.achieved,
             "proxy": {"steps": proxy.steps, "model_overrides": proxy.model_overrides},
             "proxies": [{"weights": arm.weights, "achieved": arm.achieved, "bpb": arm.bpb[0], "loo_predicted": p,
                          "run": arm.runs[0]} for arm, p in zip(points, choice.loo_predictions)],
+            "preset": str(folder / "preset.yaml"),
         }
         write_json_atomic(folder / "mix.json", document)  # the proposal, written down before it is trained
-        log_metrics({"loo_spearman": choice.loo_spearman, "predicted_bpb": predicted, "predicted_bpb_low": lo + shift,
-                     "predicted_bpb_high": hi + shift, "catalog_bpb": document["catalog_bpb"]})
+        log_metrics({"loo_spearman": choice.loo_spearman, "predicted_bpb": predicted, "predicted_bpb_low": lo,
+                     "predicted_bpb_high": hi, "catalog_bpb": document["catalog_bpb"]})
         print(f"fit: {choice.name}, leave-one-out Spearman {choice.loo_spearman:.3f} over {len(points)} proxies; "
-              f"proposal {proposal}: predicted {predicted:.4f} bits/byte, 95% interval [{lo + shift:.4f}, "
-              f"{hi + shift:.4f}] ({folder / 'mix.json'})")
+              f"proposal {proposal}: predicted {predicted:.4f} bits/byte, 95% interval [{lo:.4f}, {hi:.4f}] "
+              f"({folder / 'mix.json'})")
 
-        made, shards = data_of(proposal)
-        proposed_arm = MixArm(weights=proposal, achieved=achieved(made), seeds=seeds)
         train([("proposal", proposed_arm, shards)], proxy)
-        diff = mean_bpb_difference(catalog_arm._scores, proposed_arm._scores)
+        diff = compare(catalog_arm, proposed_arm)
         measured = float(np.mean(proposed_arm.bpb))
-        document.update(measured_bpb=measured, diff_ci=list(diff.ci), diff=diff.diff,
-                        inside=bool(document["interval"][0] <= measured <= document["interval"][1]),
-                        arms={"catalog": catalog_arm.model_dump(mode="json"), "proposal": proposed_arm.model_dump(mode="json")})
+        document.update(measured_bpb=measured, diff_ci=list(diff.ci), diff=diff.diff, inside=bool(lo <= measured <= hi),
+                        arms={"catalog": catalog_arm.model_dump(mode="json"),
+                              "proposal": proposed_arm.model_dump(mode="json")})
         print(f"proposal measured {measured:.4f} bits/byte over {len(seeds)} seeds (predicted {predicted:.4f}, "
               f"{'inside' if document['inside'] else 'OUTSIDE'} the interval); catalog {document['catalog_bpb']:.4f}; "
               f"catalog - proposed {diff.diff:+.4f} [{diff.ci[0]:+.4f}, {diff.ci[1]:+.4f}]")
-        if k is not None:
-            big = scaled_proxy(proxy, load_tokenizer(tokenizer).get_vocab_size(), k)
+        if big is not None:
             arms = {"catalog": MixArm(weights=catalog_arm.weights, achieved=catalog_arm.achieved, seeds=seeds),
                     "proposal": MixArm(weights=proposal, achieved=proposed_arm.achieved, seeds=seeds)}
             train([(f"confirm-{n}", arm, s) for (n, arm), s in zip(arms.items(), (base_tokens, shards))], big)
-            at_k = mean_bpb_difference(arms["catalog"]._scores, arms["proposal"]._scores)
+            at_k = compare(arms["catalog"], arms["proposal"])
             document["confirm"] = {
                 "factor": k, "steps": big.steps, "model_overrides": big.model_overrides,
-                "n_params": {"proxy": num_params(model_config(proxy.model, load_tokenizer(tokenizer).get_vocab_size(),
-                                                              **proxy.model_overrides)),
-                             "confirm": num_params(model_config(big.model, load_tokenizer(tokenizer).get_vocab_size(),
-                                                                **big.model_overrides))},
+                "n_params": {"proxy": num_params(model_config(proxy.model, vocab_size, **proxy.model_overrides)),
+                             "confirm": num_params(model_config(big.model, vocab_size, **big.model_overrides))},
                 "catalog_bpb": float(np.mean(arms["catalog"].bpb)), "measured_bpb": float(np.mean(arms["proposal"].bpb)),
-                "diff": at_k.diff, "diff_ci": list(at_k.ci),
-                "holds": bool(math.copysign(1, at_k.diff) == math.copysign(1, diff.diff)),
+                "diff": at_k.diff, "diff_ci": list(at_k.ci), "ranking": ranking(diff, at_k),
                 "arms": {n: a.model_dump(mode="json") for n, a in arms.items()}}
-            print(f"at {k}x: catalog - proposed {at_k.diff:+.4f} [{at_k.ci[0]:+.4f}, {at_k.ci[1]:+.4f}]: the ranking "
-                  f"{'holds' if document['confirm']['holds'] else 'does NOT hold'}")
+            print(f"at {k:g}x: catalog - proposed {at_k.diff:+.4f} [{at_k.ci[0]:+.4f}, {at_k.ci[1]:+.4f}]: the ranking "
+                  f"{document['confirm']['ranking']}")
         write_json_atomic(folder / "mix.json", document)
         preset_file = write_preset(folder / "preset.yaml", chosen, proposal)
         log_metrics({"measured_bpb": measured, "diff": diff.diff, "diff_low": diff.ci[0], "diff_high": diff.ci[1]})
@@ -271,6 +272,15 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
         print(report.markdown)
         return MixResult(mlflow_run_id=parent.info.run_id, folder=folder, document=document, report=report.path,
                          preset=preset_file)
+
+
+def ranking(proxy: Difference, larger: Difference) -> str:
+    """Whether the larger runs keep the proxies' ranking: `holds` when both intervals exclude 0 on the same side,
+    `reversed` when they exclude it on opposite sides, else `inconclusive` (one of them cannot tell)."""
+    def side(d: Difference) -> int:
+        return 1 if d.ci[0] > 0 else -1 if d.ci[1] < 0 else 0
+    a, b = side(proxy), side(larger)
+    return "holds" if a and a == b else "reversed" if a and b else "inconclusive"
 
 
 def rounded(shares: dict[str, float]) -> dict[str, float]:

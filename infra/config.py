@@ -9,6 +9,7 @@ aliases expand into billions of values ("billion laughs"), and config files have
 from __future__ import annotations
 
 import difflib
+import re
 import hashlib
 import json
 import types
@@ -35,6 +36,14 @@ class StrictModel(BaseModel):
 
 
 SHOWN_CHARS = 80  # of a wrong key or value in an error message
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a name a user gives (a variant, a target): also a file name
+
+
+def check_names(names: typing.Iterable[str], what: str) -> None:
+    """A ValueError naming the `what` names that NAME refuses."""
+    bad = [n for n in names if not NAME.match(n)]
+    if bad:
+        raise ValueError(f"{what} names {bad}: use letters, digits, '_', '-' or '.'")
 
 
 def _shown(value: Any) -> str | None:

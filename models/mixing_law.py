@@ -10,12 +10,16 @@ The log-linear law is Ye et al. 2024's (arXiv:2403.16952), L(r) = c + k exp(sum_
 too. On the simplex (shares summing to 1) k is not identifiable apart from the t_j (log k + t . r = (t + log k) . r),
 so it is fitted as c + exp(t . r), by least squares from a grid of starts, with the offset c, the loss no mix goes
 below, held in [0, the lowest loss measured]. The second
-regressor is a quadratic in the weights (ridge-regularised), what RegMix's linear baseline grows into when the
-effects interact; whichever predicts a left-out proxy better (leave-one-out squared error) is used, and the
-leave-one-out Spearman correlation of the chosen one is reported: how well the law ranks mixes it did not see.
+regressor is Scheffé's quadratic mixture model, sum_j b_j r_j + sum_{j<k} b_jk r_j r_k (no intercept and no squares:
+on the simplex they are combinations of these terms), ridge-regularised: what RegMix's linear baseline grows into
+when the effects interact. Whichever predicts a left-out proxy better (leave-one-out squared error) is used; both
+models' leave-one-out Spearman correlations are reported, the chosen one's as the fit's: how well the law ranks
+mixes it did not see (chosen on the same left-out predictions, so slightly optimistic).
 The proposal minimises the prediction over the simplex with each source's share between `floor` and its cap
-(the share its documents fill at `max_epochs` repeats), and, given a `span`, within the shares the proxies trained
-on: the law is trusted where it was fitted, not where it extrapolates. By SLSQP from several starts. All of it is numpy/scipy.
+(the share its documents fill at `max_epochs` repeats), and, given a `span`, within each source's range among the
+proxies: the law is trusted about where it was fitted (a box: with three or more sources its corners may lie
+away from every proxy; RegMix searches the prior's whole support, olmix regularises toward the prior). By SLSQP
+from several starts. All of it is numpy/scipy.
 """
 from __future__ import annotations
 
@@ -47,7 +51,7 @@ class MixingLaw(BaseModel):
 
 
 class QuadraticMix(BaseModel):
-    """L(r) = w . phi(r), phi = (r_j, r_j r_k for j <= k): no intercept, since the weights sum to 1."""
+    """L(r) = w . phi(r), phi = (r_j, r_j r_k for j < k): Scheffé's quadratic mixture model."""
 
     w: list[float]
 
@@ -60,6 +64,7 @@ class ModelChoice(BaseModel):
     model: MixingLaw | QuadraticMix
     loo_mse: dict[str, float]  # each candidate's leave-one-out squared error
     loo_spearman: float  # the chosen model's leave-one-out predictions against the measured, ranked
+    loo_spearmans: dict[str, float]  # each candidate's
     loo_predictions: list[float]  # the chosen model's: each proxy's loss as predicted by the fit on the others
 
 
@@ -100,8 +105,13 @@ def fit_mixing_law(mixes: Sequence[Sequence[float]], loss: Sequence[float], star
 
 def _features(r: np.ndarray) -> np.ndarray:
     n = r.shape[1]
-    cross = [r[:, j] * r[:, k] for j in range(n) for k in range(j, n)]
+    cross = [r[:, j] * r[:, k] for j in range(n) for k in range(j + 1, n)]
     return np.column_stack([r, *cross])
+
+
+def terms(name: ModelName, sources: int) -> int:
+    """The fitted parameters of a law over `sources`: c and t (log-linear), or Scheffé's n(n+1)/2 (quadratic)."""
+    return sources + 1 if name == "log_linear" else sources * (sources + 1) // 2
 
 
 def fit_quadratic(mixes: Sequence[Sequence[float]], loss: Sequence[float], ridge: float = 1e-3) -> QuadraticMix:
@@ -126,16 +136,16 @@ def leave_one_out(mixes: np.ndarray, loss: np.ndarray, name: ModelName) -> np.nd
 
 def choose_model(mixes: Sequence[Sequence[float]], loss: Sequence[float]) -> ModelChoice:
     """The log-linear law, unless the quadratic predicts left-out proxies better (it needs more proxies than its
-    terms); the chosen one refitted on all proxies, with its leave-one-out Spearman."""
+    terms); the chosen one refitted on all proxies, with both models' leave-one-out Spearman."""
     r, y = _check(np.asarray(mixes), np.asarray(loss))
     names: list[ModelName] = ["log_linear"]
-    if len(y) - 1 > _features(r).shape[1]:
+    if len(y) - 1 > terms("quadratic", r.shape[1]):
         names.append("quadratic")
     predictions = {n: leave_one_out(r, y, n) for n in names}
     mse = {n: float(np.mean((p - y) ** 2)) for n, p in predictions.items()}
+    rho = {n: float(spearmanr(p, y).statistic) if np.ptp(y) > 0 else math.nan for n, p in predictions.items()}
     name = min(names, key=lambda n: mse[n])
-    rho = float(spearmanr(predictions[name], y).statistic) if np.ptp(y) > 0 else math.nan
-    return ModelChoice(name=name, model=FITS[name](r, y), loo_mse=mse, loo_spearman=rho,
+    return ModelChoice(name=name, model=FITS[name](r, y), loo_mse=mse, loo_spearman=rho[name], loo_spearmans=rho,
                        loo_predictions=[float(v) for v in predictions[name]])
 
 
@@ -161,7 +171,7 @@ def sample_mixes(weights: Sequence[float], m: int, caps: Sequence[float] | None 
 
 
 def proxy_span(mixes: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
-    """Each source's lowest and highest share among the proxies: where the law was fitted."""
+    """Each source's lowest and highest share among the proxies: the box the law was fitted in."""
     r = np.atleast_2d(np.asarray(mixes, dtype=np.float64))
     return r.min(axis=0), r.max(axis=0)
 
@@ -169,8 +179,8 @@ def proxy_span(mixes: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray
 def propose_mix(model: MixModel, caps: Sequence[float], floor: float = 0.0,
                 span: tuple[Sequence[float], Sequence[float]] | None = None, starts: int = 16,
                 seed: int = 0) -> np.ndarray:
-    """The mix on the simplex, each share in [floor, cap] (and within `span`, the proxies' shares, when given), with
-    the lowest predicted loss (SLSQP from `starts`)."""
+    """The mix on the simplex, each share in [floor, cap] (and within `span`, the proxies' range of it, when given),
+    with the lowest predicted loss (SLSQP from `starts`)."""
     caps_a = np.asarray(caps, dtype=np.float64)
     n = len(caps_a)
     low, high = np.full(n, float(floor)), np.minimum(1.0, caps_a)
@@ -207,7 +217,7 @@ def prediction_interval(mixes: Sequence[Sequence[float]], loss: Sequence[float],
     base = fitted.predict(r)
     residuals = y - base
     residuals = residuals - residuals.mean()
-    scale = math.sqrt(len(y) / max(1, len(y) - (r.shape[1] + 2)))  # residuals of a fit understate the noise
+    scale = math.sqrt(len(y) / max(1, len(y) - terms(name, r.shape[1])))  # a fit's residuals understate the noise
     rng = np.random.default_rng(seed)
     draws = np.empty(resamples)
     point = np.asarray(at, dtype=np.float64)

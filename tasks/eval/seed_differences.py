@@ -4,6 +4,8 @@
     d = bpb_difference(variant_runs, baseline_runs)           runs: [seeds][windows][nats, bytes], paired by seed
     d.diff, d.ci, d.verdict                                   variant - baseline; "better" when lower bpb is better
     v = value_difference([0.61, 0.58, 0.60], [0.55, 0.57, 0.52], higher_is_better=True)   a metric per seed
+    m = mean_bpb_difference(variant_runs, baseline_runs)       runs: [seeds]{target: [windows][nats, bytes]}, the
+                                                              targets' bits per byte averaged with equal weights
 
 Two sources of noise make two models' bits per byte differ when their data do not: the seed (initial weights
 and data order) and which texts the target happens to hold. Seed i of the variant is paired with seed i of the

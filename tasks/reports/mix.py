@@ -65,19 +65,22 @@ def mix_markdown(document: dict[str, Any]) -> str:
                   f"{confirm['n_params']['confirm']:,} parameters (the proxy: {confirm['n_params']['proxy']:,}), "
                   f"{confirm['steps']} steps. Catalog {confirm['catalog_bpb']:.4f}, proposal "
                   f"{confirm['measured_bpb']:.4f} bits/byte; catalog − proposed {confirm['diff']:+.4f} "
-                  f"[{c_lo:+.4f}, {c_hi:+.4f}]: the ranking **{'holds' if confirm['holds'] else 'does not hold'}**.", ""]
+                  f"[{c_lo:+.4f}, {c_hi:+.4f}]: the ranking **{confirm['ranking']}** (holds: both intervals exclude 0 on "
+                  "the same side).", ""]
     lines += ["## The law", "",
               f"`{fit['model']}` (leave-one-out squared error: "
               + ", ".join(f"{n} {v:.2e}" for n, v in fit["loo_mse"].items())
               + f"), fitted on {len(document['proxies'])} seed-0 proxies. Leave-one-out Spearman: "
-              f"**{fit['loo_spearman']:.3f}**: how well the law ranks mixes it did not see. Caps (the most of each "
-              f"source the preset's pretraining reads within its max_epochs): {_shares(document['caps'], sources)}; "
-              f"floor {document['floor']}; the proposal stays within the shares the proxies trained on. The seeds' mean lies {fit['seed_shift']:+.4f} from seed 0 on the "
+              f"**{fit['loo_spearman']:.3f}**: how well the law ranks mixes it did not see ("
+              + ", ".join(f"{n} {v:.3f}" for n, v in fit.get("loo_spearmans", {}).items())
+              + f"). Caps (the largest share of each source that the preset's pretraining, the proxy and any larger "
+              f"run read within its max_epochs): {_shares(document['caps'], sources)}; "
+              f"floor {document['floor']}; the proposal keeps each share within the proxies' range of it. The seeds' mean lies {fit['seed_shift']:+.4f} from seed 0 on the "
               "catalog's mix; the prediction adds it.", "",
               "| proxy | shares (achieved) | bits/byte | left-out prediction |", "|---:|---|---:|---:|"]
     for i, p in enumerate(document["proxies"], start=1):
         lines.append(f"| {i} | {_shares(p['achieved'], sources)} | {p['bpb']:.4f} | {p['loo_predicted']:.4f} |")
-    lines += ["", "## Use it", "", "```bash", "llmforge run --preset work/mix/latest/preset.yaml",
+    lines += ["", "## Use it", "", "```bash", f"llmforge run --preset {document.get('preset', 'preset.yaml')}",
               f"llmforge run --set 'data.mix.weights={json.dumps(document['proposed'])}'   # on your own preset",
               "```", ""]
     return "\n".join(lines)
@@ -108,7 +111,7 @@ def mix_figure(document: dict[str, Any]) -> Figure:
         law = (MixingLaw if document["fit"]["model"] == "log_linear" else QuadraticMix)(**document["fit"]["law"])
         share = np.linspace(document["floor"], 1 - document["floor"], 200)
         curve = law.predict(np.column_stack([share, 1 - share]))
-        right.plot(share, curve, color="tab:blue", label="law (+ the seeds' shift)")
+        right.plot(share, curve, color="tab:blue", label="law (seed 0)")
         right.scatter([p["achieved"][sources[0]] for p in proxies], measured, color="tab:blue")
         right.axvline(document["caps"][sources[0]], color="gray", linestyle=":", label="cap (max_epochs)")
         for name, colour in (("catalog", "tab:orange"), ("proposed", "tab:green")):

@@ -2,7 +2,7 @@
 
 Torch-free, as flows/config.py needs: the section is checked with the rest of the config, before any work.
 
-    mix_targets(configured, extra)            the targets named, absolute and checked
+    mix_targets(targets)                      the targets named, absolute and checked
     proxy_count(config, sources)              M: per_source x sources, at least the law's sources + 2 terms
     mix_caps(available, max_epochs, units)    each source's largest share of a run reading `units`
     scaled_shape(shape, k)                    a model shape with about k x the parameters (--confirm-scale)
@@ -10,16 +10,14 @@ Torch-free, as flows/config.py needs: the section is checked with the rest of th
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator
 
-from infra.config import ConfigError, StrictModel
+from infra.config import ConfigError, StrictModel, check_names
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden")
 
 
@@ -45,9 +43,7 @@ class MixSearchConfig(StrictModel):
     @field_validator("targets")
     @classmethod
     def _target_names(cls, targets: dict[str, Path]) -> dict[str, Path]:
-        bad = [n for n in targets if not _NAME.match(n)]
-        if bad:
-            raise ValueError(f"target names {bad}: use letters, digits, '_', '-' or '.'")
+        check_names(targets, "mix target")
         return targets
 
     @field_validator("proxy")
@@ -60,13 +56,9 @@ class MixSearchConfig(StrictModel):
         return proxy
 
 
-def mix_targets(configured: Mapping[str, Path], extra: Mapping[str, str] | None = None) -> dict[str, Path]:
-    """The preset's `mix.targets` and `--target`s (theirs win), absolute, each checked to be a file with a name the
-    section takes (a ConfigError saying what to fix)."""
-    named = {n: Path(p).expanduser().resolve() for n, p in {**configured, **(extra or {})}.items()}
-    bad = [n for n in named if not _NAME.match(n)]
-    if bad:
-        raise ConfigError(f"mix target names {bad}: use letters, digits, '_', '-' or '.'")
+def mix_targets(targets: Mapping[str, Path]) -> dict[str, Path]:
+    """`mix.targets` absolute, each checked to be a file (a ConfigError saying what to fix)."""
+    named = {n: Path(p).expanduser().resolve() for n, p in targets.items()}
     missing = [f"{n}: {p}" for n, p in named.items() if not p.is_file()]
     if missing:
         raise ConfigError(f"mix target file(s) not found ({'; '.join(missing)}): give a .jsonl (a `text` per line) or "
@@ -91,15 +83,16 @@ def mix_caps(available: Mapping[str, float], max_epochs: Mapping[str, float], un
 
 def scaled_shape(shape: Mapping[str, int], k: float, n_params: Callable[[dict[str, int]], int]) -> dict[str, int]:
     """The shape (SHAPE_KEYS) with about `k` x the parameters `n_params` counts: depth and width each grown by about
-    k^(1/3), the head size, the heads' share of KV heads and the FFN's ratio kept; the nearest in parameters wins."""
+    k^(1/3), neither below the proxy's, the head size, the heads' share of KV heads and the FFN's ratio kept; the
+    nearest in parameters wins."""
     head = shape["dim"] // shape["n_heads"]
     group = max(1, shape["n_heads"] // shape["n_kv_heads"])
     ffn_ratio = shape["ffn_hidden"] / shape["dim"]
     want = k * n_params(dict(shape))
     grow = k ** (1 / 3)
     best, best_gap = None, math.inf
-    for layers in range(max(1, math.floor(shape["n_layers"] * grow / 2)), math.ceil(shape["n_layers"] * grow * 2) + 1):
-        for heads in range(group, max(group, math.ceil(shape["n_heads"] * grow * 2)) + 1, group):
+    for layers in range(shape["n_layers"], math.ceil(shape["n_layers"] * grow * 2) + 1):  # never smaller than the proxy
+        for heads in range(shape["n_heads"], math.ceil(shape["n_heads"] * grow * 2) + 1, group):
             dim = heads * head
             candidate = {"dim": dim, "n_layers": layers, "n_heads": heads, "n_kv_heads": heads // group,
                          "ffn_hidden": max(8, 8 * round(ffn_ratio * dim / 8))}

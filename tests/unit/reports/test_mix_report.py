@@ -20,7 +20,7 @@ def document(sources: list[str], measured: bool = True) -> dict:
            "fit": {"model": "log_linear", "loo_spearman": 0.93, "loo_mse": {"log_linear": 1e-4}, "law": law,
                    "seed_shift": 0.001},
            "targets": {"news": "/x/news.jsonl"}, "held_out": False, "caps": {s: 1.0 for s in sources}, "floor": 0.02,
-           "seeds": [0, 1, 2], "proxies": proxies}
+           "seeds": [0, 1, 2], "proxies": proxies, "preset": "/w/mix/k/preset.yaml"}
     if measured:
         doc.update(measured_bpb=1.95, diff=0.1, diff_ci=[0.05, 0.15], inside=True,
                    arms={"catalog": {"bpb": [2.04, 2.05, 2.06]}, "proposal": {"bpb": [1.94, 1.95, 1.96]}})
@@ -31,7 +31,7 @@ def test_the_report_says_predicted_measured_and_the_verdict():
     text = mix_markdown(document(["news", "code"]))
     assert "1.9000 [1.8000, 2.0000]" in text and "1.9500 ± 0.0100" in text
     assert "the proposal is better" in text and "Leave-one-out Spearman: **0.930**" in text
-    assert "llmforge run --preset work/mix/latest/preset.yaml" in text and "`news`" in text
+    assert "llmforge run --preset /w/mix/k/preset.yaml" in text and "`news`" in text
     before = mix_markdown(document(["news", "code"], measured=False))
     assert "not trained yet" in before
 
@@ -46,3 +46,16 @@ def test_the_picture_draws_for_two_and_for_more_sources(sources):
 def test_rounded_shares_still_sum_to_one():
     shares = rounded({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})
     assert sum(shares.values()) == pytest.approx(1.0, abs=1e-12) and all(len(str(v)) <= 6 for v in shares.values())
+
+
+def test_the_larger_runs_ranking_needs_both_intervals():
+    from flows.mix_flow import ranking
+    from tasks.eval.seed_differences import Difference
+
+    def d(lo: float, hi: float) -> Difference:
+        return Difference(diff=(lo + hi) / 2, ci=(lo, hi), verdict="indistinguishable", seeds=3)
+
+    assert ranking(d(0.1, 0.3), d(0.05, 0.2)) == "holds"
+    assert ranking(d(0.1, 0.3), d(-0.2, -0.05)) == "reversed"
+    assert ranking(d(0.1, 0.3), d(-0.05, 0.2)) == "inconclusive"
+    assert ranking(d(-0.1, 0.3), d(0.05, 0.2)) == "inconclusive"

@@ -14,7 +14,7 @@ from tasks.training.mix_search import MixSearchConfig, mix_caps, mix_targets, pr
 def test_proxies_follow_the_sources_and_never_fall_below_the_laws_terms():
     assert proxy_count(MixSearchConfig(), 2) == 8
     assert proxy_count(MixSearchConfig(per_source=4), 3) == 12
-    assert proxy_count(MixSearchConfig(proxies=3), 3) == 5  # c, b and three slopes: at least sources + 2
+    assert proxy_count(MixSearchConfig(proxies=3), 3) == 5  # c and three slopes, and one to leave out
     assert proxy_count(MixSearchConfig(proxies=9), 2) == 9
 
 
@@ -33,17 +33,22 @@ def test_the_confirm_shape_has_about_k_times_the_parameters(k):
     grown = base.model_copy(update=shape)
     assert num_params(grown) / num_params(base) == pytest.approx(k, rel=0.2)
     assert shape["dim"] // shape["n_heads"] == 16 and shape["n_heads"] // shape["n_kv_heads"] == 2
-    assert shape["n_layers"] >= 2 and shape["dim"] >= 64
+    assert shape["n_layers"] >= 2 and shape["dim"] >= 64  # never smaller than the proxy
+    small_vocab = model_config("demo", 1024, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=192)
+    grown = scaled_shape({key: getattr(small_vocab, key) for key in ("dim", "n_layers", "n_heads", "n_kv_heads",
+                                                                     "ffn_hidden")},
+                         2.0, lambda s: num_params(small_vocab.model_copy(update=s)))
+    assert grown["n_layers"] >= 2 and grown["n_heads"] >= 4
 
 
 def test_targets_are_named_files(tmp_path):
     text = tmp_path / "news.jsonl"
     text.write_text('{"text": "a"}\n')
-    assert mix_targets({"news": text}, {"other": str(text)}) == {"news": text.resolve(), "other": text.resolve()}
+    assert mix_targets({"news": text}) == {"news": text.resolve()}
     with pytest.raises(ConfigError, match="not found"):
-        mix_targets({}, {"news": str(tmp_path / "missing.jsonl")})
-    with pytest.raises(ConfigError, match="names"):
-        mix_targets({}, {"bad name": str(text)})
+        mix_targets({"news": tmp_path / "missing.jsonl"})
+    with pytest.raises(ValueError, match="names"):
+        MixSearchConfig(targets={"bad name": text})
 
 
 def test_the_mix_section_is_checked_with_the_preset():
