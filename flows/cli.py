@@ -91,15 +91,31 @@ def build_parser() -> argparse.ArgumentParser:
                                    "without checkpointing, communication buffers) of every layout DeepSpeed can run on N "
                                    "devices, and name the fastest that fits (models/memory_plan.py says how).")
     p.add_argument("--model", required=True, help="model preset (models/presets.py) or a Hugging Face config.json")
-    p.add_argument("--devices", type=int, required=True, help="number of devices (GPUs) in the cluster")
-    p.add_argument("--device-mem", type=float, default=80.0, help="memory per device in GB of 2**30 bytes (default: 80)")
-    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's max positions)")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per device per micro-batch (default: 1)")
+    p.add_argument("--devices", type=_bounded(int, 1, MAX_DEVICES), required=True, help="number of devices (GPUs) in the cluster")
+    p.add_argument("--device-mem", type=_bounded(float, 1e-3, 1e6), default=80.0, help="memory per device in GB of 2**30 bytes (default: 80)")
+    p.add_argument("--seq-len", type=_bounded(int, 1, 10**7), help="tokens per sequence (default: the model's max positions)")
+    p.add_argument("--micro-batch", type=_bounded(int, 1, 10**6), default=1, help="sequences per device per micro-batch (default: 1)")
     p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16", help="weights and activations (default: bf16)")
-    p.add_argument("--vocab-size", type=int, help="override the vocabulary (a preset's default: the one its size is quoted at)")
-    p.add_argument("--devices-per-node", type=int, default=8, help="devices per node: tp beyond it ranks last (default: 8)")
+    p.add_argument("--vocab-size", type=_bounded(int, 1, 10**8), help="override the vocabulary (a preset's default: the one its size is quoted at)")
+    p.add_argument("--devices-per-node", type=_bounded(int, 1, MAX_DEVICES), default=8, help="devices per node: tp beyond it ranks last (default: 8)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
+
+
+MAX_DEVICES = 10**6  # `plan`'s search is over the divisors of the device count: bounded, it stays under a second
+
+
+def _bounded(kind: type, low: float, high: float) -> Callable[[str], Any]:
+    """An argparse type: a finite `kind` in [low, high], else an error naming the range."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not (low <= value <= high):  # NaN fails both comparisons; inf the upper one
+            raise argparse.ArgumentTypeError(f"{text} must lie in [{low:g}, {high:g}]")
+        return value
+    return parse
 
 
 def _workdir(p: argparse.ArgumentParser) -> None:

@@ -51,7 +51,7 @@ from models.mixing_law import choose_model, prediction_interval, propose_mix, pr
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs
 from tasks.eval.seed_differences import Difference, bits_per_byte, mean_bpb, mean_bpb_difference
-from tasks.reports.mix import publish_mix_report
+from tasks.reports.mix import publish_mix_report, uninformative
 from tasks.tokenizer.tokenize_shards import load_token_index
 from tasks.tokenizer.train import TrainTokenizer, load_tokenizer
 from tasks.training.config import PretrainConfig
@@ -219,6 +219,7 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
         # over. What the shift's own estimate misses is one run's noise away from it, about what the interval's
         # extra residual draw adds (docs/mix.md "What it does").
         shift = float(np.mean(catalog_arm.bpb) - catalog_arm.bpb[0])
+        signal = informative(y, catalog_arm.bpb, choice.loo_spearman)
         predicted = float(choice.model.predict(at)[0]) + shift
         lo, hi = (v + shift for v in prediction_interval(x, y, at, choice.name, seed=search.seed))
         document: dict[str, Any] = {
@@ -226,7 +227,7 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
             "predicted_bpb": predicted, "interval": [lo, hi],
             "measured_bpb": None, "catalog_bpb": float(np.mean(catalog_arm.bpb)), "diff_ci": None,
             "fit": {"model": choice.name, "loo_spearman": choice.loo_spearman, "loo_spearmans": choice.loo_spearmans,
-                    "loo_mse": choice.loo_mse, "law": choice.model.model_dump(), "seed_shift": shift},
+                    "loo_mse": choice.loo_mse, "law": choice.model.model_dump(), "seed_shift": shift, **signal},
             "targets": {t: str(p) for t, p in sorted(goal.items())}, "held_out": not named,
             "caps": capped(caps), "floor": search.floor, "seeds": seeds, "proposed_achieved": proposed_arm.achieved,
             "proxy": {"steps": proxy.steps, "model_overrides": proxy.model_overrides},
@@ -237,6 +238,8 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
         write_json_atomic(folder / "mix.json", document)  # the proposal, written down before it is trained
         log_metrics({"loo_spearman": choice.loo_spearman, "predicted_bpb": predicted, "predicted_bpb_low": lo,
                      "predicted_bpb_high": hi, "catalog_bpb": document["catalog_bpb"]})
+        if note := uninformative({**signal, "loo_spearman": choice.loo_spearman}):
+            print(f"WARNING: {note}")
         print(f"fit: {choice.name}, leave-one-out Spearman {choice.loo_spearman:.3f} over {len(points)} proxies; "
               f"proposal {proposal}: predicted {predicted:.4f} bits/byte, 95% interval [{lo:.4f}, {hi:.4f}] "
               f"({folder / 'mix.json'})")
@@ -272,6 +275,17 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
         print(report.markdown)
         return MixResult(mlflow_run_id=parent.info.run_id, folder=folder, document=document, report=report.path,
                          preset=preset_file)
+
+
+MIN_SPEARMAN = 0.5  # below it, the law ranks mixes it did not see little better than chance
+
+
+def informative(swarm: np.ndarray, catalog_seeds: list[float], rho: float) -> dict[str, Any]:
+    """Whether the proxies' measures differ by more than one mix's seeds do, and the law ranks left-out proxies
+    (Spearman at least MIN_SPEARMAN): else its proposal is noise, and the report says so."""
+    swarm_sd, seed_sd = float(np.std(swarm, ddof=1)), float(np.std(catalog_seeds, ddof=1))
+    return {"swarm_sd": swarm_sd, "seed_sd": seed_sd,
+            "informative": bool(swarm_sd > seed_sd and np.isfinite(rho) and rho >= MIN_SPEARMAN)}
 
 
 def ranking(proxy: Difference, larger: Difference) -> str:

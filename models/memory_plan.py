@@ -189,7 +189,9 @@ def layouts(cfg, n_devices: int) -> list[Layout]:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, ascending, in O(sqrt(n))."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 # ----------------------------------------------------------------------------- parameters

@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import os
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -102,6 +103,14 @@ def shielded_prefect_server() -> int | None:
     return server.server_process.pid if server.server_process else None
 
 
+def reap_when_gone(pid: int) -> None:
+    """A watcher that ends process `pid` once this process is gone, even SIGKILLed (infra/lifecycle/reaper.py)."""
+    from infra.lifecycle import reaper
+
+    subprocess.Popen([sys.executable, reaper.__file__, str(os.getpid()), str(pid)], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+
+
 def prefect_server_starting() -> Callable[[], int | None]:
     """`shielded_prefect_server()` in a thread: its seconds of start-up overlap the caller's imports (the flow's
     modules, seconds more on a small machine). Call the returned function to wait for it; it gives the
@@ -115,6 +124,8 @@ def prefect_server_starting() -> Callable[[], int | None]:
     def start() -> None:
         try:
             outcome["pid"] = shielded_prefect_server()
+            if outcome["pid"] is not None:
+                reap_when_gone(outcome["pid"])
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
             outcome["error"] = exc
 

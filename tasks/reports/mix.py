@@ -33,6 +33,16 @@ def _over_seeds(values: list[float]) -> str:
     return f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}" if len(values) > 1 else f"{values[0]:.4f}"
 
 
+def uninformative(fit: dict[str, Any]) -> str | None:
+    """What to say when the law's proposal is noise (`informative` false in mix.json's fit), else None."""
+    if fit.get("informative", True):
+        return None
+    return (f"the law is not informative here: the proxies' measures spread by {fit['swarm_sd']:.4f} (sd) against the "
+            f"seeds' own {fit['seed_sd']:.4f} on one mix, and it ranks left-out proxies at Spearman "
+            f"{fit['loo_spearman']:.2f}; at this proxy size the mix moves the target less than the seed does: keep "
+            "the catalog's weights, or give the proxies more steps or parameters (mix.proxy) or more seeds")
+
+
 def mix_markdown(document: dict[str, Any]) -> str:
     sources = document["sources"]
     fit = document["fit"]
@@ -67,6 +77,8 @@ def mix_markdown(document: dict[str, Any]) -> str:
                   f"{confirm['measured_bpb']:.4f} bits/byte; catalog − proposed {confirm['diff']:+.4f} "
                   f"[{c_lo:+.4f}, {c_hi:+.4f}]: the ranking **{confirm['ranking']}** (holds: both intervals exclude 0 on "
                   "the same side).", ""]
+    if note := uninformative(fit):
+        lines += [f"**{note[:1].upper()}{note[1:]}.**", ""]
     lines += ["## The law", "",
               f"`{fit['model']}` (leave-one-out squared error: "
               + ", ".join(f"{n} {v:.2e}" for n, v in fit["loo_mse"].items())

@@ -380,6 +380,11 @@ class GrpoConfig(TrainingConfig):
         if self.abstain_guidance >= self.group_size:
             raise ValueError(f"grpo.abstain_guidance={self.abstain_guidance} must be below grpo.group_size="
                              f"{self.group_size}: a group needs samples of its own beside the guided abstentions")
+        if self.accuracy_reward not in self.rewards:  # a map given whole replaces the preset's: say what vanished
+            raise ValueError(f"grpo.rewards {self.rewards} has no reward for a right answer ({self.accuracy_reward}, "
+                             "grpo.accuracy_reward): a map given whole replaces the preset's; change one reward with "
+                             f"--set grpo.rewards.abstain=0.3, or give the whole map, e.g. {{{self.accuracy_reward}: 1.0, "
+                             "format: 0.1, abstain: 0.3}")
         # right > abstain > wrong: an abstention paying as much as a right answer would teach the policy
         # to abstain on everything, one paying nothing would not teach it to abstain at all.
         right, unknown = self.rewards.get(self.accuracy_reward), self.rewards.get("abstain")

@@ -151,3 +151,19 @@ def test_ctrl_c_then_prefect_cancel_during_pretraining(prefect_env, prefect_api,
     assert "was cancelled in Prefect" in out
     assert _flow_states(prefect_api, flow_run) in ("Cancelled", "Crashed")
     assert "RUNNING" not in statuses.values()
+
+
+@pytest.mark.timeout(1800)
+def test_sigkill_to_the_cli_during_pretraining_leaves_no_process(isolated_env, small_stage_seed, tmp_path):
+    """No handler runs: the ranks follow their supervisor's death, and Prefect's temporary API server (started by the
+    CLI, no PREFECT_API_URL) is ended by its watcher (infra/lifecycle/reaper.py)."""
+    seeds.seed_workspace(small_stage_seed, Path(isolated_env["LLMFORGE_HOME"]))
+    env = {**isolated_env, "TMPDIR": str(tmp_path)}
+    proc, _, lines = _start_until_pretraining(env)
+    tree = _tree(proc)
+    names = [" ".join(p.cmdline()) for p in tree]
+    assert any("prefect" in n and "server" in n for n in names), names  # the temporary server is the CLI's child
+    assert any("tasks.training.rank" in n for n in names), names
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert _left(tree[1:], 10.0) == [], "".join(lines[-40:])

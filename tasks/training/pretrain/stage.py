@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
+from infra.config import ConfigError
 from infra.stages import DS_CONFIG_FILE, Launch, recorded_inputs
 from infra.tracking.datasets import log_shards_input
 from infra.tracking.runs import active_run, log_artifact, log_artifacts, log_metrics, log_text, set_tag
@@ -99,6 +100,24 @@ def resolve_model_config(cfg: PretrainConfig, vocab_size: int) -> dict[str, Any]
     return mcfg.model_dump(mode="json")
 
 
+def check_token_counts(cfg: PretrainConfig, train: int, val: int, val_fraction: float) -> None:
+    """Enough tokens for what the pretraining asks, said before a launch: one micro-batch of distinct training
+    windows, and validation tokens (the report's unigram baseline always; a window's worth with log.eval_every)."""
+    b = cfg.batch
+    windows = max(0, (train - 1) // b.seq_len)
+    if windows < b.micro_batch_size:
+        raise ConfigError(f"the corpus gives {train:,} training tokens: {windows} window(s) of pretrain.batch.seq_len="
+                          f"{b.seq_len}, fewer than one micro-batch of pretrain.batch.micro_batch_size="
+                          f"{b.micro_batch_size} ({b.micro_batch_size * (b.seq_len + 1):,} tokens); give the catalog "
+                          "more documents, or lower pretrain.batch.micro_batch_size or pretrain.batch.seq_len")
+    if val == 0 or (cfg.log.eval_every > 0 and val <= b.seq_len):
+        raise ConfigError(f"the corpus gives {val:,} validation tokens (tokenize.val_fraction={val_fraction}), fewer "
+                          f"than {'one' if val == 0 else f'one window of pretrain.batch.seq_len+1={b.seq_len + 1}'}: "
+                          "the validation loss and the unigram baseline need them; give the catalog more documents "
+                          "or raise tokenize.val_fraction"
+                          + ("" if val == 0 else ", or set pretrain.log.eval_every=0 to train without validation"))
+
+
 class Pretrain(TrainingStage):
     name, store, Config, Result = "pretrain", "checkpoints/pretrain", PretrainConfig, PretrainResult
     inputs = ("tokens", "tokenizer")
@@ -114,6 +133,7 @@ class Pretrain(TrainingStage):
             raise ValueError(f"{tokens_dir} was tokenized with a {index.vocab_size}-token vocabulary but "
                              f"{tokenizer_path} has {vocab_size}; re-tokenize with this tokenizer")
         architecture = resolve_model_config(self.config, vocab_size)
+        check_token_counts(self.config, index.tokens("train"), index.tokens("val"), index.val_fraction)
         b = self.config.batch
         return launch_of(self.config, b.micro_batch_size, b.grad_accum, extra={"architecture": architecture},
                                 identity={"model": architecture})

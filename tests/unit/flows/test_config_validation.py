@@ -71,6 +71,13 @@ def test_rewards_need_one_entry_and_known_ones_pass():
     assert cfg.grpo.rewards == {"format": 0.5}
 
 
+def test_a_rewards_map_without_the_right_answers_reward_is_refused_and_one_reward_can_change():
+    msg = refused(["grpo.rewards={abstain: 2.0}"])
+    assert "has no reward for a right answer (arithmetic_exact" in msg and "--set grpo.rewards.abstain=0.3" in msg
+    cfg = resolve_pipeline_config(None, "tiny", ["grpo.rewards.abstain=0.5"])  # one key: the others stay
+    assert cfg.grpo.rewards == {"arithmetic_exact": 1.0, "format": 0.1, "abstain": 0.5}
+
+
 # ----------------------------------------------------------------------------- hostfiles
 
 

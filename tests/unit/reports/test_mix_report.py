@@ -2,6 +2,7 @@
 (a curve for two sources, the shares for more)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from flows.mix_flow import rounded
@@ -59,3 +60,16 @@ def test_the_larger_runs_ranking_needs_both_intervals():
     assert ranking(d(0.1, 0.3), d(-0.2, -0.05)) == "reversed"
     assert ranking(d(0.1, 0.3), d(-0.05, 0.2)) == "inconclusive"
     assert ranking(d(-0.1, 0.3), d(0.05, 0.2)) == "inconclusive"
+
+
+def test_a_law_that_ranks_no_better_than_the_seeds_says_so():
+    from flows.mix_flow import informative
+
+    flat = informative(np.array([2.50, 2.52, 2.49, 2.51]), [2.48, 2.52, 2.55], rho=-0.03)
+    assert flat["informative"] is False and flat["seed_sd"] > flat["swarm_sd"]
+    doc = document(["news", "code"])
+    doc["fit"].update(flat, loo_spearman=-0.03)
+    assert "**The law is not informative here" in mix_markdown(doc)
+    steep = informative(np.array([2.0, 2.3, 2.6, 2.9]), [2.48, 2.50, 2.49], rho=0.95)
+    assert steep["informative"] is True
+    assert "not informative" not in mix_markdown(document(["news", "code"]))
