@@ -31,7 +31,8 @@ from tasks.eval.arithmetic import ArithmeticTask
 from tasks.eval.config import EvalConfig
 from tasks.tokenizer.tokenize_shards import TokenizeConfig
 from tasks.tokenizer.train import TokenizerConfig
-from tasks.training.config import RENAMED, ArithmeticSftOptions, GrpoConfig, PretrainConfig, SftConfig
+from tasks.training.config import (RENAMED, ArithmeticSftOptions, GrpoConfig, PretrainConfig, SftConfig,
+                                   layout_problem)
 from tasks.training.mix_search import MixSearchConfig
 from tasks.training.scaling.config import ScaleConfig
 
@@ -120,8 +121,11 @@ class PipelineConfig(StrictModel):
             data.arithmetic.check(self.arithmetic)
         elif data.catalog is None and "arithmetic" in data.builtin:
             ArithmeticSftOptions().check(self.arithmetic, "the built-in arithmetic SFT set")
-        if self.grpo.task == "arithmetic" and self.grpo.abstain_n:
-            self.arithmetic.abstention_range(f"grpo.abstain_n={self.grpo.abstain_n}")
+        self.grpo.check_task(self.arithmetic)
+        for stage in ("sft", "grpo"):  # post-training trains the pretrained model: its shape
+            problem = layout_problem(getattr(self, stage).launch, self.pretrain.shape(), stage)
+            if problem:
+                raise ValueError(problem)
         return self
 
     @field_validator("mix")

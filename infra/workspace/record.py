@@ -96,3 +96,37 @@ def record_root(path: Path, stop: Path | None = None) -> Path | None:
         if (candidate / RECORD_FILE).is_file():
             return candidate
     return None
+
+
+# Files a flow rewrites in its own folder (a sweep's fit.json and prediction.json): their sha256 in one file beside
+# them, so an edited or damaged file is never read as it is.
+SUMS_FILE = "SHA256SUMS.json"
+
+
+def write_json_summed(path: Path, obj: Any) -> Path:
+    """`obj` as JSON at `path`, atomically, its sha256 then recorded in SUMS_FILE beside it."""
+    path = Path(path)
+    write_json_atomic(path, obj)
+    sums = _sums(path.parent)
+    sums[path.name] = sha256_file(path)
+    write_json_atomic(path.parent / SUMS_FILE, sums)
+    return path
+
+
+def summed_problem(path: Path) -> str | None:
+    """Why `path` may not be read as it is (no sum recorded beside it, or not the recorded sum), None when it may."""
+    path = Path(path)
+    recorded = _sums(path.parent).get(path.name)
+    if recorded is None:
+        return f"{path} has no sha256 recorded in {SUMS_FILE} beside it"
+    if not path.is_file() or sha256_file(path) != recorded:
+        return f"{path} is not the file that was written (its sha256 differs from the one recorded): edited or damaged"
+    return None
+
+
+def _sums(folder: Path) -> dict[str, str]:
+    try:
+        data = json.loads((Path(folder) / SUMS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(data, dict) else {}

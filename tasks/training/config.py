@@ -156,6 +156,33 @@ class PretrainConfig(TrainingConfig):
             raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)} (models/presets.py)")
         return name
 
+    def shape(self) -> dict[str, Any]:
+        """The model's shape (models/presets.py with model_overrides), without torch: what the layout checks read."""
+        return {**PRESETS[self.model], **self.model_overrides}
+
+    @model_validator(mode="after")
+    def _layout_fits_the_model(self) -> "PretrainConfig":
+        problem = layout_problem(self.launch, self.shape(), "pretrain")
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+def layout_problem(launch: "LaunchConfig", shape: dict[str, Any], stage: str) -> str | None:
+    """What a launch's tp and pp cannot do on a model of `shape` (None: nothing), checked when the config is read:
+    pp above the layers, tp that does not divide the heads or MLP units, tp with bf16 asked for by name."""
+    if launch.pp > shape["n_layers"]:
+        return (f"{stage}.launch.pp={launch.pp} exceeds the model's n_layers={shape['n_layers']}: each pipeline stage "
+                "needs a block; lower pp")
+    for name in ("n_heads", "n_kv_heads", "ffn_hidden") if launch.tp > 1 else ():
+        if shape[name] % launch.tp:
+            return (f"{stage}.launch.tp={launch.tp} does not divide the model's {name}={shape[name]}: each tensor-"
+                    "parallel rank holds whole heads and MLP units; choose a tp that divides it")
+    if launch.tp > 1 and launch.precision == "bf16":
+        return (f"{stage}.launch.tp={launch.tp} with precision bf16: DeepSpeed's bf16 optimizer flattens the weights, "
+                f"which tensor-parallel DTensors refuse; set {stage}.launch.precision: fp32")
+    return None
+
 
 SftBuiltin = Literal["stdlib_docstrings", "arithmetic"]  # the built-in SFT sets (tasks/training/sft/data.py)
 
@@ -328,7 +355,7 @@ class GrpoConfig(TrainingConfig):
     # to score on; gsm8k: word problems from `gsm8k` (train_split to train on, eval_split to score on; tasks/eval/gsm8k.py).
     task: Literal["arithmetic", "gsm8k"] = "arithmetic"
     gsm8k: Gsm8kSource = Field(default_factory=Gsm8kSource)
-    n_train_problems: int = Field(default=200, gt=0)  # drawn from the task's training split
+    n_train_problems: int = Field(default=160, gt=0)  # drawn from the task's training split (the default task holds 171)
     # Abstention: `abstain_n` more training problems from the arithmetic task's abstention range, where the policy is
     # rarely right and the `abstain` reward teaches it to say "I don't know" instead of guessing.
     abstain_n: int = Field(default=0, ge=0)
@@ -368,6 +395,22 @@ class GrpoConfig(TrainingConfig):
     def _accuracy_reward_known(cls, name: str) -> str:
         check_reward_names("grpo.accuracy_reward", [name])
         return name
+
+    def check_task(self, task: ArithmeticTask) -> None:
+        """A ValueError when the arithmetic task's splits hold fewer sums than GRPO draws: its training sums (the grpo
+        split), its abstained ones (the grpo split beyond the trained range) and its evaluation prompts (eval)."""
+        if self.task != "arithmetic":
+            return
+        asks = [("n_train_problems", self.n_train_problems, "grpo", task.max_operand, None),
+                ("eval_prompts", self.eval_prompts, "eval", task.max_operand, None)]
+        if self.abstain_n:
+            asks.append(("abstain_n", self.abstain_n, "grpo", task.abstention_range(f"grpo.abstain_n={self.abstain_n}"),
+                         task.max_operand))
+        for key, n, split, top, above in asks:
+            if n > (room := problem_capacity(top, task.ops, split, above)):
+                where = f"an operand in ({above}, {top}]" if above is not None else f"operands up to {top}"
+                raise ValueError(f"grpo.{key}={n}, but only {room} sums of the {split} split have {where} with "
+                                 f"ops={task.ops!r}: lower grpo.{key}, or widen the arithmetic task's range")
 
     @model_validator(mode="after")
     def _abstain_between(self) -> "GrpoConfig":

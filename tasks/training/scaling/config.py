@@ -32,6 +32,13 @@ class ScaleConfig(StrictModel):
     resamples: int = Field(default=200, ge=10)  # bootstrap resamples of the fits
     seed: int = 0  # of the bootstrap
 
+    @field_validator("depths")
+    @classmethod
+    def _depths(cls, depths: list[int]) -> list[int]:
+        if not depths or any(d < 1 for d in depths):
+            raise ValueError(f"scale.depths={depths} must name at least one depth of 1 or more, e.g. [1, 2, 3, 4]")
+        return depths
+
     @field_validator("budgets")
     @classmethod
     def _budgets(cls, budgets: list[float]) -> list[float]:

@@ -11,14 +11,16 @@ run with the ratio measured on this data, model family and tokenizer instead of 
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from infra.workspace.atomic import write_json_atomic
+from infra.workspace.record import summed_problem, write_json_summed
 from models.scaling_bootstrap import Interval, ScalingBootstrap
 from tasks.tokenizer.tokenize_shards import TokenShards, load_token_index
 
+log = logging.getLogger(__name__)
 FIT_FILE = "fit.json"
 SWEEPS = "scale"  # the workspace store of the sweeps (flows/scale_flow.py writes them there)
 
@@ -44,19 +46,23 @@ class SweepFit(BaseModel):
 def write_fit(folder: Path, sb: ScalingBootstrap, index: TokenShards) -> Path:
     fit = SweepFit(folder=str(folder), tokenizer_sha256=index.tokenizer_sha256,
                    manifest_sha256=index.manifest_sha256, bootstrap=sb)
-    return write_json_atomic(Path(folder) / FIT_FILE, fit)
+    return write_json_summed(Path(folder) / FIT_FILE, fit)
 
 
 def find_fit(tokens_dir: Path) -> SweepFit | None:
     """The newest fit.json among the workspace's sweeps whose shards share these shards' tokenizer and data.
 
     The workspace is the one holding `tokens_dir` (<workspace>/tokens/<key>); a fit.json that cannot be
-    read is passed over, as if that sweep had not finished.
+    read, or is not the file its sweep wrote (its sha256, SHA256SUMS.json), is passed over with a line saying so,
+    as if that sweep had not finished: the next `llmforge scale` of it writes it again.
     """
     index = load_token_index(tokens_dir)
     sweeps = Path(tokens_dir).resolve().parent.parent / SWEEPS
     files = sorted(sweeps.glob(f"*/{FIT_FILE}"), key=lambda p: p.stat().st_mtime, reverse=True)
     for path in files:
+        if problem := summed_problem(path):
+            log.warning("%s; passed over (the next `llmforge scale` of that sweep writes it again)", problem)
+            continue
         try:
             fit = SweepFit.model_validate_json(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):

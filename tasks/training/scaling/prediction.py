@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import BaseModel
 from scipy.optimize import minimize_scalar
 
-from infra.workspace.atomic import write_json_atomic
+from infra.workspace.record import write_json_summed
 from models.family import FamilyMember, flops_per_token_of
 from models.scaling_bootstrap import ScalingBootstrap, bootstrap
 from tasks.training.config import PretrainConfig
@@ -121,6 +121,6 @@ def predict_run(sb: ScalingBootstrap, members: list[FamilyMember], budget: float
 
 
 def write_prediction(folder: Path, prediction: Prediction) -> Path:
-    return write_json_atomic(Path(folder) / PREDICTION_FILE, prediction)
+    return write_json_summed(Path(folder) / PREDICTION_FILE, prediction)
 
 

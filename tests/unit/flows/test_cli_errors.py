@@ -99,3 +99,17 @@ def test_show_config_refuses_a_model_a_source_or_a_champion_metric_that_does_not
     err = _error(capsys, "show-config", "--set", "registry.metric=nope")
     assert "registry.metric 'nope' must be <stage>/<metric>" in err
     assert main(["show-config", "--set", "registry.metric=pipeline/wall_minutes"]) == 0
+
+
+@pytest.mark.parametrize("sets, says", [
+    (["pretrain.launch.pp=4", "pretrain.launch.num_procs=4", "pretrain.model_overrides.n_layers=2"],
+     "pretrain.launch.pp=4 exceeds the model's n_layers=2"),
+    (["pretrain.launch.tp=4", "pretrain.launch.num_procs=4"], "pretrain.launch.tp=4 does not divide the model's"),
+    (["pretrain.launch.tp=2", "pretrain.launch.num_procs=2", "pretrain.launch.precision=bf16"],
+     "pretrain.launch.tp=2 with precision bf16"),
+])
+def test_layouts_the_model_cannot_take_are_refused_when_the_config_is_read(capsys, sets, says):
+    """No server, stage or rank starts: show-config refuses them, in one line (issue 52)."""
+    start = time.perf_counter()
+    err = _error(capsys, "show-config", *[a for s in sets for a in ("--set", s)])
+    assert says in err and time.perf_counter() - start < 3, err

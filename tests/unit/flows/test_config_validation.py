@@ -223,3 +223,13 @@ def test_the_arithmetic_range_is_one_section_every_stage_reads():
     with pytest.raises(ConfigError, match="grpo.abstain_n=100 asks for sums answered"):
         resolve_pipeline_config(None, "tiny", ["arithmetic.abstain_max_operand=null", "sft.data.arithmetic.abstain_n=0",
                                                "sft.data.arithmetic.val_abstain_n=0"])
+
+
+@pytest.mark.parametrize("override, says", [
+    ("grpo.abstain_n=100000000", "grpo.abstain_n=100000000, but only"),
+    ("grpo.n_train_problems=100000", "grpo.n_train_problems=100000, but only"),
+    ("grpo.eval_prompts=100000", "grpo.eval_prompts=100000, but only"),
+    ("scale.depths=[]", "scale.depths=[] must name at least one depth"),
+])
+def test_what_the_task_and_the_sweep_cannot_give_is_refused_when_the_config_is_read(override, says):
+    assert says in refused([override])

@@ -1,6 +1,8 @@
 """A sweep's fit.json is found by runs on the same data and tokenizer, and their Chinchilla line uses its ratio."""
 from __future__ import annotations
 
+import json
+import logging
 import os
 
 import pytest
@@ -49,6 +51,24 @@ def test_the_newest_fit_on_the_same_shards_is_found_and_another_datas_is_not(tmp
     assert ratio.estimate == pytest.approx(small_bootstrap.law.optimum(compute).tokens_per_param)
     assert ratio.estimate == pytest.approx(TRUTH.optimum(compute).tokens_per_param, rel=0.3)
     assert ratio.low <= ratio.estimate <= ratio.high
+
+
+def test_an_edited_fit_is_never_read_and_the_next_write_restores_it(tmp_path, small_bootstrap, caplog):
+    """fit.json carries its sha256 beside it (SHA256SUMS.json): a valid-JSON edit is passed over, named (issue 52)."""
+    ws = tmp_path / "work"
+    index = _shards(ws / "tokens" / "aaaa")
+    folder = ws / "scale" / "sweep"
+    folder.mkdir(parents=True)
+    path = write_fit(folder, small_bootstrap, index)
+    assert find_fit(ws / "tokens" / "aaaa") is not None
+    edited = json.loads(path.read_text())
+    edited["folder"] = "elsewhere"  # still valid JSON, still a SweepFit
+    path.write_text(json.dumps(edited))
+    with caplog.at_level(logging.WARNING):
+        assert find_fit(ws / "tokens" / "aaaa") is None
+    assert "edited or damaged" in caplog.text and "passed over" in caplog.text
+    write_fit(folder, small_bootstrap, index)  # what the next `llmforge scale` of the sweep does
+    assert find_fit(ws / "tokens" / "aaaa") is not None
 
 
 def test_the_chinchilla_line_names_the_fitted_ratio_and_moves_its_band_with_it():
