@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from infra.machine import cpu_model  # noqa: E402
 
 # One layer of width 64 on 128-token windows, 200 steps of 8 windows.
 PROXY = {"pretrain.steps": 200, "pretrain.model_overrides": {"dim": 64, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2,
@@ -84,13 +85,6 @@ def three_sources(root: Path) -> tuple[Path, Path]:
     return catalog, target
 
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
 def summary(document: dict) -> dict:
     """The fit's and the check's figures, with the constant baseline's left-out error beside the law's."""
     measured = np.array([p["bpb"] for p in document["proxies"]])
@@ -130,7 +124,7 @@ def main() -> int:
         print(proc.stdout[-4000:] + proc.stderr[-4000:])
         return proc.returncode
     document = json.loads((args.workdir / "work" / "mix" / "latest" / "mix.json").read_text())
-    result = {"corpus": args.corpus, "cpu": cpu_name(), "cores": os.cpu_count(), "wall_s": round(time.time() - start),
+    result = {"corpus": args.corpus, "cpu": cpu_model(), "cores": os.cpu_count(), "wall_s": round(time.time() - start),
               "load_at_start": load, **summary(document)}
     print(json.dumps(result, indent=1))
     if args.json:

@@ -5,9 +5,11 @@ import argparse
 import contextlib
 import errno
 import json
+import logging
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -411,6 +413,28 @@ def _mix_settings(args: argparse.Namespace) -> None:
     mix_targets(load_pipeline_config(args.preset, _overrides(args)).mix.targets)
 
 
+# LLMFORGE_DEBUG=1: the traceback of an error the CLI otherwise says in one line, and Prefect's of it too.
+DEBUG = os.environ.get("LLMFORGE_DEBUG", "") not in ("", "0")
+
+
+class _UserErrorsInOneLine(logging.Filter):
+    """Prefect logs a failed task's or flow's exception with its traceback; for an error the user can act on (a
+    config, a service, a path: `_error_exit_code`) the CLI says it in one line, so the traceback is dropped and the
+    record's message kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and _error_exit_code(exc) is not None:
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_user_error_tracebacks() -> None:
+    """The filter on the loggers Prefect's engine reports failed runs with (their records, not their children's)."""
+    for name in ("prefect.flow_runs", "prefect.task_runs", "prefect.flow_engine", "prefect.task_engine"):
+        logging.getLogger(name).addFilter(_UserErrorsInOneLine())
+
+
 def _error_exit_code(exc: BaseException) -> int | None:
     """The exit status of an error the user can act on (shown as one line), None for a bug (its traceback)."""
     if isinstance(exc, UsageError):
@@ -444,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     from infra.tracking.store_errors import quiet_store_tracebacks
 
     quiet_store_tracebacks()
+    if not DEBUG:
+        quiet_user_error_tracebacks()
     try:
         return _run(args)
     except BrokenPipeError:  # `llmforge runs | head`: the reader has all it wanted
@@ -464,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
         code = _error_exit_code(exc)
         if code is None:
             return _store_fault_or_raise(exc, args)
+        if DEBUG:
+            traceback.print_exception(exc)
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return code
 

@@ -9,11 +9,8 @@ from typing import Any
 from matplotlib.figure import Figure
 from pydantic import BaseModel
 
-from infra.tracking.runs import log_artifacts
-from infra.workspace.atomic import write_figure_atomic, write_text_atomic
-from tasks.reports.data import publish_prefect_artifact
+from tasks.reports.data import publish_report
 
-REPORT_FILE = "report.md"
 PLOT_FILE = "ablation.png"
 
 
@@ -98,10 +95,6 @@ def ablation_figure(document: dict[str, Any]) -> Figure:
 
 def publish_ablation_report(folder: Path, document: dict[str, Any]) -> AblationReport:
     """report.md and ablation.png in the ablation's folder, logged to the active MLflow run and as a Prefect artifact."""
-    folder = Path(folder)
     markdown = ablation_markdown(document)
-    path = write_text_atomic(folder / REPORT_FILE, markdown)
-    write_figure_atomic(ablation_figure(document), folder / PLOT_FILE)
-    log_artifacts(folder, artifact_path="ablate")
-    publish_prefect_artifact(markdown, key="ablation-report")
+    path = publish_report(folder, markdown, ablation_figure(document), PLOT_FILE, "ablate", "ablation-report")
     return AblationReport(path=path, markdown=markdown)

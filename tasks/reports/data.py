@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from infra.tracking.provenance import artifact_key
 from infra.tracking.datasets import log_shards_input
-from infra.tracking.runs import active_run, log_artifact, log_metrics, set_tag
-from infra.workspace.atomic import write_text_atomic
+from infra.tracking.runs import active_run, log_artifact, log_artifacts, log_metrics, set_tag
+from infra.workspace.atomic import write_figure_atomic, write_text_atomic
 from tasks.data.funnel import funnel_markdown, funnel_totals
 from tasks.data.manifest import load_manifest
 from tasks.reports.plots import funnel_png
@@ -30,6 +31,17 @@ def data_report_markdown(manifest_path: Path) -> str:
         lines.append(f"| {s} | {r['target']:.3f} | {r['achieved']:.3f} | {r['epochs']:.2f} | {r['sampled']} |")
     lines += ["", f"{len(m.shards)} shard(s), {m.stats.get('rows', 0)} rows, in `{Path(manifest_path).parent}`"]
     return "\n".join(lines)
+
+
+def publish_report(folder: Path, markdown: str, figure: Any, plot_file: str, artifact_path: str, key: str) -> Path:
+    """A flow's report.md and its figure in `folder`, the folder logged to the active MLflow run under `artifact_path`
+    and the markdown attached to the Prefect flow run as `key`: the report's path."""
+    folder = Path(folder)
+    path = write_text_atomic(folder / "report.md", markdown)
+    write_figure_atomic(figure, folder / plot_file)
+    log_artifacts(folder, artifact_path=artifact_path)
+    publish_prefect_artifact(markdown, key=key)
+    return path
 
 
 def publish_prefect_artifact(markdown: str, key: str = "funnel") -> str | None:

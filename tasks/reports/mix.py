@@ -11,12 +11,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from pydantic import BaseModel
 
-from infra.tracking.runs import log_artifacts
-from infra.workspace.atomic import write_figure_atomic, write_text_atomic
 from models.mixing_law import MixingLaw, QuadraticMix
-from tasks.reports.data import publish_prefect_artifact
+from tasks.reports.data import publish_report
 
-REPORT_FILE = "report.md"
 PLOT_FILE = "mix.png"
 
 
@@ -145,10 +142,6 @@ def mix_figure(document: dict[str, Any]) -> Figure:
 
 def publish_mix_report(folder: Path, document: dict[str, Any]) -> MixReport:
     """report.md and mix.png in the search's folder, logged to the active MLflow run and as a Prefect artifact."""
-    folder = Path(folder)
     markdown = mix_markdown(document)
-    path = write_text_atomic(folder / REPORT_FILE, markdown)
-    write_figure_atomic(mix_figure(document), folder / PLOT_FILE)
-    log_artifacts(folder, artifact_path="mix")
-    publish_prefect_artifact(markdown, key="mix-report")
+    path = publish_report(folder, markdown, mix_figure(document), PLOT_FILE, "mix", "mix-report")
     return MixReport(path=path, markdown=markdown)

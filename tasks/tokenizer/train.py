@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from infra.config import StrictModel
+from infra.config import ConfigError, StrictModel
 from infra.stages import Stage
 from infra.workspace.atomic import atomic_write
 from models.special_tokens import SPECIAL_TOKENS
@@ -47,7 +47,9 @@ def train_tokenizer(manifest_path: Path, out_dir: Path, cfg: TokenizerConfig) ->
     paths = shard_paths(manifest_path)  # verifies every shard's sha256
     total_rows = sum(s.rows for s in load_manifest(manifest_path).shards)
     if total_rows == 0:
-        raise ValueError(f"{manifest_path}: the manifest lists no documents; cannot train a tokenizer on an empty corpus")
+        raise ConfigError(f"the data flow kept no documents ({manifest_path} lists none): every document of the "
+                          "catalog was empty, a duplicate, held out or filtered (its funnel says which); check the "
+                          "catalog's sources and filters (`llmforge data` prints the funnel)")
     chosen = _sample_rows(total_rows, cfg)
     n_docs = total_rows if chosen is None else len(chosen)
     tokenizer = train_bpe(_text_batches(paths, chosen), cfg.vocab_size, cfg.min_frequency, cfg.split_digits, n_docs)
