@@ -152,6 +152,7 @@ def write_final_report(
     layout_row: str | None = None,
     identity: RunIdentity | None = None,
     times: Sequence[StageTime] = (),
+    rewards: Mapping[str, float] | None = None,
 ) -> Path:
     """Write the report card and return its path; `all_attempts` is (seconds, count) over this config's attempts,
     `layout_row` pretraining's layout and memory (`memory_row`), `identity` what the run was, `times` what each
@@ -162,6 +163,9 @@ def write_final_report(
     lines += ["| headline | value |", "|---|---|"]
     lines += _headline_rows(funnel_totals(m.funnel), pretrain_ppl, sft, grpo, wall_seconds, all_attempts, times)
     lines += [layout_row] if layout_row else []
+    if rewards:  # the whole map GRPO trained with: a --set that replaced it shows here
+        lines.append("| GRPO's rewards, as it trained with them | "
+                     + ", ".join(f"{name} {weight:g}" for name, weight in rewards.items()) + " |")
     lines += _eval_headline_rows(evals)
     lines += [_model_row(name, r) for name, r in evals.items()]
     lines += ["", "## Calibration", "", comparison_table(evals), "",
@@ -318,7 +322,7 @@ def publish_pipeline_report(ws: Workspace, config, data, tokenized, base, sft, g
         describe_stage_runs(run_id, identity)
     path = write_final_report(
         Path(data.manifest), (base.final_val_ppl, base.baselines.unigram_ppl if base.baselines else None), sft, grpo, evals, images, wall_seconds, out / "report.md",
-        all_attempts, memory_row(base), identity, times,
+        all_attempts, memory_row(base), identity, times, rewards=config.grpo.rewards,
     )
     page = write_report_html(path)
     point_latest(ws.reports / "latest", out)

@@ -47,8 +47,9 @@ def test_report_card_shows_intervals_significance_and_selective_prediction(tmp_p
     stage_score = SimpleNamespace(n_correct=36, n=59, accuracy=36 / 59, mean_reward=0.7)
     grpo = SimpleNamespace(before=stage_score, after=stage_score, flat=True, steps=40)
     path = write_final_report(manifest, (None, 100.0), SimpleNamespace(final_val_loss=0.25, examples_val=59), grpo, evals, {},
-                              60.0, tmp_path / "report.md")
+                              60.0, tmp_path / "report.md", rewards={"arithmetic_exact": 1.0, "abstain": 0.6})
     text = path.read_text()
+    assert "| GRPO's rewards, as it trained with them | arithmetic_exact 1, abstain 0.6 |" in text
     assert "| SFT loss on its 59 held-out examples (assistant tokens, nats per token) | 0.250 |" in text
     assert "| **GRPO was flat** | its rollouts' reward and KL did not move beyond noise over 40 steps" in text
     wrong = 520 - sum(a.correct for a in evals["sft"].answers)
