@@ -32,7 +32,7 @@ from flows.ablation_spec import AA, BASELINE, BUILTIN, as_overrides, load_spec, 
 from flows.config import resolve_pipeline_config
 from flows.data_flow import data_flow
 from flows.eval_flow import eval_flow
-from flows.proxies import held_out_targets, proxy_config
+from flows.proxies import held_out_targets, proxy_config, scores_of
 from flows.tokens import tokens_of
 from infra.config import ConfigError
 from infra.run_queue import Queued, flow_of_runs
@@ -42,7 +42,6 @@ from infra.tracking.runs import log_metrics, tag_active_run
 from infra.workspace.atomic import write_json_atomic
 from infra.workspace.cache import flow_key
 from infra.workspace.paths import Workspace, point_latest
-from tasks.eval.score_targets import ScoreTargets, ScoreTargetsConfig
 from tasks.eval.evaluate import metric_names
 from tasks.eval.seed_differences import Difference, bits_per_byte, bpb_difference, value_difference
 from tasks.reports.ablation import publish_ablation_report
@@ -128,7 +127,6 @@ def ablate_flow(file: str | None = None, workdir: str | None = None, preset: str
             for k, r in zip(order, grpos):
                 trained[k]["grpo"] = r
         client = MlflowClient()
-        scoring = ScoreTargets(ScoreTargetsConfig(seq_len=base.pretrain.batch.seq_len))
         scores: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         arms_of: dict[str, tuple[int, list[str]]] = {}  # MLflow run -> its seed and the arms it serves
         for (name, seed), made in trained.items():
@@ -138,10 +136,10 @@ def ablate_flow(file: str | None = None, workdir: str | None = None, preset: str
             for result in made.values():
                 if result.mlflow_run_id:
                     arms_of.setdefault(result.mlflow_run_id, (seed, []))[1].append(name)
-            scored = run(scoring, ws, model=made["base"].model_dir, tokenizer=tokenizer, targets=targets)
+            scored = scores_of(ws, made["base"].model_dir, tokenizer, targets, base.pretrain.batch.seq_len)
             if made["base"].mlflow_run_id:
                 log_target_inputs(made["base"].mlflow_run_id, targets)
-            scores[name, seed] = {t: np.load(f) for t, f in scored.files.items()}
+            scores[name, seed] = scored.arrays()
             for target, file in scored.files.items():
                 arm.scores.setdefault(target, []).append(str(file))
             for target, values in scores[name, seed].items():

@@ -2,8 +2,8 @@
 mix it predicts best written down, then trained over seeds against the catalog's own mix.
 
     the catalog's mix → its data, a tokenizer every proxy shares, the targets (named, else each source's held-out
-      slice, weighted equally), each source's cap: the share the preset's pretraining can read it at without
-      repeating it more than its max_epochs
+      slice, weighted equally), each source's cap: the largest share every run the proposal is trained by (the
+      preset's pretraining, the proxy, the --confirm-scale runs) can read it at within its max_epochs
     M mixes drawn from a Dirichlet around the catalog's weights (within the floor and the caps), each its own data
       (the stages before the mix are shared, content-addressed)
     → a proxy per mix at seed 0, and the catalog's mix at every seed, through the run queue, each scored on the targets
@@ -90,15 +90,23 @@ def search_config(config: PipelineConfig, named: dict[str, Path]) -> PipelineCon
     return config.model_copy(update={"data": config.data.model_copy(update={"holdout": holdout})})
 
 
-def run_units(pretrain: PretrainConfig, mix_report: dict[str, Any], tokens: Path) -> float:
-    """How much of the mix (in its unit) `pretrain` reads: its tokens, in characters at the shards' characters per
-    token when the mix counts characters."""
-    index = load_token_index(tokens)
-    read = pretrain.steps * pretrain.batch.tokens_per_step(pretrain.launch.num_procs)
+def mix_report_of(data: DataResult) -> dict[str, Any]:
+    """The mix stage's report in a data result's manifest: each source's available, sampled and achieved share."""
+    return json.loads(Path(data.manifest).read_text())["mix"]
+
+
+def units_per_token(mix_report: dict[str, Any], tokens: Path) -> float:
+    """The mix's units (characters or tokens) per token of its shards: what turns a run's tokens into the mix's unit."""
     if mix_report["unit"] == "tokens":
-        return float(read)
+        return 1.0
+    index = load_token_index(tokens)
     sampled = sum(s["sampled"] for s in mix_report["sources"].values())
-    return read * sampled / max(1, index.tokens("train") + index.tokens("val"))
+    return sampled / max(1, index.tokens("train") + index.tokens("val"))
+
+
+def run_units(pretrain: PretrainConfig, per_token: float) -> float:
+    """How much of the mix (in its unit) `pretrain` reads: its tokens at `per_token` units each."""
+    return pretrain.steps * pretrain.batch.tokens_per_step(pretrain.launch.num_procs) * per_token
 
 
 def scaled_proxy(proxy: PretrainConfig, vocab_size: int, k: float) -> PretrainConfig:
@@ -146,10 +154,11 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
         folder = ws.output(STORE, flow_key("mix", __name__, what, {"tokenizer": tokenizer, "targets": goal}))
         folder.mkdir(parents=True, exist_ok=True)
         tag_active_run(f"llmforge.out.{STORE}.{folder.name}", f"{STORE}/{folder.name}")
-        report = json.loads(Path(base.manifest).read_text())["mix"]
+        report = mix_report_of(base)
         base_tokens = tokens_of(ws, base.manifest, tokenizer, config.tokenize)
         # The caps hold for every run a proposal is trained by: the preset's pretraining, the proxy, the larger runs.
-        units = max(run_units(p, report, base_tokens) for p in (config.pretrain, proxy, big) if p is not None)
+        per_token = units_per_token(report, base_tokens)
+        units = max(run_units(p, per_token) for p in (config.pretrain, proxy, big) if p is not None)
         caps = mix_caps({s: report["sources"][s]["available"] for s in names}, max_epochs, units)
         m = proxy_count(search, len(names))
         drawn = sample_mixes([weights[s] for s in names], m, [caps[s] for s in names], search.floor, search.seed,
@@ -165,9 +174,9 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
                              overrides=data_sets + [f"data.mix.weights={json.dumps(shares)}"])
             return made, tokens_of(ws, made.manifest, tokenizer, config.tokenize)
 
-        def achieved(made: DataResult) -> dict[str, float]:
-            shares = json.loads(Path(made.manifest).read_text())["mix"]["sources"]
-            return {s: shares[s]["achieved"] for s in names}
+        def achieved(mix: dict[str, Any]) -> dict[str, float]:
+            """The shares a mix stage achieved, from its report."""
+            return {s: mix["sources"][s]["achieved"] for s in names}
 
         scores: dict[int, list[dict[str, np.ndarray]]] = {}  # id(arm) -> per seed, target -> its windows' scores
 
@@ -179,7 +188,7 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
                                  for label, _, shards, seed in items])
             client = MlflowClient()
             for (label, arm, _, seed), made in zip(items, results):
-                scored = scores_of(ws, made.model_dir, tokenizer, goal, pretrain.batch.seq_len)
+                scored = scores_of(ws, made.model_dir, tokenizer, goal, pretrain.batch.seq_len).arrays()
                 arm.runs.append(made.mlflow_run_id)
                 arm.bpb.append(mean_bpb(scored))
                 for target, values in scored.items():
@@ -196,12 +205,13 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
             return mean_bpb_difference(scores[id(catalog_arm)], scores[id(proposed_arm)])
 
         seeds = list(range(search.seeds))
-        catalog_arm = MixArm(weights=rounded(weights), achieved=achieved(base), seeds=seeds)
+        catalog_arm = MixArm(weights=rounded(weights), achieved=achieved(report), seeds=seeds)
         swarm: list[tuple[str, MixArm, Path]] = []
         for i, row in enumerate(drawn, start=1):
             shares = rounded(dict(zip(names, row.tolist())))
             made, shards = data_of(shares)
-            swarm.append((f"swarm {i}/{m}", MixArm(weights=shares, achieved=achieved(made), seeds=[0]), shards))
+            swarm.append((f"swarm {i}/{m}", MixArm(weights=shares, achieved=achieved(mix_report_of(made)), seeds=[0]),
+                          shards))
         train(swarm + [("catalog", catalog_arm, base_tokens)], proxy)
 
         # The law: every seed-0 run, the catalog's included, on the shares the mix stage achieved.
@@ -212,7 +222,7 @@ def mix_flow(config: PipelineConfig | None = None, workdir: str | None = None, p
         proposal = rounded(dict(zip(names, propose_mix(choice.model, [caps[s] for s in names], search.floor,
                                                          span=proxy_span(x), seed=search.seed).tolist())))
         made, shards = data_of(proposal)  # its data before the prediction: the law is read at the achieved shares
-        proposed_arm = MixArm(weights=proposal, achieved=achieved(made), seeds=seeds)
+        proposed_arm = MixArm(weights=proposal, achieved=achieved(mix_report_of(made)), seeds=seeds)
         at = [proposed_arm.achieved[s] for s in names]
         # The swarm trains seed 0 only, so the law predicts a seed-0 run; the proposal is measured as the mean over
         # the seeds. The catalog's mean over them minus its seed 0 (the shift) carries the seeds' common effect

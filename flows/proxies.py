@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from flows.data_flow import DataResult
 from infra.config import ConfigError
 from infra.stages import run
 from infra.workspace.paths import Workspace
-from tasks.eval.score_targets import ScoreTargets, ScoreTargetsConfig
+from tasks.eval.score_targets import ScoreTargets, ScoreTargetsConfig, TargetScores
 from tasks.training.config import PretrainConfig
 
 
@@ -32,9 +30,7 @@ def held_out_targets(data: DataResult, what: str = "the ablation names no target
     return dict(data.held_out)
 
 
-def scores_of(ws: Workspace, model: Path, tokenizer: Path, targets: dict[str, Path],
-              seq_len: int) -> dict[str, np.ndarray]:
-    """The model's [windows, (nats, bytes)] on each target (a cached stage: a model is scored once)."""
-    scored = run(ScoreTargets(ScoreTargetsConfig(seq_len=seq_len)), ws, model=model, tokenizer=tokenizer,
-                 targets=targets)
-    return {t: np.load(f) for t, f in scored.files.items()}
+def scores_of(ws: Workspace, model: Path, tokenizer: Path, targets: dict[str, Path], seq_len: int) -> TargetScores:
+    """The model scored on each target, window by window (a cached stage: a model is scored once)."""
+    return run(ScoreTargets(ScoreTargetsConfig(seq_len=seq_len)), ws, model=model, tokenizer=tokenizer,
+               targets=targets)

@@ -18,26 +18,25 @@ POLL_S = 0.5
 GRACE_S = 5.0
 
 
-def start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None when it is gone."""
+def _stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time in clock ticks since boot) from /proc/PID/stat (fields 3 and 22), None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], fields[19]
     except (OSError, IndexError):
         return None
 
 
+def start_time(pid: int) -> str | None:
+    stat = _stat(pid)
+    return stat[1] if stat else None
+
+
 def alive(pid: int, started: str | None) -> bool:
-    now = start_time(pid)
-    return now is not None and now == started and not _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
+    """The process that started at `started` is still running (not gone, recycled or a zombie)."""
+    stat = _stat(pid)
+    return stat is not None and stat[1] == started and stat[0] != "Z"
 
 
 def main(owner: int, target: int) -> int:

@@ -42,6 +42,10 @@ class TargetScores(BaseModel):
     windows: dict[str, int]
     bpb: dict[str, float]
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Each target's [windows, (nats, bytes)], read from its file."""
+        return {name: np.load(path) for name, path in self.files.items()}
+
 
 @functools.lru_cache(maxsize=16)
 def _windows(target: Path, tokenizer: Path, seq_len: int, max_windows: int, stamps: tuple) -> np.ndarray:

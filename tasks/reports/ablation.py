@@ -7,16 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
-from pydantic import BaseModel
 
-from tasks.reports.data import publish_report
+from tasks.reports.data import PublishedReport, publish_report
 
 PLOT_FILE = "ablation.png"
-
-
-class AblationReport(BaseModel):
-    path: Path
-    markdown: str
 
 
 def _arms(document: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -93,8 +87,6 @@ def ablation_figure(document: dict[str, Any]) -> Figure:
     return fig
 
 
-def publish_ablation_report(folder: Path, document: dict[str, Any]) -> AblationReport:
+def publish_ablation_report(folder: Path, document: dict[str, Any]) -> PublishedReport:
     """report.md and ablation.png in the ablation's folder, logged to the active MLflow run and as a Prefect artifact."""
-    markdown = ablation_markdown(document)
-    path = publish_report(folder, markdown, ablation_figure(document), PLOT_FILE, "ablate", "ablation-report")
-    return AblationReport(path=path, markdown=markdown)
+    return publish_report(folder, ablation_markdown(document), {PLOT_FILE: ablation_figure(document)}, "ablate", "ablation-report")

@@ -6,8 +6,11 @@ and the shards as a dataset input.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 from infra.tracking.provenance import artifact_key
 from infra.tracking.datasets import log_shards_input
@@ -33,15 +36,24 @@ def data_report_markdown(manifest_path: Path) -> str:
     return "\n".join(lines)
 
 
-def publish_report(folder: Path, markdown: str, figure: Any, plot_file: str, artifact_path: str, key: str) -> Path:
-    """A flow's report.md and its figure in `folder`, the folder logged to the active MLflow run under `artifact_path`
-    and the markdown attached to the Prefect flow run as `key`: the report's path."""
+class PublishedReport(BaseModel):
+    """A flow's report.md and its text."""
+
+    path: Path
+    markdown: str
+
+
+def publish_report(folder: Path, markdown: str, figures: Mapping[str, Any], artifact_path: str,
+                   key: str) -> PublishedReport:
+    """A flow's report.md and its figures (file name -> matplotlib Figure) in `folder`, the folder logged to the active
+    MLflow run under `artifact_path` and the markdown attached to the Prefect flow run as `key`."""
     folder = Path(folder)
     path = write_text_atomic(folder / "report.md", markdown)
-    write_figure_atomic(figure, folder / plot_file)
+    for name, figure in figures.items():
+        write_figure_atomic(figure, folder / name)
     log_artifacts(folder, artifact_path=artifact_path)
     publish_prefect_artifact(markdown, key=key)
-    return path
+    return PublishedReport(path=path, markdown=markdown)
 
 
 def publish_prefect_artifact(markdown: str, key: str = "funnel") -> str | None:

@@ -9,17 +9,11 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
-from pydantic import BaseModel
 
 from models.mixing_law import MixingLaw, QuadraticMix
-from tasks.reports.data import publish_report
+from tasks.reports.data import PublishedReport, publish_report
 
 PLOT_FILE = "mix.png"
-
-
-class MixReport(BaseModel):
-    path: Path
-    markdown: str
 
 
 def _shares(weights: dict[str, float], sources: list[str]) -> str:
@@ -140,8 +134,6 @@ def mix_figure(document: dict[str, Any]) -> Figure:
     return fig
 
 
-def publish_mix_report(folder: Path, document: dict[str, Any]) -> MixReport:
+def publish_mix_report(folder: Path, document: dict[str, Any]) -> PublishedReport:
     """report.md and mix.png in the search's folder, logged to the active MLflow run and as a Prefect artifact."""
-    markdown = mix_markdown(document)
-    path = publish_report(folder, markdown, mix_figure(document), PLOT_FILE, "mix", "mix-report")
-    return MixReport(path=path, markdown=markdown)
+    return publish_report(folder, mix_markdown(document), {PLOT_FILE: mix_figure(document)}, "mix", "mix-report")

@@ -9,22 +9,12 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import BaseModel
-
-from infra.tracking.runs import log_artifacts, log_metrics
-from infra.workspace.atomic import write_text_atomic
+from infra.tracking.runs import log_metrics
 from models.scaling_bootstrap import ScalingBootstrap, ScalingIntervals
-from tasks.reports.data import publish_prefect_artifact
+from tasks.reports.data import PublishedReport, publish_report
 from tasks.reports.scaling_plots import contours_png, frontier_png, isoflop_png
 from tasks.training.scaling.prediction import Prediction
 from tasks.training.scaling.sweep import MeasuredPoint
-
-REPORT_FILE = "report.md"
-
-
-class ScaleReport(BaseModel):
-    path: Path
-    markdown: str
 
 
 def _interval_row(name: str, iv, fmt: str = ".3f") -> str:
@@ -95,20 +85,17 @@ def prediction_lines(pred: Prediction) -> list[str]:
 
 def publish_scale_report(folder: Path, points: Sequence[MeasuredPoint], train_tokens: int,
                          sb: ScalingBootstrap | None, intervals: ScalingIntervals | None,
-                         prediction: Prediction | None, warnings: Sequence[str], note: str | None) -> ScaleReport:
+                         prediction: Prediction | None, warnings: Sequence[str], note: str | None) -> PublishedReport:
     """Write report.md and its figures into the sweep's folder; log them and the fitted numbers to the active run."""
     folder = Path(folder)
     isoflop_png(points, sb, folder / "isoflop.png")
     frontier_png(points, sb, prediction, folder / "frontier.png")
     if sb is not None:
         contours_png(points, sb, prediction, folder / "contours.png")
-    markdown = scale_report_markdown(points, train_tokens, sb, intervals, prediction, warnings, note)
-    path = write_text_atomic(folder / REPORT_FILE, markdown)
     if intervals is not None:
         log_metrics({f"fit_{k}": getattr(intervals, k).estimate for k in ("a", "b", "alpha", "beta", "E")}
                     | {"fit_tokens_per_param": intervals.tokens_per_param.estimate,
                        "fit_tokens_per_param_low": intervals.tokens_per_param.low,
                        "fit_tokens_per_param_high": intervals.tokens_per_param.high})
-    log_artifacts(folder, artifact_path="scale")
-    publish_prefect_artifact(markdown, key="scale-report")
-    return ScaleReport(path=path, markdown=markdown)
+    markdown = scale_report_markdown(points, train_tokens, sb, intervals, prediction, warnings, note)
+    return publish_report(folder, markdown, {}, "scale", "scale-report")  # the figures are written above

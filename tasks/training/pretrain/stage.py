@@ -34,7 +34,6 @@ from models.export import load_config
 from models.flops import ChinchillaReport, chinchilla, num_params
 from models.llama import ModelConfig, Transformer, model_config
 from models.losses import next_token_loss, token_logprobs
-from models.tensor_parallel import check_tensor_parallel
 from tasks.tokenizer.tokenize_shards import load_token_index, load_token_split, unigram_perplexity
 from tasks.tokenizer.train import load_tokenizer
 from tasks.training.batches import token_window_batches
@@ -87,16 +86,12 @@ def lm_nats_and_bytes(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.T
 
 
 def resolve_model_config(cfg: PretrainConfig, vocab_size: int) -> dict[str, Any]:
-    """The architecture the ranks will build, checked here so a bad config fails before launching."""
+    """The architecture the ranks will build, checked here so a bad config fails before launching (the layout against
+    the model's shape is checked when the config is read: tasks/training/config.py `layout_problem`)."""
     mcfg = model_config(cfg.model, vocab_size, **cfg.model_overrides)
     if cfg.batch.seq_len > mcfg.max_seq_len:
         raise ValueError(f"batch.seq_len={cfg.batch.seq_len} exceeds the model's max_seq_len={mcfg.max_seq_len}; "
                          "lower batch.seq_len or override max_seq_len in model_overrides")
-    if cfg.launch.tp > 1:
-        check_tensor_parallel(mcfg, cfg.launch.tp)
-    if cfg.launch.pp > mcfg.n_layers:
-        raise ValueError(f"launch.pp={cfg.launch.pp} exceeds the model's n_layers={mcfg.n_layers}: each pipeline stage "
-                         "needs a block; lower pp")
     return mcfg.model_dump(mode="json")
 
 
