@@ -21,6 +21,7 @@ from infra.config import (ConfigError, StrictModel, YamlAliasRefused, flatten_pa
 from infra.run_queue import RunsConfig
 from infra.workspace.paths import Workspace
 from tasks.data.catalog import load_catalog
+from tasks.data.decontaminate import DecontaminateConfig
 from tasks.data.exact_dedup import ExactDedupConfig
 from tasks.data.holdout import HoldoutConfig
 from tasks.data.mix import MixConfig
@@ -29,6 +30,7 @@ from tasks.data.pii_redact import PiiConfig
 from tasks.data.shards import ShardConfig
 from tasks.eval.arithmetic import ArithmeticTask
 from tasks.eval.config import EvalConfig
+from tasks.eval.items import ARITHMETIC, EvalItemsConfig
 from tasks.tokenizer.tokenize_shards import TokenizeConfig
 from tasks.tokenizer.train import TokenizerConfig
 from tasks.training.config import (RENAMED, ArithmeticSftOptions, GrpoConfig, PretrainConfig, SftConfig,
@@ -48,6 +50,10 @@ class QualityConfig(StrictModel):
 class DataConfig(StrictModel):
     catalog: Path = Path("data_catalog")
     sources: list[str] | None = None  # only these catalog sources; None = all
+    decontaminate: DecontaminateConfig = Field(default_factory=DecontaminateConfig)
+    # What the decontamination matches against: set from eval.tasks, eval.task_paths, arithmetic and
+    # data.decontaminate.files when the pipeline's config is read (`eval_items_of`), never by hand
+    eval_items: EvalItemsConfig = Field(default_factory=EvalItemsConfig)
     exact: ExactDedupConfig = Field(default_factory=ExactDedupConfig)
     holdout: HoldoutConfig = Field(default_factory=HoldoutConfig)  # a slice of every source set aside, unseen
     near: NearDedupConfig = Field(default_factory=NearDedupConfig)
@@ -122,6 +128,7 @@ class PipelineConfig(StrictModel):
         elif data.catalog is None and "arithmetic" in data.builtin:
             ArithmeticSftOptions().check(self.arithmetic, "the built-in arithmetic SFT set")
         self.grpo.check_task(self.arithmetic)
+        self.data.eval_items = eval_items_of(self)
         for stage in ("sft", "grpo"):  # post-training trains the pretrained model: its shape
             problem = layout_problem(getattr(self, stage).launch, self.pretrain.shape(), stage)
             if problem:
@@ -138,6 +145,15 @@ class PipelineConfig(StrictModel):
     def mix_proxy(self) -> PretrainConfig:
         """The pretraining every `llmforge mix` proxy gets: this config's, with `mix.proxy` applied."""
         return proxy_pretraining(self.pretrain, self.mix)
+
+
+def eval_items_of(cfg: PipelineConfig) -> EvalItemsConfig:
+    """What the data flow decontaminates against: every task the evaluation runs, and the user's files."""
+    if not cfg.data.decontaminate.enabled:
+        return EvalItemsConfig()
+    return EvalItemsConfig(arithmetic=cfg.arithmetic if ARITHMETIC in cfg.eval.tasks else None,
+                           tasks=[t for t in cfg.eval.tasks if t != ARITHMETIC], task_paths=cfg.eval.task_paths,
+                           files=cfg.data.decontaminate.files)
 
 
 def proxy_pretraining(pretrain: PretrainConfig, mix: MixSearchConfig) -> PretrainConfig:
@@ -237,6 +253,12 @@ def check_paths(cfg: PipelineConfig) -> None:
 
     # Its YAML files valid, data.sources among them, data.mix.weights naming its sources.
     load_catalog(catalog, only=cfg.data.sources).weights(cfg.data.mix.weights)
+    for key, paths, kind in (("eval.task_paths", cfg.eval.task_paths, "folder of lm-eval YAML tasks"),
+                             ("data.decontaminate.files", cfg.data.decontaminate.files, "JSONL file of items")):
+        for path in paths:
+            if not (path.is_dir() if kind.startswith("folder") else path.is_file()):
+                raise ConfigError(f"{key}: {path} is no {kind} ({Path(path).resolve()}); a relative path is read "
+                                  "from the current directory")
 
 
 # Older keys of the arithmetic task (one section now, which SFT, GRPO and the evaluation read), each with the key
@@ -320,14 +342,24 @@ def resolve_pipeline_config(config: PipelineConfig | None, preset: str, override
     return config
 
 
+# Keys outside `data.` that the data flow reads: what it decontaminates against (`eval_items_of`).
+DATA_FLOW_KEYS = ("data.", "eval.tasks", "eval.task_paths", "arithmetic.")
+
+
 def resolve_data_config(config: DataConfig | None, preset: str, overrides: list[str] | None,
                         workdir: str | Path | None = None) -> DataConfig:
     """The data section of `resolve_pipeline_config`; overrides name pipeline keys (`data.near.threshold=0.7`)."""
-    outside = [o for o in overrides or [] if not o.strip().startswith("data.")]
+    outside = [o for o in overrides or [] if not o.strip().startswith(DATA_FLOW_KEYS)]
     if outside:
-        raise ConfigError(f"overrides {outside}: the data flow only reads keys under 'data.' (e.g. data.near.threshold=0.7)")
-    whole = None if config is None else PipelineConfig(data=config)
-    return resolve_pipeline_config(whole, preset, overrides, workdir).data
+        raise ConfigError(f"overrides {outside}: the data flow only reads keys under 'data.' (e.g. "
+                          "data.near.threshold=0.7), and eval.tasks, eval.task_paths and arithmetic.*, which it "
+                          "decontaminates against")
+    if config is not None:  # resolved already, its eval_items with it
+        keys = list(parse_overrides(overrides or []))
+        refuse_renamed(keys, "override")
+        check_override_keys(keys)
+        return config
+    return resolve_pipeline_config(None, preset, overrides, workdir).data
 
 
 def preset_differences(config: PipelineConfig, preset: str, workdir: str | Path | None = None) -> dict[str, tuple[str, str]]:

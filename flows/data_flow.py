@@ -1,4 +1,5 @@
-"""The data flow: collect → (hold-out) → exact dedup → near dedup → quality filters → PII → mix → shards.
+"""The data flow: collect → decontaminate → (hold-out) → exact dedup → near dedup → quality filters → PII → mix →
+shards.
 
 Each stage is a stage object from `tasks/data/` (infra/stages.py) writing into its own
 content-addressed folder (`work/data/<stage>/<key>/`), so a rerun with the same inputs,
@@ -28,6 +29,7 @@ from infra.workspace.lock import workspace_lock
 from infra.workspace.paths import Workspace
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import Collect, MergeCollected, source_inputs
+from tasks.data.decontaminate import Decontaminate
 from tasks.data.exact_dedup import ExactDedup
 from tasks.data.funnel import build_funnel
 from tasks.data.holdout import Holdout
@@ -36,6 +38,7 @@ from tasks.data.near_dedup import NearDedup
 from tasks.data.pii_redact import PiiRedact
 from tasks.data.quality_filter import QualityFilter
 from tasks.data.shards import WriteShards
+from tasks.eval.items import EvalItems
 from tasks.reports.data import data_report_markdown, log_data_run, publish_prefect_artifact
 
 
@@ -44,6 +47,7 @@ class DataResult(BaseModel):
     funnel: dict[str, dict[str, int]]
     mlflow_run_id: str
     held_out: dict[str, Path] = {}  # source -> its held-out texts (.jsonl), with data.holdout.fraction > 0
+    decontamination: Path | None = None  # decontamination.json, when the run matched against any task
 
 
 @flow(name="data", log_prints=True)
@@ -73,7 +77,11 @@ def data_flow(config: DataConfig | None = None, workdir: str | None = None, pres
         # Each source keyed on its own definition and files: editing one re-collects that one only.
         pending = [submit(Collect(s, catalog), ws, files=files[s.name]) for s in catalog.sources]
         collected = stage(MergeCollected(), parts=[p.result() for p in pending])
-        docs, held = collected.output, None
+        docs, held, decont = collected.output, None, None
+        if not config.eval_items.empty:  # the evaluation's items out of the documents as they came in
+            items = stage(EvalItems(config.eval_items), sources=[*config.eval_items.task_paths, *config.eval_items.files])
+            decont = stage(Decontaminate(config.decontaminate), docs=docs, items=items.items)
+            docs = decont.result.output
         if config.holdout.fraction > 0:  # set aside before any dedup or filter: unseen, raw
             held = stage(Holdout(config.holdout), docs=docs)
             docs = held.result.output
@@ -85,15 +93,18 @@ def data_flow(config: DataConfig | None = None, workdir: str | None = None, pres
         mixed = stage(RebalanceMix(config.mix), docs=pii.output, weights=catalog.weights(config.mix.weights),
                       max_epochs={s.name: s.max_epochs for s in catalog.sources})
         held_result = held.result if held else None
-        funnel = build_funnel(collected, exact, near, quality, mixed, holdout=held_result)
+        decont_result = decont.result if decont else None
+        funnel = build_funnel(collected, exact, near, quality, mixed, holdout=held_result, decontaminate=decont_result)
         manifest = stage(WriteShards(config.shards), docs=mixed.output, funnel=funnel, mix_report=mixed.report,
-                         removed_files=[r.removed for r in (collected, held_result, exact, near, quality, mixed) if r],
-                         config_hash=config_hash(config.outputs_identity()))
+                         removed_files=[r.removed for r in (collected, decont_result, held_result, exact, near, quality,
+                                                            mixed) if r],
+                         config_hash=config_hash(config.outputs_identity()),
+                         decontamination={k: v.model_dump() for k, v in decont.tasks.items()} if decont else {})
         publish_prefect_artifact(data_report_markdown(manifest))
         log_data_run(manifest, ws.run_reports(run_.info.run_id))
         print(data_report_markdown(manifest))
         return DataResult(manifest=manifest, funnel=funnel, mlflow_run_id=run_.info.run_id,
-                          held_out=held.files if held else {})
+                          held_out=held.files if held else {}, decontamination=decont.report if decont else None)
 
 
 def flow_for(config: DataConfig) -> Flow:

@@ -38,9 +38,9 @@ class Workspace:
     # Stage outputs: work/<store>/<key>/, one folder per key of (inputs' content, config, code),
     # never overwritten by another key; `latest` links to the newest one for people to read.
     STORES = (
-        "data/collect", "data/merge", "data/holdout", "data/exact", "data/near", "data/quality", "data/pii", "data/mix",
+        "data/collect", "data/merge", "data/decont", "data/holdout", "data/exact", "data/near", "data/quality", "data/pii", "data/mix",
         "data/shards", "tokenizer", "tokens", "checkpoints/pretrain", "checkpoints/sft", "checkpoints/grpo",
-        "eval", "eval/targets", "scale", "ablate", "mix",
+        "eval", "eval/targets", "eval/items", "scale", "ablate", "mix",
     )
     KEY_CHARS = 16  # of the sha256: enough to never collide among a workspace's outputs
 

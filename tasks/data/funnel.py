@@ -1,6 +1,7 @@
 """The data funnel: where every collected document ended, per source.
 
-collected = kept + rejected + held_out + exact_duplicates + near_duplicates + filtered (each rule),
+collected = kept + rejected + contaminated (each task) + held_out + exact_duplicates + near_duplicates
++ filtered (each rule),
 checked here so a lost or double-counted document fails the run. The columns and reasons
 come from the stage results, so a new rule or stage reason shows up without an edit here.
 """
@@ -13,21 +14,26 @@ PLACES = {"held_out": "held_out"}  # a place reason whose column is not its plur
 
 def build_funnel(
     collect: StageResult, exact: StageResult, near: StageResult | None, quality: StageResult | None, mix: StageResult,
-    holdout: StageResult | None = None,
+    holdout: StageResult | None = None, decontaminate: StageResult | None = None,
 ) -> dict[str, dict[str, int]]:
     """Per-source funnel counts from the stage results, with per-reason counts.
 
     The columns come from what the stages report: collect's removals are "rejected", a stage's place
-    reason gets its own column ("held_out", "exact_duplicates", ...), and every other removal of the
-    dedup and filter stages is "filtered", with one "filtered:<reason>" column per reason. A stage the
-    recipe turned off (near dedup, the quality filters) or left out (no hold-out) is None."""
-    between = [s for s in (holdout, exact, near, quality) if s is not None]
+    reason gets its own column ("held_out", "exact_duplicates", ...), the decontamination's removals are
+    "contaminated", with one "contaminated:<task>" column per task, and every other removal of the dedup and
+    filter stages is "filtered", with one "filtered:<reason>" column per reason. A stage the recipe turned off
+    (near dedup, the quality filters) or left out (no hold-out, no task to decontaminate against) is None."""
+    between = [s for s in (decontaminate, holdout, exact, near, quality) if s is not None]
     funnel: dict[str, dict[str, int]] = {}
     for source, c in collect.counts.items():
         row = {"collected": c.get("in", 0), "rejected": collect.removed_total(source)}
+        if decontaminate is not None:
+            tasks = decontaminate.reasons(source)
+            row["contaminated"] = sum(tasks.values())
+            row.update(sorted(tasks.items()))  # "contaminated:<task>": the reason as the stage gave it
         rules: dict[str, int] = {}
         for stage in between:
-            reasons = stage.reasons(source)
+            reasons = {} if stage is decontaminate else stage.reasons(source)
             if stage.duplicate_reason is not None:
                 reason = stage.duplicate_reason
                 row[PLACES.get(reason, f"{reason}s")] = reasons.pop(reason, 0)

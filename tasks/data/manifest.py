@@ -31,6 +31,9 @@ class Manifest(BaseModel):
     shards: list[ShardInfo] = Field(default_factory=list)
     funnel: dict[str, dict[str, int]] = Field(default_factory=dict)  # source -> counter -> n
     mix: dict[str, Any] = Field(default_factory=dict)  # target vs achieved weights
+    # per evaluation task: its items, how many were found in the collected documents, what was removed or cut
+    # (tasks/data/decontaminate.py); empty when the run matched against no task
+    decontamination: dict[str, Any] = Field(default_factory=dict)
     removed_files: list[str] = Field(default_factory=list)  # quarantine Parquet files, relative
     stats: dict[str, Any] = Field(default_factory=dict)
 

@@ -193,6 +193,7 @@ def write_shards(
     removed_files: list[Path],
     config_hash: str = "",
     batch_rows: int = BATCH_ROWS,
+    decontamination: dict[str, Any] | None = None,
 ) -> Path:
     """Shard `mixed_path` into `out_dir` and return the manifest's path."""
     pf = pq.ParquetFile(mixed_path)
@@ -214,6 +215,7 @@ def write_shards(
             shards=writer.shards,
             funnel=funnel,
             mix=mix_report,
+            decontamination=decontamination or {},
             removed_files=[str(Path(p).resolve()) for p in removed_files],
             stats={"rows": writer.total_rows, "text_bytes": writer.total_bytes},
         )
@@ -242,8 +244,9 @@ class WriteShards(Stage):
     work/data/shards/<key>/manifest.json; the manifest's path."""
 
     name, store, Config, Result = "write_shards", "data/shards", ShardConfig, Path
-    inputs = ("docs", "funnel", "mix_report", "removed_files", "config_hash")
+    inputs = ("docs", "funnel", "mix_report", "removed_files", "config_hash", "decontamination")
 
     def compute(self, inputs: dict, out_dir: Path) -> Path:
         return write_shards(inputs["docs"], out_dir, self.config, inputs["funnel"], inputs["mix_report"],
-                            inputs["removed_files"], inputs["config_hash"])
+                            inputs["removed_files"], inputs["config_hash"],
+                            decontamination=inputs["decontamination"])

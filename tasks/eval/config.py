@@ -1,6 +1,7 @@
 """The evaluation's config, apart from the evaluation: the pipeline config composes it without importing torch."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -12,6 +13,11 @@ from tasks.eval.rewards import check_reward_names
 class EvalConfig(StrictModel):
     """How much to evaluate and how: bins, token budget, temperature study, how many arithmetic questions."""
 
+    # What the models are evaluated on and the training data is decontaminated against: "arithmetic" (the built-in
+    # questions below) and lm-evaluation-harness tasks by name, from its registry or from the YAML folders of
+    # task_paths
+    tasks: list[str] = Field(default_factory=lambda: ["arithmetic"])
+    task_paths: list[Path] = Field(default_factory=list)
     n_bins: int = Field(default=15, ge=1)
     max_tokens: int = Field(default=16384, ge=1)  # next-token predictions evaluated, from the start of val
     seq_len: int | None = Field(default=None, ge=1)  # window length; None: the model's max_seq_len
@@ -36,6 +42,14 @@ class EvalConfig(StrictModel):
     target_accuracy: float = Field(default=0.9, gt=0.0, le=1.0)  # selective prediction: the threshold that reaches it
     seed: int = 0
     device: str | None = None  # evaluate_checkpoint only; None: cuda when available, else cpu
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks_named_once(cls, tasks: list[str]) -> list[str]:
+        twice = sorted({t for t in tasks if tasks.count(t) > 1})
+        if twice or any(not t.strip() for t in tasks):
+            raise ValueError(f"eval.tasks {tasks}: each task once, by a non-empty name")
+        return tasks
 
     @field_validator("reward")
     @classmethod

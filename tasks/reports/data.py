@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from infra.tracking.provenance import artifact_key
 from infra.tracking.datasets import log_shards_input
 from infra.tracking.runs import active_run, log_artifact, log_artifacts, log_metrics, set_tag
-from infra.workspace.atomic import write_figure_atomic, write_text_atomic
+from infra.workspace.atomic import write_figure_atomic, write_json_atomic, write_text_atomic
 from tasks.data.funnel import funnel_markdown, funnel_totals
 from tasks.data.manifest import load_manifest
 from tasks.reports.plots import funnel_png
@@ -33,6 +33,19 @@ def data_report_markdown(manifest_path: Path) -> str:
     for s, r in m.mix.get("sources", {}).items():
         lines.append(f"| {s} | {r['target']:.3f} | {r['achieved']:.3f} | {r['epochs']:.2f} | {r['sampled']} |")
     lines += ["", f"{len(m.shards)} shard(s), {m.stats.get('rows', 0)} rows, in `{Path(manifest_path).parent}`"]
+    if m.decontamination:
+        lines += ["", decontamination_markdown(m.decontamination)]
+    return "\n".join(lines)
+
+
+def decontamination_markdown(tasks: Mapping[str, Mapping[str, Any]]) -> str:
+    """Per evaluation task: its items found in the collected documents, and what was removed or cut."""
+    lines = ["## Decontamination", "",
+             "| task | items | items found | documents removed | documents cut | common n-grams ignored | numbers |",
+             "|---|---|---|---|---|---|---|"]
+    for name, t in tasks.items():
+        lines.append(f"| {name} | {t['items']} | {t['items_found']} ({t['items_found'] / max(t['items'], 1):.1%}) | "
+                     f"{t['documents_removed']} | {t['documents_cut']} | {t['common_ngrams_ignored']} | {t['numbers']} |")
     return "\n".join(lines)
 
 
@@ -148,7 +161,12 @@ def log_data_run(manifest_path: Path, out_dir: Path) -> dict[str, float]:
     log_metrics(metrics)
     md = write_text_atomic(out_dir / "data_report.md", data_report_markdown(manifest_path))
     png = funnel_png(m.funnel, out_dir / "funnel.png")
-    for path in (manifest_path, md, png):
+    written = [manifest_path, md, png]
+    if m.decontamination:
+        written.append(write_json_atomic(out_dir / "decontamination.json", {"tasks": m.decontamination}))
+        log_metrics({f"decontamination.{task}.{k}": float(v) for task, t in m.decontamination.items()
+                     for k, v in t.items() if isinstance(v, int)})
+    for path in written:
         log_artifact(path, artifact_path="data")
     log_shards_input(run.info.run_id, manifest_path, tags={"rows": str(m.stats.get("rows", 0))})
     set_tag("llmforge.manifest", str(manifest_path.resolve()))
