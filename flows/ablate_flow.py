@@ -28,13 +28,12 @@ from mlflow.tracking import MlflowClient
 from prefect import flow
 from pydantic import BaseModel
 
-from flows.ablation_spec import AA, BASELINE, BUILTIN, as_overrides, load_spec, variant_overrides
+from flows.ablation_spec import AA, BASELINE, BUILTIN, as_overrides, check_metrics, load_spec, variant_overrides
 from flows.config import resolve_pipeline_config
 from flows.data_flow import data_flow
 from flows.eval_flow import eval_flow
 from flows.proxies import held_out_targets, proxy_config, scores_of
 from flows.tokens import tokens_of
-from infra.config import ConfigError
 from infra.run_queue import Queued, flow_of_runs
 from infra.stages import run
 from infra.tracking.datasets import log_target_inputs
@@ -42,7 +41,6 @@ from infra.tracking.runs import log_metrics, tag_active_run
 from infra.workspace.atomic import write_json_atomic
 from infra.workspace.cache import flow_key
 from infra.workspace.paths import Workspace, point_latest
-from tasks.eval.evaluate import metric_names
 from tasks.eval.seed_differences import Difference, bits_per_byte, bpb_difference, value_difference
 from tasks.reports.ablation import publish_ablation_report
 from tasks.tokenizer.train import TrainTokenizer
@@ -100,10 +98,7 @@ def ablate_flow(file: str | None = None, workdir: str | None = None, preset: str
         arms = {n: Arm(name=n, overrides=named[n], seeds=seeds) for n in named}
         if spec.aa:
             arms[AA] = Arm(name=AA, overrides={}, seeds=[spec.seeds + s for s in seeds])
-        unknown = sorted(k for k in spec.metrics if k.partition(".")[2] not in metric_names())
-        if unknown:  # before any training
-            raise ConfigError(f"{file}: metrics {unknown} are no keys of the evaluation (e.g. grpo.answer.accuracy, "
-                              "grpo.answer.hallucination_rate, sft.token.ece; docs/ablations.md)")
+        check_metrics(spec, file)  # before any training (the CLI checked it too, before the services)
         order = [(arm.name, seed) for arm in arms.values() for seed in arm.seeds]
         config_of = {(n, s): configs[BASELINE if n == AA else n] for n, s in order}
         data_of = {(n, s): BASELINE if n == AA else n for n, s in order}

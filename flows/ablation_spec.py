@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from infra.config import ConfigError, StrictModel, check_names, format_validation_error
+from infra.config import ConfigError, StrictModel, check_names, format_validation_error, read_yaml
+from tasks.eval.target_files import check_target_file
 
 BASELINE, AA = "baseline", "aa"
 # `llmforge ablate` with no FILE: quality filters off, near dedup off and a code-heavy mix against the baseline, on
@@ -73,6 +73,13 @@ class AblationSpec(StrictModel):
         check_names(targets, "target")
         return targets
 
+    @model_validator(mode="after")
+    def _something_to_compare(self) -> "AblationSpec":
+        if not self.variants and not self.aa:
+            raise ValueError("no variants and no A/A check: nothing to compare with the baseline; name a variant "
+                             "under `variants:` or set `aa: true`")
+        return self
+
 
 MODELS = ("base", "sft", "grpo")  # the evaluation's models, a metric's first part
 HIGHER = {"accuracy", "answered_accuracy", "accuracy_at_target", "coverage_at_target", "correct"}
@@ -90,14 +97,13 @@ def load_spec(path: Path) -> AblationSpec:
     """FILE read and checked (a ConfigError saying what to fix); target paths relative to FILE made absolute and
     checked to exist."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"ablation file {path} is a folder; give the YAML file of the variants (docs/ablations.md)")
     if not path.is_file():
         raise ConfigError(f"ablation file {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not YAML ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: an ablation file is a mapping (variants, seeds, targets, ...)")
+    data = read_yaml(path)  # anchors, aliases and keys given twice refused, naming the line
+    if not data:
+        raise ConfigError(f"{path}: the ablation file is empty; name its variants (docs/ablations.md)")
     try:
         spec = AblationSpec.model_validate(data)
     except ValidationError as err:
@@ -107,6 +113,8 @@ def load_spec(path: Path) -> AblationSpec:
     if missing:
         raise ConfigError(f"{path}: target file(s) not found ({'; '.join(missing)}); paths are absolute or "
                           "relative to the ablation file")
+    for name, target in targets.items():
+        check_target_file(target, f"{path}: target {name}")
     tokenizer = None
     if spec.tokenizer is not None:
         tokenizer = (spec.tokenizer if spec.tokenizer.is_absolute() else path.parent / spec.tokenizer).resolve()
@@ -114,6 +122,19 @@ def load_spec(path: Path) -> AblationSpec:
             raise ConfigError(f"{path}: tokenizer {tokenizer} not found; give a tokenizer.json (absolute, or relative "
                               "to the ablation file), or leave `tokenizer` out to train one on the baseline's shards")
     return spec.model_copy(update={"targets": targets, "tokenizer": tokenizer})
+
+
+def check_metrics(spec: AblationSpec, file: str | Path) -> None:
+    """A ConfigError naming the `metrics` the evaluation has no key for."""
+    if not spec.metrics:
+        return
+    from tasks.eval.evaluate import metric_names  # torch: only for a file that names metrics
+
+    known = metric_names()
+    unknown = sorted(k for k in spec.metrics if k.partition(".")[2] not in known)
+    if unknown:
+        raise ConfigError(f"{file}: metrics {unknown} are no keys of the evaluation (e.g. grpo.answer.accuracy, "
+                          "grpo.answer.hallucination_rate, sft.token.ece; docs/ablations.md)")
 
 
 def as_overrides(sets: dict[str, Any]) -> list[str]:

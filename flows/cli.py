@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", dest="targets", action="append", default=[], metavar="NAME=PATH",
                    help="a held-out text to choose the mix for: .jsonl (a `text` per line) or .txt (repeatable; "
                         "default: the held-out slice of every source, weighted equally)")
-    p.add_argument("--confirm-scale", type=float, metavar="K",
+    p.add_argument("--confirm-scale", type=_bounded(float, 1, 1000), metavar="K",
                    help="also train the proposal and the catalog's mix at K x the proxy's parameters and tokens, and "
                         "say whether the ranking holds")
     _common(p)
@@ -372,13 +372,15 @@ def _run(args: argparse.Namespace) -> int:
 
         _check_catalog_arg(args)
         if args.command == "ablate":  # a bad file or variant is refused at once, before the services and the workspace
-            from flows.ablation_spec import BUILTIN, load_spec, variant_overrides
+            from flows.ablation_spec import BUILTIN, check_metrics, load_spec, variant_overrides
             from flows.config import check_paths, load_pipeline_config, parse_overrides
 
             from infra.config import ConfigError
 
             args.file = args.file or str(BUILTIN)
-            for name, sets in variant_overrides(load_spec(Path(args.file)), args.overrides).items():
+            spec = load_spec(Path(args.file))
+            check_metrics(spec, args.file)
+            for name, sets in variant_overrides(spec, args.overrides).items():
                 try:
                     check_paths(load_pipeline_config(args.preset, parse_overrides(sets)))
                 except ConfigError as exc:
@@ -407,6 +409,8 @@ def _mix_settings(args: argparse.Namespace) -> None:
         name, sep, path = pair.partition("=")
         if not sep or not name or not path:
             raise ConfigError(f"--target {pair!r}: give NAME=PATH, e.g. --target news=held_out/news.jsonl")
+        if "." in name:  # NAME becomes a key of mix.targets, where a dot would nest it
+            raise ConfigError(f"--target {pair!r}: a target's NAME has no '.', e.g. --target news_2024=PATH")
         args.overrides.append(f"mix.targets.{name}={Path(path).expanduser().resolve()}")
     if args.confirm_scale is not None:
         args.overrides.append(f"mix.confirm_scale={args.confirm_scale}")
@@ -419,12 +423,14 @@ DEBUG = os.environ.get("LLMFORGE_DEBUG", "") not in ("", "0")
 
 class _UserErrorsInOneLine(logging.Filter):
     """Prefect logs a failed task's or flow's exception with its traceback; for an error the user can act on (a
-    config, a service, a path: `_error_exit_code`) the CLI says it in one line, so the traceback is dropped and the
-    record's message kept."""
+    config, a service, a path: `_error_exit_code`) the CLI says it in one line, and a launch the run's stop ended is
+    no failure, so the traceback is dropped and the record's message kept."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        from infra.launch.launcher import LaunchStopped
+
         exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None and _error_exit_code(exc) is not None:
+        if exc is not None and (_error_exit_code(exc) is not None or isinstance(exc, LaunchStopped)):
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -450,7 +456,18 @@ def _error_exit_code(exc: BaseException) -> int | None:
         return 3
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return 4
+    if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:  # a path the user gave, too long to name a file
+        return 2
     return None
+
+
+def _said(exc: BaseException) -> str:
+    """The error's message; a path too long to name a file shortened, with what to do."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+        name = str(exc.filename or "")
+        shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]} ({len(name)} characters)"
+        return f"{shown}: file name too long (a name in a path is at most 255 bytes); give a shorter path"
+    return str(exc)
 
 
 def one_line(message: str) -> str:
@@ -492,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             return _store_fault_or_raise(exc, args)
         if DEBUG:
             traceback.print_exception(exc)
-        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        print(f"error: {one_line(_said(exc))}", file=sys.stderr)
         return code
 
 

@@ -34,7 +34,7 @@ from tasks.eval.items import ARITHMETIC, EvalItemsConfig
 from tasks.tokenizer.tokenize_shards import TokenizeConfig
 from tasks.tokenizer.train import TokenizerConfig
 from tasks.training.config import (RENAMED, ArithmeticSftOptions, GrpoConfig, PretrainConfig, SftConfig,
-                                   layout_problem)
+                                   layout_problem, seq_len_problem)
 from tasks.training.mix_search import MixSearchConfig
 from tasks.training.scaling.config import ScaleConfig
 
@@ -133,7 +133,18 @@ class PipelineConfig(StrictModel):
             problem = layout_problem(getattr(self, stage).launch, self.pretrain.shape(), stage)
             if problem:
                 raise ValueError(problem)
+        problem = seq_len_problem(self.sft.batch.seq_len, self.pretrain.shape(), "sft")
+        if problem:
+            raise ValueError(problem)
         return self
+
+    @field_validator("registered_model")
+    @classmethod
+    def _a_registry_name(cls, name: str) -> str:
+        if not name.strip() or any(c in name for c in "/:%\\") or name != name.strip():
+            raise ValueError(f"registered_model {name!r}: MLflow's registry takes a non-empty name without '/', ':', "
+                             "'%' or '\\' and without spaces at either end, e.g. llmforge-tiny")
+        return name
 
     @field_validator("mix")
     @classmethod

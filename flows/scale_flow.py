@@ -95,7 +95,8 @@ def scale_flow(config: PipelineConfig | None = None, workdir: str | None = None,
         folder.mkdir(parents=True, exist_ok=True)
         tag_active_run(f"llmforge.out.{STORE}.{folder.name}", f"{STORE}/{folder.name}")
         warnings = epoch_warnings(plan, train_tokens)
-        for line in warnings:
+        unfit = fit_problem(plan)  # said before the points train, not after
+        for line in warnings + ([unfit] if unfit else []):
             print(f"WARNING: {line}")
 
         def train(points: list, labels: list[str]) -> list[MeasuredPoint]:

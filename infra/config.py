@@ -71,11 +71,22 @@ def format_validation_error(err: ValidationError, origin: str) -> str:
 
 
 class YamlAliasRefused(yaml.YAMLError):
-    """A YAML anchor or alias, which config files may not use."""
+    """A YAML anchor or alias, or a key given twice, which config files may not have."""
 
 
 class _SafeNoAliasLoader(yaml.SafeLoader):
-    """SafeLoader that refuses anchors and aliases as the parser meets them, before anything is built."""
+    """SafeLoader that refuses anchors and aliases as the parser meets them, before anything is built, and a mapping
+    that names a key twice (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise YamlAliasRefused(f"line {key_node.start_mark.line + 1}: key '{str(key)[:SHOWN_CHARS]}' is given "
+                                       "twice in one mapping; keep one")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()

@@ -25,6 +25,7 @@ from pydantic import model_validator
 from torch import nn
 
 from infra.config import StrictModel
+from models.presets import PRESETS, shape_problem
 
 # ----------------------------------------------------------------------------- config
 
@@ -46,25 +47,14 @@ class ModelConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelConfig":
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be positive")
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim={self.dim} must be divisible by n_heads={self.n_heads}")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} (grouped-query attention)"
-            )
-        if (self.dim // self.n_heads) % 2:
-            raise ValueError(f"head_dim={self.dim // self.n_heads} must be even for rotary embeddings")
+        problem = shape_problem(self.model_dump())
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
-
-
-from models.presets import PRESETS  # noqa: E402  (the names, importable without torch, for config checks)
 
 
 def model_config(preset: str, vocab_size: int, **overrides) -> ModelConfig:

@@ -21,3 +21,23 @@ PRESETS: dict[str, dict] = {
         dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_hidden=8192, max_seq_len=2048, rope_theta=500000.0
     ),
 }
+
+
+# The keys of a shape (models/llama.py ModelConfig's, vocab_size aside: the tokenizer gives it).
+SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len", "rope_theta", "norm_eps",
+              "tie_embeddings", "init_std")
+_SIZES = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len")
+
+
+def shape_problem(shape: dict) -> str | None:
+    """What makes `shape` a model that cannot be built (None: nothing): ModelConfig's checks, without torch."""
+    for name in _SIZES:
+        if name in shape and (isinstance(shape[name], bool) or not isinstance(shape[name], int) or shape[name] <= 0):
+            return f"{name}={shape[name]} must be a positive integer"
+    if shape["dim"] % shape["n_heads"]:
+        return f"dim={shape['dim']} must be divisible by n_heads={shape['n_heads']}"
+    if shape["n_heads"] % shape["n_kv_heads"]:
+        return f"n_kv_heads={shape['n_kv_heads']} must divide n_heads={shape['n_heads']} (grouped-query attention)"
+    if (shape["dim"] // shape["n_heads"]) % 2:
+        return f"head_dim={shape['dim'] // shape['n_heads']} must be even for rotary embeddings"
+    return None

@@ -28,6 +28,7 @@ from infra.launch.build_lock import BUILDING_SHM_OP, clear_lock_of_stopped_build
 from infra.launch.precision import choose_precision
 from infra.launch.rank_watch import DEFAULT_TIMEOUT_S, RankWatch
 from infra.lifecycle.process_tree import STOP_GRACE_S, SUPERVISOR_ENV, TrackedTree, stop_processes, supervisor_token
+from infra.lifecycle.signals import run_stopping
 
 # torch is imported inside the functions that need it: the CLI and the data flow import this module and never
 # load torch (tests/unit/flows/test_data_flow_imports.py).
@@ -307,6 +308,10 @@ def _launch_log(log: Callable[[str], Any], log_file: Path | None) -> Any:
         yield show
 
 
+class LaunchStopped(RuntimeError):
+    """A launch whose ranks ended because the run was told to stop: not a failure to show a traceback for."""
+
+
 class LaunchDiskFull(OSError, RuntimeError):
     """A launch failed because a rank ran out of disk space: an OSError(ENOSPC), so the CLI exits 4 as for
     the data flow, and still the RuntimeError every other launch failure is."""
@@ -317,7 +322,10 @@ _DISK_FULL = re.compile(r"\[Errno 28\] (.*)|(database or disk is full.*)")
 
 
 def launch_failure(module: str, num_procs: int, rc: int, tail: list[str]) -> RuntimeError:
-    """The error of a launch that exited `rc`: its last lines, as a LaunchDiskFull when a rank's disk filled."""
+    """The error of a launch that exited `rc`: its last lines, as a LaunchDiskFull when a rank's disk filled; a
+    LaunchStopped when the run was told to stop (a launch of a queue, beside the one the signal interrupted)."""
+    if run_stopping():
+        return LaunchStopped(f"deepspeed launch of '{module}' stopped with the run (exit code {rc})")
     joined = "\n".join(tail)
     message = (f"deepspeed launch of '{module}' with {num_procs} process(es) failed with exit code {rc}; "
                f"last {len(tail)} lines of its output:\n{joined}")

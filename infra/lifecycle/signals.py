@@ -31,6 +31,12 @@ from infra.lifecycle.process_tree import STOP_GRACE_S, descendants, stop_process
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CANCEL_POLL_S = 2.0
+_STOPPING = threading.Event()  # set by the first stop signal: what ends now ends because the run was told to stop
+
+
+def run_stopping() -> bool:
+    """Whether this process was told to stop (a launch that ends now was stopped, it did not fail)."""
+    return _STOPPING.is_set()
 
 
 class RunStopped(KeyboardInterrupt):
@@ -56,6 +62,7 @@ class StopHandler:
 
     def __call__(self, signum: int, frame: Any) -> None:
         self.received += 1
+        _STOPPING.set()
         name = signal.Signals(signum).name
         if self.received > 1:
             print(f"\n{name} again: killing every process of the run now", file=sys.stderr, flush=True)

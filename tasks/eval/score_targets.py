@@ -22,7 +22,8 @@ from infra.stages import Stage
 from models.bpb import token_bytes
 from models.export import load_model
 from tasks.eval.seed_differences import bits_per_byte
-from tasks.eval.targets import read_target, score_windows, target_windows
+from tasks.eval.target_files import read_target
+from tasks.eval.targets import score_windows, target_windows
 from tasks.tokenizer.train import load_tokenizer
 
 

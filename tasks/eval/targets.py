@@ -1,6 +1,6 @@
 """Held-out targets: raw texts every model of a comparison is scored on, window by window, in bits per byte.
 
-    texts = read_target(path)                                   JSONL with a `text` field, or a .txt file
+    texts = read_target(path)                                   tasks/eval/target_files.py
     windows = target_windows(texts, tokenizer, seq_len)         [n, seq_len + 1] token ids, EOS between texts
     scores = score_windows(model, windows, table)               [n, (nats, bytes)]: what seed_differences pairs
 
@@ -12,8 +12,6 @@ those tokens' UTF-8 bytes (models/bpb.py), so bits per byte compare across model
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,33 +20,6 @@ from models.bpb import nats_and_bytes
 from models.losses import token_logprobs
 from models.special_tokens import EOS
 from tasks.tokenizer.train import special_token_ids
-
-
-def read_target(path: Path) -> list[str]:
-    """The texts of a target file: each line's `text` of a .jsonl, or a .txt file's paragraphs (blank-line separated)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"target {path} does not exist: give a .jsonl with a `text` field or a .txt file")
-    if path.suffix == ".txt":
-        texts = [p.strip() for p in path.read_text(encoding="utf-8").split("\n\n")]
-    elif path.suffix in (".jsonl", ".json"):
-        texts = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not a JSON line ({exc.msg})") from exc
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise ValueError(f"{path}:{n}: a target line needs a string `text` field")
-            texts.append(row["text"])
-    else:
-        raise ValueError(f"target {path}: unknown kind '{path.suffix}'; give a .jsonl (a `text` field per line) or .txt")
-    texts = [t for t in texts if t]
-    if not texts:
-        raise ValueError(f"target {path} holds no text")
-    return texts
 
 
 def target_windows(texts: list[str], tokenizer, seq_len: int) -> np.ndarray:

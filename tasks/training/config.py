@@ -24,7 +24,7 @@ from pydantic_core import PydanticCustomError
 
 from infra.config import StrictModel
 from infra.launch.hostfile import HostfilePath, hostfile_nodes
-from models.presets import PRESETS
+from models.presets import PRESETS, SHAPE_KEYS, shape_problem
 from tasks.eval.arithmetic import ArithmeticTask, problem_capacity
 from tasks.eval.gsm8k import Gsm8kSource
 from tasks.eval.rewards import check_reward_names
@@ -160,12 +160,34 @@ class PretrainConfig(TrainingConfig):
         """The model's shape (models/presets.py with model_overrides), without torch: what the layout checks read."""
         return {**PRESETS[self.model], **self.model_overrides}
 
+    @field_validator("model_overrides")
+    @classmethod
+    def _known_shape_keys(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(overrides) - set(SHAPE_KEYS))
+        if unknown:
+            hint = "; the vocabulary is tokenizer.vocab_size" if "vocab_size" in unknown else ""
+            raise ValueError(f"pretrain.model_overrides {unknown}: no such key of a model's shape; "
+                             f"the keys are {list(SHAPE_KEYS)}{hint}")
+        return overrides
+
     @model_validator(mode="after")
     def _layout_fits_the_model(self) -> "PretrainConfig":
-        problem = layout_problem(self.launch, self.shape(), "pretrain")
+        shape = self.shape()
+        problem = shape_problem(shape)
+        if problem:
+            raise ValueError(f"pretrain.model={self.model} with model_overrides {self.model_overrides}: {problem}")
+        problem = layout_problem(self.launch, shape, "pretrain") or seq_len_problem(self.batch.seq_len, shape, "pretrain")
         if problem:
             raise ValueError(problem)
         return self
+
+
+def seq_len_problem(seq_len: int, shape: dict[str, Any], stage: str) -> str | None:
+    """A stage's windows longer than the model's positions (None: they fit)."""
+    if seq_len > shape["max_seq_len"]:
+        return (f"{stage}.batch.seq_len={seq_len} exceeds the model's max_seq_len={shape['max_seq_len']}; lower it, "
+                "or raise pretrain.model_overrides.max_seq_len")
+    return None
 
 
 def layout_problem(launch: "LaunchConfig", shape: dict[str, Any], stage: str) -> str | None:

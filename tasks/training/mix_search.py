@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from infra.config import ConfigError, StrictModel, check_names
+from tasks.eval.target_files import check_target_file
 
 SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden")
 
@@ -37,7 +38,7 @@ class MixSearchConfig(StrictModel):
     seeds: int = Field(3, ge=2)  # the proposal and the catalog's mix, each over this many seeds (paired by seed)
     # Overrides every proxy's pretraining gets, as --set keys (pretrain.steps, pretrain.model_overrides, ...)
     proxy: dict[str, Any] = Field(default_factory=dict)
-    confirm_scale: float | None = Field(None, gt=1)  # both mixes trained again at k x the proxy's params and tokens
+    confirm_scale: float | None = Field(None, gt=1, le=1000)  # both mixes trained again at k x the proxy's params and tokens
     seed: int = 0  # of the Dirichlet draws and the bootstraps
 
     @field_validator("targets")
@@ -63,6 +64,8 @@ def mix_targets(targets: Mapping[str, Path]) -> dict[str, Path]:
     if missing:
         raise ConfigError(f"mix target file(s) not found ({'; '.join(missing)}): give a .jsonl (a `text` per line) or "
                           ".txt, as --target NAME=PATH or in the preset's mix.targets")
+    for name, path in named.items():
+        check_target_file(path, f"mix target {name}")
     return named
 
 

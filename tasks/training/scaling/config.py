@@ -1,7 +1,7 @@
 """The `scale:` section of a preset (torch-free, as flows/config.py needs; tasks/training/scaling/sweep.py plans from it)."""
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from infra.config import StrictModel
 
@@ -27,7 +27,7 @@ class ScaleConfig(StrictModel):
     # (docs/experiments/2026-12-05-scaling-sweep-trials.md). 0: one micro-batch for all.
     min_steps: int = Field(default=0, ge=0)
     tokens_per_param: float = Field(default=20.0, gt=0)  # centres each budget's sizes (a guess, not a result)
-    predict_factor: float = Field(default=4.0, gt=1)  # the predicted, then trained run: this x the largest budget
+    predict_factor: float = Field(default=4.0, gt=1, le=1000)  # the predicted, then trained run: this x the largest budget
     warmup_fraction: float = Field(default=0.05, ge=0, lt=1)  # of each point's steps (the preset's warmup_steps is not used)
     resamples: int = Field(default=200, ge=10)  # bootstrap resamples of the fits
     seed: int = 0  # of the bootstrap
@@ -45,3 +45,10 @@ class ScaleConfig(StrictModel):
         if not budgets or any(b <= 0 for b in budgets) or len(set(budgets)) != len(budgets):
             raise ValueError(f"scale.budgets={budgets} must be distinct positive FLOP counts, e.g. [2e12, 4e12, 8e12]")
         return sorted(budgets)
+
+    @model_validator(mode="after")
+    def _sizes_among_the_depths(self) -> "ScaleConfig":
+        if self.sizes_per_budget > len(self.depths):
+            raise ValueError(f"scale.sizes_per_budget={self.sizes_per_budget} exceeds the {len(self.depths)} family "
+                             f"members of scale.depths={self.depths}: list more depths or lower sizes_per_budget")
+        return self

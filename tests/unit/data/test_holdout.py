@@ -15,7 +15,7 @@ from tasks.data.exact_dedup import ExactDedupConfig, exact_dedup
 from tasks.data.funnel import build_funnel
 from tasks.data.holdout import HoldoutConfig, hold_out, held_out_mask
 from tasks.data.mix import MixConfig, rebalance_mix
-from tasks.eval.targets import read_target
+from tasks.eval.target_files import read_target
 from tests.conftest import words
 
 

@@ -11,7 +11,8 @@ import torch
 from models.bpb import token_bytes
 from models.losses import next_token_loss
 from models.special_tokens import EOS
-from tasks.eval.targets import read_target, score_windows, target_windows
+from tasks.eval.target_files import read_target
+from tasks.eval.targets import score_windows, target_windows
 from tests.conftest import bpe_tokenizer_on, tiny_llama
 
 TEXTS = ["The river rose in the night and the town woke to water.", "Prices fell for a third month.",

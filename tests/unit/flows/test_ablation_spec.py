@@ -10,6 +10,9 @@ from infra.config import ConfigError
 
 
 def write(tmp_path, spec: dict, targets: tuple[str, ...] = ("t.jsonl",)):
+    """The file of `spec` (with the A/A check where it names no variant: something to compare), and its targets."""
+    if not spec.get("variants"):
+        spec = {"aa": True, **spec}
     for name in targets:
         (tmp_path / name).write_text('{"text": "held out"}\n')
     path = tmp_path / "ablation.yaml"
@@ -38,6 +41,35 @@ def test_targets_are_read_relative_to_the_file(tmp_path):
 def test_a_bad_file_says_what_to_fix(tmp_path, spec, match):
     with pytest.raises(ConfigError, match=match):
         load_spec(write(tmp_path, spec))
+
+
+@pytest.mark.parametrize("text, match", [
+    ("", "the ablation file is empty"),
+    ("variants: {}\n", "nothing to compare with the baseline"),
+    ("variants:\n  v1: {data.near.enabled: false}\n  v1: {data.quality.enabled: false}\n",
+     "line 3: key 'v1' is given twice"),
+    ("targets: {t: t.csv}\naa: true\n", "target t: target .*t.csv: unknown kind '.csv'"),
+    ("targets: {t: empty.jsonl}\naa: true\n", "target t: target .*empty.jsonl holds no text"),
+])
+def test_a_file_with_nothing_to_compare_a_key_twice_or_an_unreadable_target_is_refused(tmp_path, text, match):
+    (tmp_path / "t.csv").write_text("a,b\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "ablation.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_spec(tmp_path / "ablation.yaml")
+
+
+def test_a_folder_is_no_ablation_file(tmp_path):
+    with pytest.raises(ConfigError, match="is a folder; give the YAML file"):
+        load_spec(tmp_path)
+
+
+def test_an_unknown_metric_is_refused_before_any_work(tmp_path):
+    from flows.ablation_spec import check_metrics
+
+    path = write(tmp_path, {"until": "evaluate", "metrics": {"grpo.nosuchthing.whatever": "lower"}})
+    with pytest.raises(ConfigError, match=r"metrics \['grpo.nosuchthing.whatever'\] are no keys of the evaluation"):
+        check_metrics(load_spec(path), path)
 
 
 def test_a_variants_own_value_wins_over_the_command_line(tmp_path):

@@ -113,3 +113,19 @@ def test_layouts_the_model_cannot_take_are_refused_when_the_config_is_read(capsy
     start = time.perf_counter()
     err = _error(capsys, "show-config", *[a for s in sets for a in ("--set", s)])
     assert says in err and time.perf_counter() - start < 3, err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["show-config", "--preset", "/tmp/" + "b" * 300 + ".yaml"], "file name too long (a name in a path is at most 255"),
+    (["show-config", "--set", "data.catalog=/tmp/" + "b" * 300], "file name too long"),
+    (["mix", "--target", "a.b=/tmp/t.jsonl"], "a target's NAME has no '.'"),
+])
+def test_a_path_too_long_and_a_dotted_target_name_are_one_line(capsys, argv, says):
+    """A path over 255 bytes is an OSError the CLI says in one line, shortened (issue 52's red-team)."""
+    err = _error(capsys, *argv)
+    assert says in err and len(err) < 400, err
+
+
+def test_a_confirm_scale_beyond_its_range_is_refused_by_the_parser():
+    out = subprocess.run(CLI + ["mix", "--confirm-scale", "1e30"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "must lie in [1, 1000]" in out.stderr and "Traceback" not in out.stderr

@@ -230,6 +230,16 @@ def test_the_arithmetic_range_is_one_section_every_stage_reads():
     ("grpo.n_train_problems=100000", "grpo.n_train_problems=100000, but only"),
     ("grpo.eval_prompts=100000", "grpo.eval_prompts=100000, but only"),
     ("scale.depths=[]", "scale.depths=[] must name at least one depth"),
+    ("scale.depths=[1000]", "scale.sizes_per_budget=4 exceeds the 1 family members"),
+    ("scale.predict_factor=1e300", "less than or equal to 1000"),
+    ("mix.confirm_scale=1e30", "less than or equal to 1000"),
+    ("pretrain.model_overrides={dim: 130}", "dim=130 must be divisible by n_heads=6"),
+    ("pretrain.model_overrides={n_layers: -2}", "n_layers=-2 must be a positive integer"),
+    ("pretrain.model_overrides={foo: 3}", "['foo']: no such key of a model's shape"),
+    ("pretrain.model_overrides={vocab_size: 3}", "the vocabulary is tokenizer.vocab_size"),
+    ("pretrain.batch.seq_len=1000", "pretrain.batch.seq_len=1000 exceeds the model's max_seq_len=256"),
+    ("sft.batch.seq_len=1000", "sft.batch.seq_len=1000 exceeds the model's max_seq_len=256"),
+    ("registered_model=bad/name:x", "MLflow's registry takes a non-empty name without '/'"),
 ])
 def test_what_the_task_and_the_sweep_cannot_give_is_refused_when_the_config_is_read(override, says):
     assert says in refused([override])

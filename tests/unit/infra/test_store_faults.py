@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from infra.launch.launcher import LaunchDiskFull, launch_failure
+from infra.launch.launcher import LaunchDiskFull, LaunchStopped, launch_failure
 from infra.tracking.store import configure
 from infra.workspace.paths import Workspace
 from tests.helpers.shared import shared_once
@@ -132,3 +132,17 @@ def test_the_cli_exits_4_on_a_launch_out_of_disk_space(monkeypatch, capsys):
     monkeypatch.setattr("flows.cli._runs", full)
     assert main(["runs"]) == 4
     assert capsys.readouterr().err.count("error:") == 1
+
+
+def test_a_launch_the_runs_stop_ended_is_no_failure_and_logs_no_traceback(monkeypatch):
+    """SIGTERM to a flow of queued launches: the other launches end too, said without a traceback (issue 52)."""
+    import logging
+
+    from flows.cli import _UserErrorsInOneLine
+
+    assert type(launch_failure("m", 1, -15, ["x"])) is RuntimeError
+    monkeypatch.setattr("infra.launch.launcher.run_stopping", lambda: True)
+    exc = launch_failure("m", 1, -15, ["x"])
+    assert isinstance(exc, LaunchStopped) and "stopped with the run (exit code -15)" in str(exc)
+    record = logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, "Task run failed", None, (type(exc), exc, None))
+    assert _UserErrorsInOneLine().filter(record) and record.exc_info is None
