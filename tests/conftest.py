@@ -341,7 +341,8 @@ def eval_result_with_answers(questions: list[str], correct, confidences, answer_
     import math
 
     from tasks.eval.config import EvalConfig
-    from tasks.eval.evaluate import AnswerRecord, EvalResult, scored_answers
+    from tasks.eval.evaluate import AnswerRecord, EvalResult
+    from tasks.eval.scored import scored_answers
     from tasks.eval.intervals import proportion
 
     cfg = EvalConfig(n_bins=10, bootstrap_resamples=200, target_accuracy=target_accuracy)

@@ -40,24 +40,27 @@ from infra.stages import Stage
 from infra.workspace.atomic import write_text_atomic
 from infra.workspace.record import sha256_file
 from models.bpb import token_bytes
-from models.calibration import CalibrationReport, ReliabilityBins, calibration_report, reliability_bins
-from models.export import WEIGHTS, load_model
+from models.calibration import CalibrationReport, ReliabilityBins
+from models.export import WEIGHTS, export_hf_llama, load_model
 from models.llama import Transformer
 from tasks.eval.abstention import AbstentionReport, abstention_report
 from tasks.eval.answers import greedy_answers
 from tasks.eval.arithmetic import ArithmeticTask
 from tasks.eval.choices import ChoiceRecord, choice_records
 from tasks.eval.config import EvalConfig
-from tasks.eval.intervals import (Proportion, bootstrap_ece_interval, bootstrap_interval, bootstrap_ratio_interval,
-                                  proportion)
+from tasks.eval.harness import TaskScores, harness_scores
+from tasks.eval.items import ARITHMETIC
+from tasks.eval.intervals import Proportion, proportion
 from tasks.eval.progress import EvalProgress, Tracker
 from tasks.eval.rewards import get_reward, is_abstention, parse_answer, parse_integer
-from tasks.eval.selective import SelectiveReport, aurc, selective_report
+from tasks.eval.scored import scored_answers
+from tasks.eval.selective import SelectiveReport
 from tasks.eval.tokens import token_metrics
 from tasks.tokenizer.tokenize_shards import load_token_split
-from tasks.tokenizer.train import load_tokenizer
+from tasks.tokenizer.train import TOKENIZER_FILE, load_tokenizer
 
 EVAL_FILE = "eval.json"
+HF_DIR = "hf"  # the model's transformers export, which lm-eval reads
 
 
 class AnswerRecord(BaseModel):
@@ -119,6 +122,8 @@ class EvalResult(BaseModel):
     choice_bins: ReliabilityBins | None = None
     choice_selective: SelectiveReport | None = None
     choices: list[ChoiceRecord] = Field(default_factory=list)
+    # eval.tasks through lm-evaluation-harness on the model's export (tasks/eval/harness.py), by name
+    tasks: dict[str, TaskScores] = Field(default_factory=dict)
 
     @property
     def n_stated(self) -> int:
@@ -151,6 +156,8 @@ class EvalResult(BaseModel):
                         and not k.startswith("accuracy_")})  # answer.accuracy is the calibration report's
         if self.answers:
             out["answer.n_stated"] = float(self.n_stated)
+        for name, scores in self.tasks.items():
+            out.update({f"{name}.{k}": v for k, v in scores.flat().items()})
         return out
 
 
@@ -208,29 +215,6 @@ def answer_records(model: Transformer, tokenizer, problems: Sequence, cfg: EvalC
     return records
 
 
-def scored_answers(confidences: Sequence[float], correct: Sequence[bool],
-                   cfg: EvalConfig) -> tuple[CalibrationReport, ReliabilityBins, SelectiveReport]:
-    """Calibration with its intervals (accuracy, ECEs, Brier), reliability bins and the selective-prediction report
-    (AURC with its interval) of one set of answers."""
-    report = calibration_report(confidences, correct, cfg.n_bins)
-    acc = proportion(correct)
-    ece_lo, ece_hi = bootstrap_ece_interval(confidences, correct, cfg.n_bins, "uniform", cfg.bootstrap_resamples, cfg.seed)
-    em_lo, em_hi = bootstrap_ece_interval(confidences, correct, cfg.n_bins, "quantile", cfg.bootstrap_resamples, cfg.seed)
-    report = report.model_copy(update={
-        "accuracy_lo": acc.accuracy_lo, "accuracy_hi": acc.accuracy_hi,
-        "ece_lo": ece_lo, "ece_hi": ece_hi, "ece_equal_mass_lo": em_lo, "ece_equal_mass_hi": em_hi,
-    })
-    bins = reliability_bins(confidences, correct, cfg.n_bins, cfg.answer_bin_strategy)
-    selective = selective_report(confidences, correct, cfg.target_accuracy)
-    conf, right = np.asarray(confidences, dtype=np.float64), np.asarray(correct, dtype=np.float64)
-    if conf.size >= 2:  # one answer resamples to itself: no interval
-        lo, hi = bootstrap_ratio_interval((conf - right) ** 2, np.ones_like(conf), cfg.bootstrap_resamples, cfg.seed)
-        report = report.model_copy(update={"brier_lo": lo, "brier_hi": hi})
-        lo, hi = bootstrap_interval(conf.size, lambda idx: aurc(conf[idx], right[idx]), cfg.bootstrap_resamples, cfg.seed)
-        selective = selective.model_copy(update={"aurc_lo": lo, "aurc_hi": hi})
-    return report, bins, selective
-
-
 def answer_metrics(model: Transformer, tokenizer, problems: Sequence, cfg: EvalConfig, task: ArithmeticTask,
                    few_shot: bool = False, progress: EvalProgress | None = None) -> dict:
     """The answer-level and multiple-choice fields of an EvalResult; with an outer range, the trained range's too."""
@@ -284,6 +268,11 @@ def evaluate_model(
     return EvalResult(**fields)
 
 
+def _tokenizer_file(path: Path) -> Path:
+    """tokenizer.json, given it or the folder that holds it."""
+    return path / TOKENIZER_FILE if path.is_dir() else path
+
+
 def _pick_device(requested: str | None) -> torch.device:
     if requested:
         return torch.device(requested)
@@ -311,6 +300,13 @@ def evaluate_checkpoint(
     label = name or Path(model_dir).name
     result = evaluate_model(model, val, tokenizer, problems, cfg, few_shot=label in cfg.few_shot_models, label=label,
                             task=task)
+    tasks = [t for t in cfg.tasks if t != ARITHMETIC or (problems and tokenizer is not None)]
+    if tasks and tokenizer_path is not None:  # lm-eval reads the model as transformers does: its export
+        hf = export_hf_llama(model, Path(out_dir) / HF_DIR, _tokenizer_file(Path(tokenizer_path)))
+        result.tasks = harness_scores(hf, tasks, cfg.task_paths, cfg, task, few_shot=label in cfg.few_shot_models,
+                                      device=str(next(model.parameters()).device))
+        print(f"evaluate {label}: " + "; ".join(f"{n} " + ", ".join(f"{k} {v:.4f}" for k, v in s.metrics.items())
+                                               for n, s in result.tasks.items()))
     result.model = EvaluatedModel(stage=label, model_dir=str(model_dir),
                                   weights_sha256=sha256_file(Path(model_dir) / WEIGHTS))
     write_text_atomic(Path(out_dir) / EVAL_FILE, result.model_dump_json(indent=2))

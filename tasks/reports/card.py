@@ -32,9 +32,9 @@ from tasks.data.manifest import load_manifest
 from tasks.eval.differences import stage_differences
 from tasks.eval.evaluate import EvalResult
 from tasks.eval.intervals import proportion, proportion_of
-from tasks.reports.data import publish_prefect_artifact
-from tasks.reports.eval import (comparison_table, differences_table, selective_table, write_accuracy_coverage,
-                                write_comparison)
+from tasks.reports.data import decontamination_markdown, publish_prefect_artifact
+from tasks.reports.eval import (comparison_table, differences_table, selective_table, tasks_table,
+                                write_accuracy_coverage, write_comparison)
 from tasks.reports.headline import headline_metrics
 from tasks.reports.register import lineage_tags, register_final_model
 from tasks.reports.run_header import identity_lines, stage_lines, wall_row
@@ -182,6 +182,13 @@ def write_final_report(
               selective_table(evals), ""]
     if images.get("accuracy-coverage") is not None:
         lines.append(f"![accuracy-coverage]({images['accuracy-coverage'].name})")
+    tasks = tasks_table(evals)
+    if tasks:
+        lines += ["", "## Evaluation tasks (lm-evaluation-harness)", "",
+                  "Each of eval.tasks on each stage's exported model; `arithmetic` is the questions above as the "
+                  "shipped lm-eval task (tasks/eval/harness_tasks), scored as the pipeline scores them.", "", tasks, ""]
+    if m.decontamination:
+        lines += ["", decontamination_markdown(m.decontamination), ""]
     lines += ["", "## Data funnel", "", funnel_markdown(m.funnel), ""]
     return write_text_atomic(out, "\n".join(lines) + "\n")
 

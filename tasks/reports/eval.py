@@ -149,9 +149,32 @@ def selective_table(results: Mapping[str, EvalResult]) -> str:
     return "\n".join(lines)
 
 
+def tasks_table(results: Mapping[str, EvalResult]) -> str | None:
+    """Markdown: every eval.tasks task on every model, lm-eval's metrics ± its standard error, and the calibration of
+    the items (equal-mass ECE, Brier, AURC with 95% intervals); None when no model ran a task."""
+    rows = [(task, name, scores) for name, r in results.items() for task, scores in r.tasks.items()]
+    if not rows:
+        return None
+    lines = ["| task | model | n | lm-eval metrics (± standard error) | ECE, equal mass [95% CI] | Brier [95% CI] | "
+             "AURC [95% CI] |", "|---|---|---:|---|---:|---:|---:|"]
+    for task, name, s in sorted(rows, key=lambda row: row[0]):
+        shown = ", ".join(f"{k} {v:.4f}" + (f" ± {s.stderr[k]:.4f}" if k in s.stderr else "") for k, v in s.metrics.items())
+        c, sel = s.calibration, s.selective
+        ece = _with_band(c.ece_equal_mass, c.ece_equal_mass_lo, c.ece_equal_mass_hi) if c else "n/a"
+        brier = _with_band(c.brier, c.brier_lo, c.brier_hi) if c else "n/a"
+        aurc_ = _with_band(sel.aurc, sel.aurc_lo, sel.aurc_hi) if sel else "n/a"
+        lines.append(f"| {task} ({s.lm_eval_task}) | {name} | {s.n} | {shown} | {ece} | {brier} | {aurc_} |")
+    return "\n".join(lines)
+
+
+def _with_band(value: float, lo: float | None, hi: float | None) -> str:
+    return f"{value:.4f}" + (f" [{lo:.4f}, {hi:.4f}]" if lo is not None and hi is not None else "")
+
+
 def comparison_markdown(results: Mapping[str, EvalResult]) -> str:
-    """The three comparison tables: metrics, paired differences, selective prediction."""
-    return "\n\n".join([comparison_table(results), differences_table(results), selective_table(results)])
+    """The comparison tables: metrics, paired differences, selective prediction, the eval.tasks."""
+    tables = [comparison_table(results), differences_table(results), selective_table(results), tasks_table(results)]
+    return "\n\n".join(t for t in tables if t)
 
 
 # ----------------------------------------------------------------------------- files and MLflow

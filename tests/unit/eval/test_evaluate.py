@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -221,7 +222,7 @@ def test_evaluate_checkpoint_writes_json_and_the_report_draws_its_figures(tmp_pa
     model_dir = save_model(tiny_llama(vocab=vocab), tmp_path / "models" / "base")
     tokens = np.random.default_rng(1).integers(0, vocab, 400).astype(np.uint16)
     _write_val_split(tmp_path / "tokens", tokens, vocab)
-    cfg = EvalConfig(max_tokens=200, seq_len=32, temperature_tokens=100, n_questions=5, max_new_tokens=4)
+    cfg = EvalConfig(max_tokens=200, seq_len=32, temperature_tokens=100, n_questions=5, max_new_tokens=4, tasks=[])
     out = tmp_path / "eval" / "base"
     result = evaluate_checkpoint(model_dir, tmp_path / "tokens", tok_path.parent, cfg, out, name="base")
     saved = json.loads((out / EVAL_FILE).read_text())
@@ -264,3 +265,28 @@ def test_bad_inputs_are_refused() -> None:
         EvalConfig(temperature_fit_fraction=1.0)
     with pytest.raises(ValueError):
         EvalConfig(unknown_key=1)
+
+
+@pytest.mark.parametrize("label", ["sft", "base"])
+def test_the_arithmetic_task_through_lm_eval_gives_the_pipelines_answers_item_by_item(tmp_path: Path, label) -> None:
+    """eval.tasks' `arithmetic` is the shipped lm-eval task on the model's export: the same prompts (chat template, or
+    the few-shot prompt for a base), the same greedy responses and so the same accuracy as the pipeline's (issue 50)."""
+    tok = tiny_tokenizer()
+    tok_path = tmp_path / "tokenizer.json"
+    tok.save(str(tok_path))
+    vocab = tok.get_vocab_size()
+    torch.manual_seed(3)
+    model_dir = save_model(tiny_llama(vocab=vocab), tmp_path / "model")
+    _write_val_split(tmp_path / "tokens", np.random.default_rng(1).integers(0, vocab, 400).astype(np.uint16), vocab)
+    cfg = EvalConfig(max_tokens=200, seq_len=32, temperature_tokens=100, n_questions=24, max_new_tokens=6,
+                     multiple_choice=False, tasks=["arithmetic"])
+    result = evaluate_checkpoint(model_dir, tmp_path / "tokens", tok_path, cfg, tmp_path / "eval", name=label)
+    harness = result.tasks["arithmetic"]
+    assert harness.lm_eval_task == ("llmforge_arithmetic_few_shot" if label == "base" else "llmforge_arithmetic")
+    # Greedy, token for token: lm-eval's text is the pipeline's without the special tokens an untrained model emits.
+    assert [i.response for i in harness.items] == [re.sub(r"<\|[a-z_]+\|>", "", a.response) for a in result.answers]
+    assert [i.correct for i in harness.items] == [a.correct for a in result.answers]
+    assert harness.metrics["accuracy"] == pytest.approx(sum(a.correct for a in result.answers) / 24)
+    assert "accuracy" in harness.stderr and harness.n == 24 and harness.calibration is not None
+    assert result.metrics()["arithmetic.accuracy"] == harness.metrics["accuracy"]
+    assert "arithmetic.calibration.ece_equal_mass" in result.metrics()

@@ -32,7 +32,7 @@ def _eval_result() -> EvalResult:
 
 def _with_answers(result: EvalResult) -> EvalResult:
     from tasks.eval.config import EvalConfig
-    from tasks.eval.evaluate import scored_answers
+    from tasks.eval.scored import scored_answers
 
     rng = np.random.default_rng(1)
     conf = rng.uniform(0.2, 1.0, 300)
