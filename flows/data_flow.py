@@ -48,6 +48,7 @@ class DataResult(BaseModel):
     mlflow_run_id: str
     held_out: dict[str, Path] = {}  # source -> its held-out texts (.jsonl), with data.holdout.fraction > 0
     decontamination: Path | None = None  # decontamination.json, when the run matched against any task
+    contaminated: Path | None = None  # found.jsonl: the evaluation's items found in the collected documents
 
 
 @flow(name="data", log_prints=True)
@@ -104,7 +105,8 @@ def data_flow(config: DataConfig | None = None, workdir: str | None = None, pres
         log_data_run(manifest, ws.run_reports(run_.info.run_id))
         print(data_report_markdown(manifest))
         return DataResult(manifest=manifest, funnel=funnel, mlflow_run_id=run_.info.run_id,
-                          held_out=held.files if held else {}, decontamination=decont.report if decont else None)
+                          held_out=held.files if held else {}, decontamination=decont.report if decont else None,
+                          contaminated=decont.found if decont else None)
 
 
 def flow_for(config: DataConfig) -> Flow:

@@ -19,15 +19,16 @@ from tasks.reports.eval import log_comparison
 
 @flow(name="evaluate", log_prints=True)
 def eval_flow(config: EvalConfig, models: dict[str, str], tokens: str, tokenizer: str, task: ArithmeticTask,
-              workdir: str = "work") -> dict[str, EvalResult]:
-    """Evaluate each named model on the arithmetic `task`'s questions (cached per model) and log their comparison;
-    results by name."""
+              workdir: str = "work", contaminated: str | None = None) -> dict[str, EvalResult]:
+    """Evaluate each named model on the arithmetic `task`'s questions and eval.tasks (cached per model) and log their
+    comparison; results by name. `contaminated`: the data flow's found.jsonl, whose items each task scores apart."""
     ws = Workspace.locate(workdir).ensure_writable()
     with stop_on_cancel(), workspace_lock(ws), stage_run(ws, "evaluate", config, config_key="eval", run_key=flow_key(
             "evaluate", __name__, config, {"models": [Path(m) for m in models.values()], "tokens": Path(tokens),
                                            "task": task})) as run:
         placed = {name: place(Evaluate(config), ws, model=Path(model_dir), tokens=Path(tokens), tokenizer=Path(tokenizer),
-                              label=name, task=task) for name, model_dir in models.items()}
+                              label=name, task=task, contaminated=Path(contaminated) if contaminated else None)
+                  for name, model_dir in models.items()}
         results = {name: p.run() for name, p in placed.items()}
         print(log_comparison(results, {name: p.out_dir for name, p in placed.items()}, ws.run_reports(run.info.run_id)))
         return results

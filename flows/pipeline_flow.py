@@ -86,7 +86,8 @@ def pipeline_flow(config: PipelineConfig | None = None, workdir: str | None = No
         with clock.stage("evaluate", "calibration of base, SFT and GRPO; report card"):
             models = {"base": str(base.model_dir), "sft": str(sft.model_dir), "grpo": str(grpo.model_dir)}
             evals = eval_flow(config.eval, models, tokens=str(tok.tokens), tokenizer=str(tok.tokenizer),
-                              task=config.arithmetic, workdir=root)
+                              task=config.arithmetic, workdir=root,
+                              contaminated=str(data.contaminated) if data.contaminated else None)
         report = publish_pipeline_report(ws, config, data, tok, base, sft, grpo, evals, time.time() - started, identity)
         print(report.markdown)
         return PipelineResult(

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from infra.config import StrictModel
 from infra.stages import Stage
-from infra.workspace.atomic import write_json_atomic
+from infra.workspace.atomic import write_json_atomic, write_text_atomic
 from tasks.data.contamination import ContaminationIndex, DocumentMatches, TaskItems, cut, judge
 from tasks.data.documents import as_documents, iter_batches, removed_from_documents
 from tasks.data.step import DataStep, StageResult
@@ -28,6 +28,7 @@ from tasks.data.step import DataStep, StageResult
 STAGE = "decontaminate"
 REASON = "contaminated"  # a removal's reason is "contaminated:<task>"
 REPORT_FILE = "decontamination.json"
+FOUND_FILE = "found.jsonl"
 
 
 class DecontaminateConfig(StrictModel):
@@ -57,6 +58,7 @@ class TaskReport(BaseModel):
 class Decontaminated(BaseModel):
     result: StageResult
     report: Path  # decontamination.json
+    found: Path  # found.jsonl: each item found, {"task", "text"}, what the evaluation scores apart as contaminated
     tasks: dict[str, TaskReport]
 
 
@@ -113,6 +115,7 @@ def decontaminate(in_path: Path, out_dir: Path, tasks: list[TaskItems], cfg: Dec
                 step.remove(removed_from_documents(table.filter(pa.array(~keep)), STAGE, reasons, details))
     found_items = index.items_of(np.concatenate(found_keys)) if found_keys else np.empty(0, np.int64)
     item_task = np.asarray(index.item_task, np.int64)
+    first = np.searchsorted(item_task, np.arange(len(index.tasks)))  # each task's first global item id
     reports = {}
     for ti, task in enumerate(index.tasks):
         reports[task.name] = TaskReport(
@@ -125,9 +128,12 @@ def decontaminate(in_path: Path, out_dir: Path, tasks: list[TaskItems], cfg: Dec
         "settings": cfg.model_dump(mode="json", exclude={"enabled", "files"}),
         "documents": matches.seen,
     })
+    found = write_text_atomic(out_dir / FOUND_FILE, "".join(
+        json.dumps({"task": index.tasks[item_task[i]].name, "text": index.tasks[item_task[i]].items[i - first[item_task[i]]]},
+                   ensure_ascii=False) + "\n" for i in found_items))
     stats = {f"items_found:{k}": v.items_found for k, v in reports.items()}
     return Decontaminated(result=step.result(stats, {"tasks": {k: v.model_dump() for k, v in reports.items()}}),
-                          report=report, tasks=reports)
+                          report=report, found=found, tasks=reports)
 
 
 class Decontaminate(Stage):

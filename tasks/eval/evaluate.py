@@ -48,7 +48,7 @@ from tasks.eval.answers import greedy_answers
 from tasks.eval.arithmetic import ArithmeticTask
 from tasks.eval.choices import ChoiceRecord, choice_records
 from tasks.eval.config import EvalConfig
-from tasks.eval.harness import TaskScores, harness_scores
+from tasks.eval.harness import TaskScores, harness_scores, read_found
 from tasks.eval.items import ARITHMETIC
 from tasks.eval.intervals import Proportion, proportion
 from tasks.eval.progress import EvalProgress, Tracker
@@ -287,9 +287,11 @@ def evaluate_checkpoint(
     out_dir: Path,
     name: str | None = None,
     task: ArithmeticTask | None = None,
+    contaminated: Path | None = None,
 ) -> EvalResult:
-    """Evaluate a saved model (safetensors + config.json) on the val split and the arithmetic task's questions; write
-    eval.json (its reliability diagrams are the report's: tasks/reports/eval.write_reliability_diagrams)."""
+    """Evaluate a saved model (safetensors + config.json) on the val split, the arithmetic task's questions and
+    eval.tasks; write eval.json (its reliability diagrams are the report's: tasks/reports/eval.write_reliability_diagrams).
+    `contaminated`: a found.jsonl of the decontamination, whose items each task scores apart from the clean ones."""
     task = task or ArithmeticTask()
     model = load_model(Path(model_dir), map_location=_pick_device(cfg.device))
     val = load_token_split(Path(tokens_dir), "val")
@@ -304,7 +306,8 @@ def evaluate_checkpoint(
     if tasks and tokenizer_path is not None:  # lm-eval reads the model as transformers does: its export
         hf = export_hf_llama(model, Path(out_dir) / HF_DIR, _tokenizer_file(Path(tokenizer_path)))
         result.tasks = harness_scores(hf, tasks, cfg.task_paths, cfg, task, few_shot=label in cfg.few_shot_models,
-                                      device=str(next(model.parameters()).device))
+                                      device=str(next(model.parameters()).device),
+                                      contaminated=read_found(contaminated) if contaminated else None)
         print(f"evaluate {label}: " + "; ".join(f"{n} " + ", ".join(f"{k} {v:.4f}" for k, v in s.metrics.items())
                                                for n, s in result.tasks.items()))
     result.model = EvaluatedModel(stage=label, model_dir=str(model_dir),
@@ -318,9 +321,9 @@ class Evaluate(Stage):
     work/eval/<key>/eval.json. `label` names the model (base, sft, grpo): the few-shot prompt depends on it."""
 
     name, store, Config, Result = "evaluate", "eval", EvalConfig, EvalResult
-    inputs = ("model", "tokens", "tokenizer", "label", "task")
+    inputs = ("model", "tokens", "tokenizer", "label", "task", "contaminated")
     run_name = "evaluate-{inputs[label]}"
 
     def compute(self, inputs: dict, out_dir: Path) -> EvalResult:
         return evaluate_checkpoint(inputs["model"], inputs["tokens"], inputs["tokenizer"], self.config, out_dir,
-                                   inputs["label"], inputs["task"])
+                                   inputs["label"], inputs["task"], inputs["contaminated"])

@@ -16,6 +16,7 @@ pipeline's answers do (tasks/eval/evaluate.py `scored_answers`).
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -28,7 +29,8 @@ from pydantic import BaseModel, Field
 from models.calibration import CalibrationReport, ReliabilityBins
 from tasks.eval.arithmetic import ArithmeticTask
 from tasks.eval.config import EvalConfig
-from tasks.eval.items import ARITHMETIC
+from tasks.eval.intervals import Proportion, proportion
+from tasks.eval.items import ARITHMETIC, arithmetic_item, item_text
 from tasks.eval.rewards import is_abstention
 from tasks.eval.scored import scored_answers
 from tasks.eval.selective import SelectiveReport
@@ -44,6 +46,7 @@ class ItemScore(BaseModel):
     response: str  # a generative task's greedy response; a multiple-choice task's chosen option's index
     confidence: float | None = None
     correct: bool | None = None
+    contaminated: bool = False  # the decontamination found it in the training data
 
 
 class TaskScores(BaseModel):
@@ -58,10 +61,18 @@ class TaskScores(BaseModel):
     bins: ReliabilityBins | None = None
     selective: SelectiveReport | None = None
     items: list[ItemScore] = Field(default_factory=list)
+    # Where the decontamination found any of the task's items in the training data: the items right among the clean
+    # and among the contaminated ones apart (GPT-3's clean/dirty split); None otherwise
+    clean: Proportion | None = None
+    contaminated: Proportion | None = None
 
     def flat(self) -> dict[str, float]:
         """Its numbers under one prefix each: `accuracy`, `accuracy_stderr`, `ece_equal_mass`, `brier`, `aurc`, ..."""
         out = dict(self.metrics) | {f"{k}_stderr": v for k, v in self.stderr.items()}
+        for split in ("clean", "contaminated"):
+            p = getattr(self, split)
+            if p is not None:
+                out |= {f"{split}.accuracy": p.accuracy, f"{split}.n": float(p.n)}
         for report in (self.calibration, self.selective):
             if report is not None:
                 out |= {f"calibration.{k}": float(v) for k, v in report.model_dump().items()
@@ -79,9 +90,21 @@ def arithmetic_metadata(task: ArithmeticTask, cfg: EvalConfig) -> dict[str, Any]
     return {**task.model_dump(), "n_questions": cfg.n_questions, "seed": cfg.seed, "few_shot": cfg.few_shot}
 
 
+def read_found(path: Path) -> dict[str, set[str]]:
+    """A decontamination's found.jsonl: per task, the texts of its items found in the training data."""
+    found: dict[str, set[str]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            found.setdefault(row["task"], set()).add(row["text"])
+    return found
+
+
 def harness_scores(hf_dir: Path, tasks: list[str], task_paths: list[Path], cfg: EvalConfig, task: ArithmeticTask,
-                   few_shot: bool, device: str = "cpu") -> dict[str, TaskScores]:
-    """Every task of `tasks` on the exported model in `hf_dir`, by our name."""
+                   few_shot: bool, device: str = "cpu",
+                   contaminated: dict[str, set[str]] | None = None) -> dict[str, TaskScores]:
+    """Every task of `tasks` on the exported model in `hf_dir`, by our name; with `contaminated` (`read_found`), each
+    task's items found in the training data scored apart."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from lm_eval import simple_evaluate  # heavy (seconds to import): only when the evaluation runs tasks
     from lm_eval.models.huggingface import HFLM
@@ -107,13 +130,31 @@ def harness_scores(hf_dir: Path, tasks: list[str], task_paths: list[Path], cfg: 
             metadata=arithmetic_metadata(task, cfg))
         if registry:
             load_lm_eval_tasks([names[t] for t in ours], task_paths)  # a ConfigError naming an unknown task
-        results = simple_evaluate(model=lm, tasks=[names[t] for t in ours], task_manager=manager, log_samples=True,
+        loaded = manager.load([names[t] for t in ours])["tasks"]
+        results = simple_evaluate(model=lm, tasks=list(loaded.values()), task_manager=manager, log_samples=True,
                                   apply_chat_template=not few_shot, gen_kwargs=gen_kwargs,
                                   bootstrap_iters=cfg.bootstrap_resamples, random_seed=cfg.seed,
                                   numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed)
         for t in ours:
             out[t] = task_scores(names[t], results, lm, cfg)
+            found = (contaminated or {}).get(t)
+            if found:
+                split_clean_and_contaminated(out[t], loaded[names[t]], results["samples"][names[t]], found)
     return out
+
+
+def split_clean_and_contaminated(scores: TaskScores, task: Any, samples: list[dict], found: set[str]) -> None:
+    """Mark the items whose text the decontamination found, and score the clean and the contaminated apart."""
+    by_doc = {s["doc_id"]: s["doc"] for s in samples}
+    for item in scores.items:
+        doc = by_doc[item.doc_id]
+        text = arithmetic_item(doc["question"], doc["answer"]) if scores.lm_eval_task in (CHAT_TASK, FEW_SHOT_TASK) \
+            else item_text(task, doc)
+        item.contaminated = text in found
+    if any(i.contaminated for i in scores.items) and all(i.correct is not None for i in scores.items):
+        scores.clean = proportion([i.correct for i in scores.items if not i.contaminated]) \
+            if not all(i.contaminated for i in scores.items) else None
+        scores.contaminated = proportion([i.correct for i in scores.items if i.contaminated])
 
 
 def _in_folders(paths: list[Path], names: list[str]) -> set[str]:

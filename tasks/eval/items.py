@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -50,7 +51,12 @@ def arithmetic_items(task: ArithmeticTask) -> TaskItems:
     """Every question of the "eval" split of the outer range, with its sum as the answer (digits kept: the items
     differ only in their numbers)."""
     questions = task.questions(problem_capacity(task.outer_max_operand, task.ops, "eval"), seed=0)
-    return TaskItems(ARITHMETIC, [f"{p.question} {format_answer(p.answer)}" for p in questions], keep_numbers=True)
+    return TaskItems(ARITHMETIC, [arithmetic_item(p.question, p.answer) for p in questions], keep_numbers=True)
+
+
+def arithmetic_item(question: str, answer: int) -> str:
+    """An arithmetic question as decontamination matches it: the question and its right response."""
+    return f"{question} {format_answer(answer)}"
 
 
 def file_items(path: Path) -> TaskItems:
@@ -75,16 +81,19 @@ def file_items(path: Path) -> TaskItems:
 def lm_eval_items(names: list[str], task_paths: list[Path]) -> Iterator[TaskItems]:
     """The items of lm-eval tasks by name: each leaf task's evaluation documents, question and gold answer joined."""
     for name, task in load_lm_eval_tasks(names, task_paths).items():
-        items = []
-        for doc in task.eval_docs:
-            question = task.doc_to_text(doc)
-            target = task.doc_to_target(doc)
-            if task.OUTPUT_TYPE == "multiple_choice":
-                choices = task.doc_to_choice(doc)
-                golds = target if isinstance(target, list) else [target]
-                target = " ".join(str(choices[g]) if isinstance(g, int) else str(g) for g in golds)
-            items.append(f"{question} {target}")
-        yield TaskItems(name, items)
+        yield TaskItems(name, [item_text(task, doc) for doc in task.eval_docs])
+
+
+def item_text(task: Any, doc: dict) -> str:
+    """An lm-eval task's item as decontamination matches it: the question `doc_to_text` gives and the gold answer
+    (a multiple-choice task's right choice, never a wrong one), joined by a space."""
+    question = task.doc_to_text(doc)
+    target = task.doc_to_target(doc)
+    if task.OUTPUT_TYPE == "multiple_choice":
+        choices = task.doc_to_choice(doc)
+        golds = target if isinstance(target, list) else [target]
+        target = " ".join(str(choices[g]) if isinstance(g, int) else str(g) for g in golds)
+    return f"{question} {target}"
 
 
 def load_lm_eval_tasks(names: list[str], task_paths: list[Path], registry: bool = True) -> dict:

@@ -159,6 +159,8 @@ def tasks_table(results: Mapping[str, EvalResult]) -> str | None:
              "AURC [95% CI] |", "|---|---|---:|---|---:|---:|---:|"]
     for task, name, s in sorted(rows, key=lambda row: row[0]):
         shown = ", ".join(f"{k} {v:.4f}" + (f" ± {s.stderr[k]:.4f}" if k in s.stderr else "") for k, v in s.metrics.items())
+        if s.contaminated is not None:  # the items the decontamination found, apart
+            shown += f"; right on clean items {s.clean.describe() if s.clean else 'n/a'}, on contaminated {s.contaminated.describe()}"
         c, sel = s.calibration, s.selective
         ece = _with_band(c.ece_equal_mass, c.ece_equal_mass_lo, c.ece_equal_mass_hi) if c else "n/a"
         brier = _with_band(c.brier, c.brier_lo, c.brier_hi) if c else "n/a"

@@ -290,3 +290,29 @@ def test_the_arithmetic_task_through_lm_eval_gives_the_pipelines_answers_item_by
     assert "accuracy" in harness.stderr and harness.n == 24 and harness.calibration is not None
     assert result.metrics()["arithmetic.accuracy"] == harness.metrics["accuracy"]
     assert "arithmetic.calibration.ece_equal_mass" in result.metrics()
+
+
+
+def test_items_the_decontamination_found_are_scored_apart(tmp_path: Path) -> None:
+    """Where the training data held some of a task's items, the task's accuracy comes apart on the clean and the
+    contaminated items (GPT-3's clean/dirty split), each with its interval (issue 50)."""
+    from tasks.eval.items import arithmetic_item
+
+    tok = tiny_tokenizer()
+    tok_path = tmp_path / "tokenizer.json"
+    tok.save(str(tok_path))
+    vocab = tok.get_vocab_size()
+    model_dir = save_model(tiny_llama(vocab=vocab), tmp_path / "model")
+    _write_val_split(tmp_path / "tokens", np.random.default_rng(1).integers(0, vocab, 400).astype(np.uint16), vocab)
+    cfg = EvalConfig(max_tokens=200, seq_len=32, temperature_tokens=100, n_questions=12, max_new_tokens=4,
+                     multiple_choice=False, tasks=["arithmetic"])
+    questions = ArithmeticTask().questions(12, 0)
+    found = tmp_path / "found.jsonl"
+    found.write_text("".join(json.dumps({"task": "arithmetic", "text": arithmetic_item(p.question, p.answer)}) + "\n"
+                             for p in questions[:5]) + json.dumps({"task": "other", "text": "x"}) + "\n")
+    result = evaluate_checkpoint(model_dir, tmp_path / "tokens", tok_path, cfg, tmp_path / "eval", name="sft",
+                                 contaminated=found)
+    scores = result.tasks["arithmetic"]
+    assert [i.contaminated for i in scores.items] == [True] * 5 + [False] * 7
+    assert (scores.contaminated.n, scores.clean.n) == (5, 7)
+    assert result.metrics()["arithmetic.contaminated.n"] == 5.0
