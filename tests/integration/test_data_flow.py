@@ -1,6 +1,7 @@
 """End to end: the data flow on tiny data with Prefect's ephemeral API and MLflow on SQLite."""
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pyarrow.parquet as pq
@@ -11,11 +12,37 @@ from tests.conftest import CLI, ROOT
 from tests.helpers.data_flow import make_preset, run_cli
 
 
+CAPITAL = "Which city has been the capital of France since the late tenth century, under the Capetian kings?"
+CAPITALS_TASK = """task: capitals
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
 @pytest.mark.slow
 def test_data_flow_end_to_end_and_cached_rerun(tmp_path, prefect_env):
     preset = make_preset(tmp_path, "  near:\n    threshold: 0.7\n")
+    # An lm-eval task of the user's own (a YAML folder, read offline) and one of its items inside a letter: the
+    # data flow alone decontaminates against eval.tasks (issue 50).
+    tasks = tmp_path / "eval_tasks"
+    tasks.mkdir()
+    (tasks / "capitals.jsonl").write_text(json.dumps({"question": CAPITAL, "choices": ["Rome", "Paris"], "label": 1}) + "\n")
+    (tasks / "capitals.yaml").write_text(CAPITALS_TASK.format(data=tasks / "capitals.jsonl"))
+    (tmp_path / "catalog" / "texts" / "quiz.txt").write_text(f"Letter about a quiz. {CAPITAL} Paris. Signed, a reader.")
+    sets = ["--set", "eval.tasks=[arithmetic, capitals]", "--set", f"eval.task_paths=[{tasks}]"]
     work = tmp_path / "work"
-    run_cli(["data", "--preset", str(preset), "--workdir", str(work)], prefect_env)
+    run_cli(["data", "--preset", str(preset), "--workdir", str(work), *sets], prefect_env)
 
     manifest_path = work / "data" / "shards" / "latest" / "manifest.json"
     m = load_manifest(manifest_path)
@@ -23,8 +50,11 @@ def test_data_flow_end_to_end_and_cached_rerun(tmp_path, prefect_env):
     assert f["news"]["collected"] == 19 and f["news"]["rejected"] == 4
     assert f["news"]["exact_duplicates"] == 1 and f["news"]["near_duplicates"] == 1
     assert f["letters"]["rejected"] == 1 and f["news"]["filtered"] >= 1
+    assert f["letters"]["contaminated"] == 1 and f["letters"]["contaminated:capitals"] == 1
+    assert m.decontamination["capitals"]["items_found"] == 1 and m.decontamination["arithmetic"]["items_found"] == 0
     for row in f.values():
-        assert row["collected"] == row["kept"] + row["rejected"] + row["exact_duplicates"] + row["near_duplicates"] + row["filtered"]
+        assert row["collected"] == (row["kept"] + row["rejected"] + row["contaminated"] + row["exact_duplicates"]
+                                    + row["near_duplicates"] + row["filtered"])
     rows = sum(pq.read_table(p).num_rows for p in shard_paths(manifest_path))
     assert rows == m.stats["rows"] and len(m.shards) >= 2
     assert m.mix["sources"]["news"]["achieved"] == pytest.approx(0.7, abs=0.1)
@@ -43,13 +73,14 @@ def test_data_flow_end_to_end_and_cached_rerun(tmp_path, prefect_env):
     assert run.data.metrics["funnel.news.near_duplicates"] == 1.0
     assert run.data.params["data.near.threshold"] == "0.7"  # the pipeline run's key
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "data")}
-    assert {"data/manifest.json", "data/data_report.md", "data/funnel.png"} <= artifacts
+    assert {"data/manifest.json", "data/data_report.md", "data/funnel.png", "data/decontamination.json"} <= artifacts
+    assert run.data.metrics["decontamination.capitals.items_found"] == 1.0
     assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.name == "pretraining-shards"
 
     # A rerun with the same inputs and config reuses every stage's verified folder (no task runs).
-    second = run_cli(["data", "--preset", str(preset), "--workdir", str(work)], prefect_env)
+    second = run_cli(["data", "--preset", str(preset), "--workdir", str(work), *sets], prefect_env)
     log = second.stdout + second.stderr
-    for stage in ("collect", "exact_dedup", "near_dedup", "quality", "mix", "write_shards"):
+    for stage in ("collect", "eval_items", "decontaminate", "exact_dedup", "near_dedup", "quality", "mix", "write_shards"):
         assert any(f"stage {stage}: reused" in line for line in log.splitlines()), (stage, log[-3000:])
     assert "Completed()" not in "\n".join(l for l in log.splitlines() if "Task run" in l)
     assert load_manifest(manifest_path).funnel == f
