@@ -316,3 +316,45 @@ def test_items_the_decontamination_found_are_scored_apart(tmp_path: Path) -> Non
     assert [i.contaminated for i in scores.items] == [True] * 5 + [False] * 7
     assert (scores.contaminated.n, scores.clean.n) == (5, 7)
     assert result.metrics()["arithmetic.contaminated.n"] == 5.0
+
+
+
+MC_TASK = """task: colours
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Q: {{{{q}}}}\\nA:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def test_a_multiple_choice_task_of_the_users_folder_gets_its_accuracy_and_calibration(tmp_path: Path) -> None:
+    """A YAML task of eval.task_paths, read offline: lm-eval's acc with its standard error, and each item's confidence
+    (the chosen option's probability over the options) for ECE, Brier and AURC (issue 50)."""
+    rows = [{"q": f"colour number {i}?", "choices": ["red", "green", "blue"], "label": i % 3} for i in range(30)]
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "colours.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "colours.yaml").write_text(MC_TASK.format(data=folder / "colours.jsonl"))
+    tok = tiny_tokenizer()
+    tok_path = tmp_path / "tokenizer.json"
+    tok.save(str(tok_path))
+    vocab = tok.get_vocab_size()
+    model_dir = save_model(tiny_llama(vocab=vocab), tmp_path / "model")
+    _write_val_split(tmp_path / "tokens", np.random.default_rng(1).integers(0, vocab, 400).astype(np.uint16), vocab)
+    cfg = EvalConfig(max_tokens=200, seq_len=32, temperature_tokens=100, n_questions=0, tasks=["colours"],
+                     task_paths=[folder])
+    scores = evaluate_checkpoint(model_dir, tmp_path / "tokens", tok_path, cfg, tmp_path / "eval", name="sft").tasks["colours"]
+    assert scores.output_type == "multiple_choice" and scores.n == 30 and "acc" in scores.stderr
+    assert scores.metrics["acc"] == pytest.approx(sum(i.correct for i in scores.items) / 30)  # lm-eval's argmax
+    assert all(1 / 3 - 1e-9 <= i.confidence <= 1 for i in scores.items)
+    c = scores.calibration
+    assert c.ece_equal_mass_lo <= c.ece_equal_mass <= c.ece_equal_mass_hi and scores.selective.aurc is not None
