@@ -1,7 +1,6 @@
 """End to end: the data flow on tiny data with Prefect's ephemeral API and MLflow on SQLite."""
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pyarrow.parquet as pq
@@ -10,24 +9,9 @@ import pytest
 from tasks.data.manifest import load_manifest, shard_paths
 from tests.conftest import CLI, ROOT
 from tests.helpers.data_flow import make_preset, run_cli
-
+from tests.helpers.lm_eval_tasks import mc_task_folder
 
 CAPITAL = "Which city has been the capital of France since the late tenth century, under the Capetian kings?"
-CAPITALS_TASK = """task: capitals
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: label
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-"""
 
 
 @pytest.mark.slow
@@ -35,10 +19,8 @@ def test_data_flow_end_to_end_and_cached_rerun(tmp_path, prefect_env):
     preset = make_preset(tmp_path, "  near:\n    threshold: 0.7\n")
     # An lm-eval task of the user's own (a YAML folder, read offline) and one of its items inside a letter: the
     # data flow alone decontaminates against eval.tasks (issue 50).
-    tasks = tmp_path / "eval_tasks"
-    tasks.mkdir()
-    (tasks / "capitals.jsonl").write_text(json.dumps({"question": CAPITAL, "choices": ["Rome", "Paris"], "label": 1}) + "\n")
-    (tasks / "capitals.yaml").write_text(CAPITALS_TASK.format(data=tasks / "capitals.jsonl"))
+    tasks = mc_task_folder(tmp_path / "eval_tasks", "capitals", [{"question": CAPITAL, "choices": ["Rome", "Paris"],
+                                                                   "label": 1}])
     (tmp_path / "catalog" / "texts" / "quiz.txt").write_text(f"Letter about a quiz. {CAPITAL} Paris. Signed, a reader.")
     sets = ["--set", "eval.tasks=[arithmetic, capitals]", "--set", f"eval.task_paths=[{tasks}]"]
     work = tmp_path / "work"

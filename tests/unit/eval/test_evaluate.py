@@ -22,6 +22,7 @@ from tasks.reports.eval import (_ROWS, TOKEN_RELIABILITY_PNG, comparison_table, 
                                 write_reliability_diagrams)
 from tasks.tokenizer.tokenize_shards import TokenFile, TokenShards
 from tests.conftest import bpe_tokenizer_on, tiny_llama
+from tests.helpers.lm_eval_tasks import mc_task_folder
 
 VOCAB = 64
 EOS_ID = 2
@@ -267,17 +268,23 @@ def test_bad_inputs_are_refused() -> None:
         EvalConfig(unknown_key=1)
 
 
-@pytest.mark.parametrize("label", ["sft", "base"])
-def test_the_arithmetic_task_through_lm_eval_gives_the_pipelines_answers_item_by_item(tmp_path: Path, label) -> None:
-    """eval.tasks' `arithmetic` is the shipped lm-eval task on the model's export: the same prompts (chat template, or
-    the few-shot prompt for a base), the same greedy responses and so the same accuracy as the pipeline's (issue 50)."""
+def saved_tiny_model(tmp_path: Path) -> tuple[Path, Path]:
+    """An untrained tiny model saved with its tokenizer, and validation tokens in tmp_path/tokens."""
     tok = tiny_tokenizer()
     tok_path = tmp_path / "tokenizer.json"
     tok.save(str(tok_path))
     vocab = tok.get_vocab_size()
-    torch.manual_seed(3)
     model_dir = save_model(tiny_llama(vocab=vocab), tmp_path / "model")
     _write_val_split(tmp_path / "tokens", np.random.default_rng(1).integers(0, vocab, 400).astype(np.uint16), vocab)
+    return model_dir, tok_path
+
+
+@pytest.mark.parametrize("label", ["sft", "base"])
+def test_the_arithmetic_task_through_lm_eval_gives_the_pipelines_answers_item_by_item(tmp_path: Path, label) -> None:
+    """eval.tasks' `arithmetic` is the shipped lm-eval task on the model's export: the same prompts (chat template, or
+    the few-shot prompt for a base), the same greedy responses and so the same accuracy as the pipeline's (issue 50)."""
+    torch.manual_seed(3)
+    model_dir, tok_path = saved_tiny_model(tmp_path)
     cfg = EvalConfig(max_tokens=200, seq_len=32, temperature_tokens=100, n_questions=24, max_new_tokens=6,
                      multiple_choice=False, tasks=["arithmetic"])
     result = evaluate_checkpoint(model_dir, tmp_path / "tokens", tok_path, cfg, tmp_path / "eval", name=label)
@@ -298,12 +305,7 @@ def test_items_the_decontamination_found_are_scored_apart(tmp_path: Path) -> Non
     contaminated items (GPT-3's clean/dirty split), each with its interval (issue 50)."""
     from tasks.eval.items import arithmetic_item
 
-    tok = tiny_tokenizer()
-    tok_path = tmp_path / "tokenizer.json"
-    tok.save(str(tok_path))
-    vocab = tok.get_vocab_size()
-    model_dir = save_model(tiny_llama(vocab=vocab), tmp_path / "model")
-    _write_val_split(tmp_path / "tokens", np.random.default_rng(1).integers(0, vocab, 400).astype(np.uint16), vocab)
+    model_dir, tok_path = saved_tiny_model(tmp_path)
     cfg = EvalConfig(max_tokens=200, seq_len=32, temperature_tokens=100, n_questions=12, max_new_tokens=4,
                      multiple_choice=False, tasks=["arithmetic"])
     questions = ArithmeticTask().questions(12, 0)
@@ -318,38 +320,12 @@ def test_items_the_decontamination_found_are_scored_apart(tmp_path: Path) -> Non
     assert result.metrics()["arithmetic.contaminated.n"] == 5.0
 
 
-
-MC_TASK = """task: colours
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "Q: {{{{q}}}}\\nA:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: label
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-"""
-
-
 def test_a_multiple_choice_task_of_the_users_folder_gets_its_accuracy_and_calibration(tmp_path: Path) -> None:
     """A YAML task of eval.task_paths, read offline: lm-eval's acc with its standard error, and each item's confidence
     (the chosen option's probability over the options) for ECE, Brier and AURC (issue 50)."""
-    rows = [{"q": f"colour number {i}?", "choices": ["red", "green", "blue"], "label": i % 3} for i in range(30)]
-    folder = tmp_path / "tasks"
-    folder.mkdir()
-    (folder / "colours.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (folder / "colours.yaml").write_text(MC_TASK.format(data=folder / "colours.jsonl"))
-    tok = tiny_tokenizer()
-    tok_path = tmp_path / "tokenizer.json"
-    tok.save(str(tok_path))
-    vocab = tok.get_vocab_size()
-    model_dir = save_model(tiny_llama(vocab=vocab), tmp_path / "model")
-    _write_val_split(tmp_path / "tokens", np.random.default_rng(1).integers(0, vocab, 400).astype(np.uint16), vocab)
+    rows = [{"question": f"colour number {i}?", "choices": ["red", "green", "blue"], "label": i % 3} for i in range(30)]
+    folder = mc_task_folder(tmp_path / "tasks", "colours", rows, "Q: {{question}}\\nA:")
+    model_dir, tok_path = saved_tiny_model(tmp_path)
     cfg = EvalConfig(max_tokens=200, seq_len=32, temperature_tokens=100, n_questions=0, tasks=["colours"],
                      task_paths=[folder])
     scores = evaluate_checkpoint(model_dir, tmp_path / "tokens", tok_path, cfg, tmp_path / "eval", name="sft").tasks["colours"]

@@ -2,40 +2,17 @@
 folders, the built-in arithmetic questions) and data.decontaminate.files, set when the pipeline's config is read."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from flows.config import load_pipeline_config, resolve_data_config
 from infra.config import ConfigError
 from tasks.eval.items import lm_eval_items, load_lm_eval_tasks
-
-TASK_YAML = """task: {name}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: label
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-"""
-
+from tests.helpers.lm_eval_tasks import mc_task_folder
 
 def task_folder(tmp_path, name="capitals"):
-    data = tmp_path / f"{name}.jsonl"
     rows = [{"question": "What is the capital of France?", "choices": ["Rome", "Paris", "Oslo"], "label": 1},
             {"question": "Which planet is red?", "choices": ["Mars", "Venus"], "label": 0}]
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    folder = tmp_path / "tasks"
-    folder.mkdir()
-    (folder / f"{name}.yaml").write_text(TASK_YAML.format(name=name, data=data))
-    return folder
+    return mc_task_folder(tmp_path / "tasks", name, rows, "Question: {{question}}\\nAnswer:")
 
 
 def test_a_multiple_choice_items_text_is_its_question_and_right_choice_only(tmp_path):
