@@ -98,7 +98,7 @@ def ablate_flow(file: str | None = None, workdir: str | None = None, preset: str
         arms = {n: Arm(name=n, overrides=named[n], seeds=seeds) for n in named}
         if spec.aa:
             arms[AA] = Arm(name=AA, overrides={}, seeds=[spec.seeds + s for s in seeds])
-        check_metrics(spec, file)  # before any training (the CLI checked it too, before the services)
+        check_metrics(spec, file, base.eval.tasks)  # before any training (the CLI checked it too, before the services)
         order = [(arm.name, seed) for arm in arms.values() for seed in arm.seeds]
         config_of = {(n, s): configs[BASELINE if n == AA else n] for n, s in order}
         data_of = {(n, s): BASELINE if n == AA else n for n, s in order}

@@ -3,6 +3,7 @@
 Torch- and Prefect-free, so that the CLI refuses a bad file at once (flows/cli.py)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -124,14 +125,16 @@ def load_spec(path: Path) -> AblationSpec:
     return spec.model_copy(update={"targets": targets, "tokenizer": tokenizer})
 
 
-def check_metrics(spec: AblationSpec, file: str | Path) -> None:
-    """A ConfigError naming the `metrics` the evaluation has no key for."""
+def check_metrics(spec: AblationSpec, file: str | Path, tasks: Sequence[str] = ()) -> None:
+    """A ConfigError naming the `metrics` the evaluation has no key for; a key under one of eval.tasks `tasks`
+    (`grpo.arithmetic.accuracy`) is the task's, known only once lm-eval ran it."""
     if not spec.metrics:
         return
     from tasks.eval.evaluate import metric_names  # torch: only for a file that names metrics
 
     known = metric_names()
-    unknown = sorted(k for k in spec.metrics if k.partition(".")[2] not in known)
+    unknown = sorted(k for k in spec.metrics if k.partition(".")[2] not in known
+                     and k.partition(".")[2].partition(".")[0] not in tasks)
     if unknown:
         raise ConfigError(f"{file}: metrics {unknown} are no keys of the evaluation (e.g. grpo.answer.accuracy, "
                           "grpo.answer.hallucination_rate, sft.token.ece; docs/ablations.md)")

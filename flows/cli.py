@@ -379,12 +379,13 @@ def _run(args: argparse.Namespace) -> int:
 
             args.file = args.file or str(BUILTIN)
             spec = load_spec(Path(args.file))
-            check_metrics(spec, args.file)
             for name, sets in variant_overrides(spec, args.overrides).items():
                 try:
-                    check_paths(load_pipeline_config(args.preset, parse_overrides(sets)))
+                    config = load_pipeline_config(args.preset, parse_overrides(sets))
+                    check_paths(config)
                 except ConfigError as exc:
                     raise ConfigError(f"{args.file}, variant '{name}': {exc}") from None
+                check_metrics(spec, args.file, config.eval.tasks)
         if args.command == "mix":  # targets and the factor, before the services and the workspace
             _mix_settings(args)
         check_services()  # a service down is said before anything is made, the workspace included

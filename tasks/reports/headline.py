@@ -4,7 +4,7 @@ Named so MLflow's charts and compare view group them by stage, rounded to four s
 stage runs keep the full values), so the parent alone answers "which variant was better, and where".
 
     data/kept · pretrain/final_val_ppl · sft/final_val_loss · grpo/heldout_accuracy_after ·
-    evaluate/grpo.answer.accuracy · pipeline/wall_minutes
+    evaluate/grpo.answer.accuracy · evaluate/grpo.arithmetic.accuracy · pipeline/wall_minutes
 
 Each keeps the name its stage's result and MLflow run give it.
 """
@@ -22,7 +22,11 @@ from tasks.eval.evaluate import EvalResult
 # the token-level fit (comparable across tokenizers as bits per byte).
 EVAL_HEADLINES = ("answer.accuracy", "answer.ece_equal_mass", "answer.aurc", "choice.accuracy", "token.ece", "bpb",
                   "val_ppl")
-DATA_HEADLINES = ("collected", "kept", "sampled_rows", "exact_duplicates", "near_duplicates", "filtered", "rejected")
+DATA_HEADLINES = ("collected", "kept", "sampled_rows", "contaminated", "exact_duplicates", "near_duplicates", "filtered",
+                  "rejected")
+# Of an eval.tasks task, besides lm-eval's own metrics and their standard errors.
+TASK_HEADLINES = ("calibration.ece_equal_mass", "calibration.brier", "calibration.aurc", "clean.accuracy",
+                  "contaminated.accuracy")
 
 
 def significant(value: float, digits: int = 4) -> float:
@@ -44,6 +48,9 @@ def headline_metrics(totals: Mapping[str, int], base: Any, sft: Any, grpo: Any, 
     for name, result in evals.items():
         metrics = result.metrics()
         out |= {f"evaluate/{name}.{k}": metrics.get(k) for k in EVAL_HEADLINES}
+        for task, scores in result.tasks.items():  # eval.tasks: lm-eval's metrics, their errors, the items' ECE
+            out |= {f"evaluate/{name}.{task}.{k}": v for k, v in scores.flat().items()
+                    if k in scores.metrics or k.endswith("_stderr") or k in TASK_HEADLINES}
     out |= {f"evaluate/{k}": v for k, v in difference_metrics(evals).items()}
     out |= {f"{t.stage}/wall_minutes": t.minutes for t in times}
     out |= {"pipeline/wall_minutes": wall_seconds / 60, "pipeline/wall_minutes_all_attempts": all_attempts_seconds / 60,

@@ -70,6 +70,7 @@ def test_an_unknown_metric_is_refused_before_any_work(tmp_path):
     path = write(tmp_path, {"until": "evaluate", "metrics": {"grpo.nosuchthing.whatever": "lower"}})
     with pytest.raises(ConfigError, match=r"metrics \['grpo.nosuchthing.whatever'\] are no keys of the evaluation"):
         check_metrics(load_spec(path), path)
+    check_metrics(load_spec(path), path, tasks=["nosuchthing"])  # an eval.tasks task's: known once lm-eval ran it
 
 
 def test_a_variants_own_value_wins_over_the_command_line(tmp_path):
