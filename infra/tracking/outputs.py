@@ -35,8 +35,9 @@ def output_folders(ws: Workspace) -> list[Path]:
     found = []
     for store in ws.STORES:
         folder = ws.root / store
-        if folder.is_dir():
-            found += sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))
+        if folder.is_dir():  # a store inside another (eval/items inside eval) is no output folder of the outer one
+            found += sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
+                            and f"{store}/{p.name}" not in ws.STORES)
     return found
 
 
@@ -64,8 +65,17 @@ def referenced(ws: Workspace, runs: list[dict[str, Any]]) -> set[str]:
             path = Path(str(value))
             if path.is_absolute() and path.is_relative_to(ws.root):
                 refs.add(str(path.relative_to(ws.root)))
-    # A path to a file inside a folder (a manifest, a model dir) keeps the folder.
-    return {"/".join(Path(r).parts[:3]) if r.startswith(("data/", "checkpoints/")) else "/".join(Path(r).parts[:2]) for r in refs}
+    # A path to a file inside a folder (a manifest, a model dir) keeps the folder: its store's path and one part more.
+    return {folder for r in refs if (folder := output_folder_of(ws, r)) is not None}
+
+
+def output_folder_of(ws: Workspace, rel: str) -> str | None:
+    """The output folder (relative) that holds the workspace path `rel`: the deepest store it lies in, one part on."""
+    parts = Path(rel).parts
+    for n in range(len(parts) - 1, 0, -1):
+        if "/".join(parts[:n]) in ws.STORES:
+            return "/".join(parts[:n + 1])
+    return None
 
 
 @dataclass

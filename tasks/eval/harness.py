@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from pydantic import BaseModel, Field
 
 from models.calibration import CalibrationReport, ReliabilityBins
@@ -109,13 +110,17 @@ def harness_scores(hf_dir: Path, tasks: list[str], task_paths: list[Path], cfg: 
     from lm_eval import simple_evaluate  # heavy (seconds to import): only when the evaluation runs tasks
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tasks.eval.items import load_lm_eval_tasks
 
     for name in ("lm_eval", "lm-eval"):
         logging.getLogger(name).setLevel(logging.WARNING)
     names = lm_eval_names(tasks, few_shot)
-    lm = HFLM(pretrained=str(hf_dir), device=device, batch_size=cfg.answer_batch_size, dtype="float32")
+    # The model loaded here and handed over: HFLM given a path builds an accelerate Accelerator, which joins the
+    # process group that a DeepSpeed launch's environment (RANK, MASTER_PORT) describes, in a flow that launched one.
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).to(device).eval()
+    lm = HFLM(pretrained=model, tokenizer=AutoTokenizer.from_pretrained(str(hf_dir)), batch_size=cfg.answer_batch_size)
     out: dict[str, TaskScores] = {}
     # The arithmetic task alone, with the evaluation's answer budget; the others with their own settings.
     groups = [([t for t in tasks if t == ARITHMETIC], {"max_gen_toks": cfg.max_new_tokens}),

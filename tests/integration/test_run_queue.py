@@ -63,8 +63,8 @@ def test_a_bad_run_fails_before_any_launch(tmp_path, pretrain_inputs, capsys):
     tokenizer, tokens = pretrain_inputs
     ws = Workspace.locate(tmp_path / "ws")
     good = pretrain(0)
-    bad = Pretrain(tiny_pretrain_config(seq_len=64))  # longer than the model's 16 positions
-    with pytest.raises(ValueError, match="exceeds the model's max_seq_len"):
+    bad = Pretrain(tiny_pretrain_config(micro_batch_size=10**6))  # more windows than the corpus gives: refused in prepare
+    with pytest.raises(ValueError, match="fewer than one micro-batch"):
         RunQueue(ws, RunsConfig(slots=2)).run([Queued(s, {"tokens": tokens, "tokenizer": tokenizer}, f"run {i}")
                                                for i, s in enumerate((good, bad))])
     assert "launching: " not in capsys.readouterr().out

@@ -5,6 +5,7 @@ import hashlib
 import json
 import math
 import re
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -320,9 +321,17 @@ def test_items_the_decontamination_found_are_scored_apart(tmp_path: Path) -> Non
     assert result.metrics()["arithmetic.contaminated.n"] == 5.0
 
 
-def test_a_multiple_choice_task_of_the_users_folder_gets_its_accuracy_and_calibration(tmp_path: Path) -> None:
+def test_a_multiple_choice_task_of_the_users_folder_gets_its_accuracy_and_calibration(tmp_path: Path, monkeypatch) -> None:
     """A YAML task of eval.task_paths, read offline: lm-eval's acc with its standard error, and each item's confidence
-    (the chosen option's probability over the options) for ECE, Brier and AURC (issue 50)."""
+    (the chosen option's probability over the options) for ECE, Brier and AURC (issue 50). In a process whose
+    environment names a DeepSpeed launch's rendezvous on a port in use, as a flow's after a launch: lm-eval joins no
+    process group."""
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(busy.getsockname()[1])}.items():
+        monkeypatch.setenv(key, value)
     rows = [{"question": f"colour number {i}?", "choices": ["red", "green", "blue"], "label": i % 3} for i in range(30)]
     folder = mc_task_folder(tmp_path / "tasks", "colours", rows, "Q: {{question}}\\nA:")
     model_dir, tok_path = saved_tiny_model(tmp_path)
