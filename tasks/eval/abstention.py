@@ -70,3 +70,25 @@ def abstention_report(correct: Sequence[bool], abstained: Sequence[bool]) -> Abs
         hallucination=proportion([not c and not a for c, a in zip(correct, abstained)]),
         answered_accuracy=proportion(answered) if answered else None,
     )
+
+
+class AbstentionLanding(BaseModel):
+    """Where a later model's abstentions land, against an earlier model's answers to the same questions."""
+
+    abstained: int  # the later model's abstentions
+    earlier_right: int  # ... on questions the earlier model got right: skill given up
+    earlier_wrong: int  # ... on questions it answered wrong: hallucinations turned into abstentions
+    earlier_abstained: int  # ... on questions it abstained on too
+
+
+def abstention_landing(earlier: Sequence[tuple[str, bool, bool]], later: Sequence[tuple[str, bool, bool]]
+                       ) -> AbstentionLanding:
+    """`earlier` and `later`: (question, correct, abstained) of each model's answers, paired by question."""
+    before = {q: (c, a) for q, c, a in earlier}
+    missing = [q for q, _, _ in later if q not in before]
+    if missing:
+        raise ValueError(f"{len(missing)} question(s) the earlier model was not asked, e.g. {missing[0]!r}")
+    landed = [before[q] for q, _, a in later if a]
+    return AbstentionLanding(abstained=len(landed), earlier_right=sum(c for c, _ in landed),
+                             earlier_wrong=sum(not c and not a for c, a in landed),
+                             earlier_abstained=sum(a for _, a in landed))

@@ -29,6 +29,7 @@ from infra.workspace.atomic import write_json_atomic, write_text_atomic
 from infra.workspace.paths import Workspace, point_latest
 from tasks.data.funnel import funnel_markdown, funnel_totals
 from tasks.data.manifest import load_manifest
+from tasks.eval.abstention import abstention_landing
 from tasks.eval.differences import stage_differences
 from tasks.eval.evaluate import EvalResult
 from tasks.eval.intervals import proportion, proportion_of
@@ -119,6 +120,12 @@ def _eval_headline_rows(evals: Mapping[str, EvalResult]) -> list[str]:
                     f"{s.hallucination.describe()} → {g.hallucination.describe()} |")
         rows.append(f"| abstention rate SFT → GRPO (answered \"I don't know\", 95% CI) | "
                     f"{s.abstention.describe()} → {g.abstention.describe()} |")
+        land = abstention_landing([(x.question, x.correct, x.abstained) for x in sft.answers],
+                                  [(x.question, x.correct, x.abstained) for x in grpo.answers])
+        rows.append(f"| where GRPO's {land.abstained} abstentions land: on questions SFT got right / got wrong / "
+                    f"abstained on too | {land.earlier_right} / {land.earlier_wrong} / {land.earlier_abstained} |")
+        answered = g.answered_accuracy.describe() if g.answered_accuracy is not None else "n/a (abstained on all)"
+        rows.append(f"| GRPO's selective accuracy: right among the questions it answers (95% CI) | {answered} |")
     return rows
 
 

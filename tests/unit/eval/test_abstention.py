@@ -204,3 +204,15 @@ def test_the_sft_stage_validates_on_the_held_out_abstentions_and_trains_on_what_
         plain_train, plain_val = split(0, fraction)
         more_train, more_val = split(7, fraction)
         assert more_train == plain_train and len(more_val) == len(plain_val) + 7
+
+
+def test_where_a_later_models_abstentions_land_against_the_earlier_answers():
+    """Issue 51: GRPO's abstentions split by what SFT did on the same questions, paired by question, not by order."""
+    from tasks.eval.abstention import abstention_landing
+
+    sft = [("a", True, False), ("b", False, False), ("c", False, True), ("d", True, False), ("e", False, False)]
+    grpo = [("e", False, True), ("d", False, True), ("c", False, True), ("b", False, False), ("a", True, False)]
+    land = abstention_landing(sft, grpo)
+    assert (land.abstained, land.earlier_right, land.earlier_wrong, land.earlier_abstained) == (3, 1, 1, 1)
+    with pytest.raises(ValueError, match="1 question"):
+        abstention_landing(sft, grpo + [("z", False, True)])

@@ -55,6 +55,9 @@ def test_report_card_shows_intervals_significance_and_selective_prediction(tmp_p
     wrong = 520 - sum(a.correct for a in evals["sft"].answers)
     assert f"| hallucination rate SFT → GRPO: wrong and not abstained, of all 520 questions (95% CI) | {wrong}/520 (" in text
     assert "| hallucination rate (wrong and not abstained, of all questions) |" in text
+    g = evals["grpo"].answer_abstention  # issue 51: where GRPO's abstentions land, and its selective accuracy
+    assert f"| where GRPO's {g.abstention.correct} abstentions land: on questions SFT got right / got wrong / " in text
+    assert "| GRPO's selective accuracy: right among the questions it answers (95% CI) | " in text
     sft_k, grpo_k = sum(a.correct for a in evals["sft"].answers), sum(a.correct for a in evals["grpo"].answers)
     assert f"| held-out arithmetic accuracy SFT → GRPO, evaluation (520 questions, 95% CI) | {sft_k}/520 (" in text
     assert f"→ {grpo_k}/520 (" in text
