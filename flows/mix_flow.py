@@ -50,12 +50,13 @@ from models.llama import model_config
 from models.mixing_law import choose_model, prediction_interval, propose_mix, proxy_span, sample_mixes
 from tasks.data.catalog import load_catalog
 from tasks.data.collect import source_inputs
+from tasks.data.manifest import load_manifest
 from tasks.eval.seed_differences import Difference, bits_per_byte, mean_bpb, mean_bpb_difference
 from tasks.reports.mix import publish_mix_report, uninformative
 from tasks.tokenizer.tokenize_shards import load_token_index
 from tasks.tokenizer.train import TrainTokenizer, load_tokenizer
 from tasks.training.config import PretrainConfig
-from tasks.training.mix_search import SHAPE_KEYS, mix_caps, mix_targets, proxy_count, scaled_shape
+from tasks.training.mix_search import SCALED_KEYS, mix_caps, mix_targets, proxy_count, scaled_shape
 from tasks.training.pretrain.stage import Pretrain
 
 STORE = "mix"
@@ -92,7 +93,7 @@ def search_config(config: PipelineConfig, named: dict[str, Path]) -> PipelineCon
 
 def mix_report_of(data: DataResult) -> dict[str, Any]:
     """The mix stage's report in a data result's manifest: each source's available, sampled and achieved share."""
-    return json.loads(Path(data.manifest).read_text())["mix"]
+    return load_manifest(data.manifest).mix
 
 
 def units_per_token(mix_report: dict[str, Any], tokens: Path) -> float:
@@ -112,7 +113,7 @@ def run_units(pretrain: PretrainConfig, per_token: float) -> float:
 def scaled_proxy(proxy: PretrainConfig, vocab_size: int, k: float) -> PretrainConfig:
     """The proxy at about k x its parameters (depth and width, models/flops.num_params) and k x its tokens (steps)."""
     base = model_config(proxy.model, vocab_size, **proxy.model_overrides)
-    shape = scaled_shape({key: getattr(base, key) for key in SHAPE_KEYS}, k,
+    shape = scaled_shape({key: getattr(base, key) for key in SCALED_KEYS}, k,
                          lambda s: num_params(base.model_copy(update=s)))
     data = proxy.model_dump()
     data["model_overrides"] = {**proxy.model_overrides, **shape}

@@ -25,6 +25,7 @@ from models.special_tokens import BOS, END_TURN, EOS, PAD, SPECIAL_TOKENS
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
+HF_DIR = "hf"  # a model's transformers export, beside its own folder (training stages) or in the evaluation's
 
 
 def unwrap(model: nn.Module) -> Transformer:

@@ -23,7 +23,7 @@ def build_funnel(
     "contaminated", with one "contaminated:<task>" column per task, and every other removal of the dedup and
     filter stages is "filtered", with one "filtered:<reason>" column per reason. A stage the recipe turned off
     (near dedup, the quality filters) or left out (no hold-out, no task to decontaminate against) is None."""
-    between = [s for s in (decontaminate, holdout, exact, near, quality) if s is not None]
+    between = [s for s in (holdout, exact, near, quality) if s is not None]  # exact always runs: the last kept
     funnel: dict[str, dict[str, int]] = {}
     for source, c in collect.counts.items():
         row = {"collected": c.get("in", 0), "rejected": collect.removed_total(source)}
@@ -33,7 +33,7 @@ def build_funnel(
             row.update(sorted(tasks.items()))  # "contaminated:<task>": the reason as the stage gave it
         rules: dict[str, int] = {}
         for stage in between:
-            reasons = {} if stage is decontaminate else stage.reasons(source)
+            reasons = stage.reasons(source)
             if stage.duplicate_reason is not None:
                 reason = stage.duplicate_reason
                 row[PLACES.get(reason, f"{reason}s")] = reasons.pop(reason, 0)

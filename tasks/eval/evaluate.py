@@ -41,7 +41,7 @@ from infra.workspace.atomic import write_text_atomic
 from infra.workspace.record import sha256_file
 from models.bpb import token_bytes
 from models.calibration import CalibrationReport, ReliabilityBins
-from models.export import WEIGHTS, export_hf_llama, load_model
+from models.export import CONFIG, HF_DIR, WEIGHTS, export_hf_llama, load_model
 from models.llama import Transformer
 from tasks.eval.abstention import AbstentionReport, abstention_report
 from tasks.eval.answers import greedy_answers
@@ -57,10 +57,9 @@ from tasks.eval.scored import scored_answers
 from tasks.eval.selective import SelectiveReport
 from tasks.eval.tokens import token_metrics
 from tasks.tokenizer.tokenize_shards import load_token_split
-from tasks.tokenizer.train import TOKENIZER_FILE, load_tokenizer
+from tasks.tokenizer.train import TOKENIZER_FILE, load_tokenizer, tokenizer_json
 
 EVAL_FILE = "eval.json"
-HF_DIR = "hf"  # the model's transformers export, which lm-eval reads
 
 
 class AnswerRecord(BaseModel):
@@ -268,9 +267,13 @@ def evaluate_model(
     return EvalResult(**fields)
 
 
-def _tokenizer_file(path: Path) -> Path:
-    """tokenizer.json, given it or the folder that holds it."""
-    return path / TOKENIZER_FILE if path.is_dir() else path
+def hf_export(model: Transformer, model_dir: Path, out_dir: Path, tokenizer_path: Path) -> Path:
+    """The model's transformers export: the one its training stage wrote beside it (export_hf, from the same weights,
+    in the same verified folder), else one written into out_dir."""
+    beside = model_dir.parent / HF_DIR
+    if (beside / CONFIG).is_file() and (beside / TOKENIZER_FILE).is_file():
+        return beside
+    return export_hf_llama(model, out_dir / HF_DIR, tokenizer_json(tokenizer_path))
 
 
 def _pick_device(requested: str | None) -> torch.device:
@@ -304,7 +307,7 @@ def evaluate_checkpoint(
                             task=task)
     tasks = [t for t in cfg.tasks if t != ARITHMETIC or (problems and tokenizer is not None)]
     if tasks and tokenizer_path is not None:  # lm-eval reads the model as transformers does: its export
-        hf = export_hf_llama(model, Path(out_dir) / HF_DIR, _tokenizer_file(Path(tokenizer_path)))
+        hf = hf_export(model, Path(model_dir), Path(out_dir), Path(tokenizer_path))
         result.tasks = harness_scores(hf, tasks, cfg.task_paths, cfg, task, few_shot=label in cfg.few_shot_models,
                                       device=str(next(model.parameters()).device),
                                       contaminated=read_found(contaminated) if contaminated else None)

@@ -12,7 +12,6 @@ those tokens' UTF-8 bytes (models/bpb.py), so bits per byte compare across model
 """
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 

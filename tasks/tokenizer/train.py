@@ -111,6 +111,14 @@ def _text_batches(paths: list[Path], chosen: np.ndarray | None) -> Iterator[list
                 yield texts.to_pylist()
 
 
+def tokenizer_json(path: Path | None) -> Path | None:
+    """The tokenizer.json of a tokenizer file or folder, or None when there is none."""
+    if path is None:
+        return None
+    candidate = Path(path) / TOKENIZER_FILE if Path(path).is_dir() else Path(path)
+    return candidate if candidate.is_file() else None
+
+
 def load_tokenizer(path: Path) -> Tokenizer:
     """Load a trained tokenizer from its tokenizer.json (or the folder holding it), checking its special tokens."""
     path = Path(path)

@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 from infra.config import ConfigError, StrictModel, check_names
 from tasks.eval.target_files import check_target_file
 
-SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden")
+SCALED_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden")  # the sizes a larger run grows (scaled_shape)
 
 
 class MixSearchConfig(StrictModel):
@@ -85,7 +85,7 @@ def mix_caps(available: Mapping[str, float], max_epochs: Mapping[str, float], un
 
 
 def scaled_shape(shape: Mapping[str, int], k: float, n_params: Callable[[dict[str, int]], int]) -> dict[str, int]:
-    """The shape (SHAPE_KEYS) with about `k` x the parameters `n_params` counts: depth and width each grown by about
+    """The shape (SCALED_KEYS) with about `k` x the parameters `n_params` counts: depth and width each grown by about
     k^(1/3), neither below the proxy's, the head size, the heads' share of KV heads and the FFN's ratio kept; the
     nearest in parameters wins."""
     head = shape["dim"] // shape["n_heads"]

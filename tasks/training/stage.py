@@ -26,8 +26,8 @@ from infra.stages import DS_CONFIG_FILE, RESULT_FILE, Job, Launch, LaunchedStage
 from infra.tracking.runs import log_artifact, log_config, log_metrics, stage_run
 from infra.workspace.atomic import write_json_atomic
 from infra.workspace.paths import Workspace
-from models.export import export_hf_llama, load_config, save_model
-from tasks.tokenizer.train import TOKENIZER_FILE, load_tokenizer
+from models.export import HF_DIR, export_hf_llama, load_config, save_model
+from tasks.tokenizer.train import load_tokenizer, tokenizer_json
 from tasks.training.config import RESUME_NEUTRAL
 from tasks.training.engine import ds_config_for, full_parameters
 from tasks.training.loss_curve import loss_curve
@@ -35,7 +35,6 @@ from tasks.training.types import TrainResult
 
 LOSS_CURVE_FILE = "loss_curve.png"
 MODEL_DIR = "model"
-HF_DIR = "hf"
 
 
 class TrainingStage(LaunchedStage):
@@ -78,14 +77,6 @@ def rank0_run(job: Job, stage: str, rank: int) -> Iterator[Any]:
 def read_ds_config(job: Job) -> dict[str, Any]:
     """The DeepSpeed config the stage wrote for this launch: the ranks train with exactly this file."""
     return json.loads((job.out_dir / DS_CONFIG_FILE).read_text(encoding="utf-8"))
-
-
-def tokenizer_json(path: Path | None) -> Path | None:
-    """The tokenizer.json of a tokenizer file or folder, or None when there is none."""
-    if path is None:
-        return None
-    candidate = path / TOKENIZER_FILE if path.is_dir() else path
-    return candidate if candidate.is_file() else None
 
 
 def export_model(model: torch.nn.Module, job: Job, export_hf: bool) -> tuple[Path, Path | None]:

@@ -37,7 +37,7 @@ from models.losses import next_token_loss, token_logprobs
 from tasks.tokenizer.tokenize_shards import load_token_index, load_token_split, unigram_perplexity
 from tasks.tokenizer.train import load_tokenizer
 from tasks.training.batches import token_window_batches
-from tasks.training.config import PretrainConfig
+from tasks.training.config import PretrainConfig, seq_len_problem
 from tasks.training.loop import LossSteps
 from tasks.training.scaling.fit_record import find_fit
 from tasks.training.stage import ExportedModel, TrainingStage, exported, launch_of, publish
@@ -89,9 +89,9 @@ def resolve_model_config(cfg: PretrainConfig, vocab_size: int) -> dict[str, Any]
     """The architecture the ranks will build, checked here so a bad config fails before launching (the layout against
     the model's shape is checked when the config is read: tasks/training/config.py `layout_problem`)."""
     mcfg = model_config(cfg.model, vocab_size, **cfg.model_overrides)
-    if cfg.batch.seq_len > mcfg.max_seq_len:
-        raise ValueError(f"batch.seq_len={cfg.batch.seq_len} exceeds the model's max_seq_len={mcfg.max_seq_len}; "
-                         "lower batch.seq_len or override max_seq_len in model_overrides")
+    problem = seq_len_problem(cfg.batch.seq_len, mcfg.model_dump(), "pretrain")  # a config copied past its validators
+    if problem:
+        raise ValueError(problem)
     return mcfg.model_dump(mode="json")
 
 

@@ -38,7 +38,7 @@ from tasks.eval.arithmetic import ArithmeticTask
 from tasks.tokenizer.tokenize_shards import load_token_index, load_token_split
 from tasks.tokenizer.train import load_tokenizer
 from tasks.training.batches import epoch_orders, token_window_batches
-from tasks.training.config import SftConfig, SftDataConfig
+from tasks.training.config import SftConfig, SftDataConfig, seq_len_problem
 from tasks.training.loop import LossSteps
 from tasks.training.metrics import perplexity
 from tasks.training.sft.data import SftExample, SftSourceConfig, load_sft_catalog, load_sft_examples
@@ -285,9 +285,9 @@ class Sft(TrainingStage):
     def prepare(self, inputs: dict[str, Any], out_dir: Path) -> Launch:
         cfg, base, task = self.config, Path(inputs["base"]), ArithmeticTask.model_validate(inputs["task"])
         mcfg = saved_model_config(base, Path(inputs["tokenizer"]), "fine-tune a model trained with this tokenizer")
-        if cfg.batch.seq_len > mcfg.max_seq_len:
-            raise ValueError(f"batch.seq_len={cfg.batch.seq_len} exceeds the base model's "
-                             f"max_seq_len={mcfg.max_seq_len}; lower batch.seq_len")
+        problem = seq_len_problem(cfg.batch.seq_len, mcfg.model_dump(), "sft")  # the saved base's, whatever made it
+        if problem:
+            raise ValueError(problem)
         if cfg.data.catalog is not None and not Path(cfg.data.catalog).is_dir():
             raise FileNotFoundError(f"data.catalog={cfg.data.catalog} is not a folder of sft_* YAML definitions")
         replay = check_replay_tokens(cfg, inputs.get("tokens"), mcfg.vocab_size)
